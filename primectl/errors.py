@@ -1,0 +1,42 @@
+"""Error types shared by every stage, and the exit codes they map to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the user's input, pinned to where it was written."""
+
+    file: str
+    line: int
+    column: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
+        field = f" {self.field}:" if self.field else ""
+        return f"{where}:{field} {self.message}"
+
+
+class RecipeError(Exception):
+    """Bad input: one or more problems, all reported together (exit code 2)."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.column, p.field))
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class DeployError(Exception):
+    """A deployment step failed on a host (exit code 1)."""
+
+    def __init__(self, message: str, *, service: str | None = None, log_tail: str = ""):
+        self.service = service
+        self.log_tail = log_tail
+        super().__init__(message)

@@ -1,0 +1,156 @@
+"""Which worker runs on which host and GPUs, with which ports.
+
+Prefill groups are placed first (a DEP group larger than a host takes whole
+hosts inside one NVLink domain), then decode instances; first fit in host
+order, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from primectl.engines.base import WorkerSlot
+from primectl.plan.capacity import Parallel, parse_parallel
+from primectl.plan.model import DataParallel, HostPlan
+from primectl.recipe.catalog import Hardware
+from primectl.recipe.load import Finding
+from primectl.recipe.model import Decode, Prefill, Recipe
+
+
+@dataclass
+class _HostGpus:
+    plan: HostPlan
+    free: list[int]
+    domain: str
+    workers: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return len(self.free) == self.plan.gpus and self.plan.gpus > 0
+
+
+@dataclass
+class Placement:
+    """Worker slots in plan order, or the reasons they could not be placed."""
+
+    slots: list[WorkerSlot] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    gpus_used: int = 0
+
+
+def _domain(host: HostPlan, hw: Hardware) -> str:
+    for key in ("nvlink_domain", "rack"):
+        if key in host.labels:
+            return host.labels[key]
+    # Unlabelled hosts share one domain only where the profile has multi-host NVLink.
+    return "default" if hw.hosts_per_nvlink_domain > 1 else host.name
+
+
+def port_block(recipe: Recipe) -> int:
+    """Ports reserved per worker for per-rank listeners (KV events, NIXL side channel)."""
+    biggest = max(parse_parallel(recipe.prefill.parallel).dp, parse_parallel(recipe.decode.parallel).dp)
+    block = 16
+    while block < biggest:
+        block *= 2
+    return block
+
+
+def _ports(recipe: Recipe, k: int, block: int) -> dict[str, int]:
+    p = recipe.ports
+    ports = {
+        "system": p.worker_system + k,
+        "tcp_rpc": p.tcp_rpc + k,
+        "nixl": p.nixl_side_channel + block * k,
+        "bootstrap": p.bootstrap + k,
+        "dp_rpc": p.dp_rpc + k,
+    }
+    if recipe.frontend.router_mode == "kv" and recipe.frontend.kv_events:
+        ports["kv_events"] = p.kv_events + block * k
+    return ports
+
+
+def place_workers(recipe: Recipe, hw: Hardware, hosts: list[HostPlan]) -> Placement:
+    """Assign every prefill and decode instance to hosts and GPUs."""
+    state = {h.name: _HostGpus(h, list(range(h.gpus)), _domain(h, hw)) for h in hosts}
+    out = Placement()
+    block = port_block(recipe)
+    roles: list[tuple[str, Prefill | Decode, int]] = [
+        ("prefill", recipe.prefill, recipe.prefill.groups),
+        ("decode", recipe.decode, recipe.decode.workers),
+    ]
+    for role, spec, count in roles:
+        par = parse_parallel(spec.parallel)
+        names = spec.hosts or [h.name for h in hosts]
+        candidates = [state[n] for n in names if n in state]
+        gpu_hosts = [c for c in candidates if c.plan.gpus > 0]
+        for i in range(count):
+            if not gpu_hosts:
+                _place_cpu(recipe, role, i, par, candidates, out, block)
+                continue
+            if not _place_gpu(recipe, role, i, par, gpu_hosts, out, block):
+                need = count * par.size
+                free = sum(len(c.free) for c in gpu_hosts)
+                out.findings.append(Finding(
+                    (role, "groups" if role == "prefill" else "workers"),
+                    f"cannot place {role} instance {i + 1} of {count} ({spec.parallel} needs {par.size} GPUs"
+                    f"{' on whole hosts of one NVLink domain' if par.size > max(c.plan.gpus for c in gpu_hosts) else ' on one host'}); "
+                    f"{role} needs {need} GPUs in all and {free} were free when it ran out",
+                ))
+                break
+    return out
+
+
+def _name(role: str, i: int, part: int | None) -> str:
+    return f"{role}-{i}" if part is None else f"{role}-{i}-{part}"
+
+
+def _place_cpu(
+    recipe: Recipe, role: str, i: int, par: Parallel, candidates: list[_HostGpus], out: Placement, block: int,
+) -> None:
+    """No GPUs (CPU profile): one process per instance, round-robin over hosts."""
+    pool = [c for c in candidates if c.plan.gpus == 0] or candidates
+    target = min(pool, key=lambda c: c.workers)  # stable: first host with fewest workers
+    k = target.workers
+    target.workers += 1
+    dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=target.plan.address) if par.dp > 1 else None
+    out.slots.append(WorkerSlot(_name(role, i, None), role, target.plan.name, (), par, dp, None, _ports(recipe, k, block), block))
+
+
+def _place_gpu(
+    recipe: Recipe, role: str, i: int, par: Parallel, hosts: list[_HostGpus], out: Placement, block: int,
+) -> bool:
+    for h in hosts:
+        if len(h.free) >= par.size:
+            gpus = tuple(h.free[: par.size])
+            del h.free[: par.size]
+            k = h.workers
+            h.workers += 1
+            dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=h.plan.address) if par.dp > 1 else None
+            out.slots.append(WorkerSlot(_name(role, i, None), role, h.plan.name, gpus, par, dp, None, _ports(recipe, k, block), block))
+            out.gpus_used += par.size
+            return True
+    per_host = max(h.plan.gpus for h in hosts)
+    if par.size <= per_host or par.dp == 1 or par.size % per_host:
+        return False  # TP/TEP never spans hosts; DEP spans only whole hosts
+    span = par.size // per_host
+    by_domain: dict[str, list[_HostGpus]] = {}
+    for h in hosts:
+        if h.whole and h.plan.gpus == per_host:
+            by_domain.setdefault(h.domain, []).append(h)
+    for members in by_domain.values():
+        if len(members) < span:
+            continue
+        chosen = members[:span]
+        head = chosen[0]
+        dp_rpc = _ports(recipe, head.workers, block)["dp_rpc"]
+        for part, h in enumerate(chosen):
+            gpus = tuple(h.free)
+            h.free.clear()
+            k = h.workers
+            h.workers += 1
+            dp = DataParallel(size=par.dp, local=per_host, start_rank=part * per_host, address=head.plan.address)
+            ports = _ports(recipe, k, block) | {"dp_rpc": dp_rpc}
+            out.slots.append(WorkerSlot(_name(role, i, part), role, h.plan.name, gpus, par, dp, _name(role, i, None), ports, block))
+        out.gpus_used += par.size
+        return True
+    return False

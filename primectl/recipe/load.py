@@ -1,0 +1,207 @@
+"""Read a recipe file into a validated `Recipe`, or every problem with it at once."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path as FsPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from primectl.errors import Problem, RecipeError
+from primectl.recipe.model import Recipe
+from primectl.recipe.yamlpos import Path, Position, dotted, load_yaml
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A semantic problem found after parsing: a recipe path and what is wrong there."""
+
+    path: Path
+    message: str
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe plus where each of its nodes was written."""
+
+    recipe: Recipe
+    file: str
+    positions: dict[Path, Position] = field(default_factory=dict)
+
+    def problem(self, finding: Finding) -> Problem:
+        """Pin a finding to the closest written node."""
+        return to_problem(finding.path, finding.message, self.file, self.positions)
+
+
+def to_problem(path: Path, message: str, file: str, positions: dict[Path, Position]) -> Problem:
+    """Locate `path` (or its nearest written ancestor) and build a Problem."""
+    probe = path
+    while probe not in positions and probe:
+        probe = probe[:-1]
+    pos = positions.get(probe)
+    if pos is None:
+        return Problem(file, 0, 0, dotted(path), message)
+    return Problem(pos.file, pos.line, pos.column, dotted(path), message)
+
+
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    return Recipe.model_json_schema()
+
+
+def _pick(node: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Follow $refs and choose the union member of JSON type `kind`."""
+    defs = _schema().get("$defs", {})
+    while "$ref" in node:
+        node = defs[node["$ref"].rsplit("/", 1)[-1]]
+    for option in node.get("anyOf", []):
+        option = _pick(option, kind)
+        if option.get("type") == kind:
+            return option
+    return node
+
+
+def allowed_keys(path: Path) -> list[str]:
+    """Keys the schema allows in the mapping at `path` (for did-you-mean)."""
+    node = _schema()
+    for part in path:
+        if isinstance(part, int):
+            node = _pick(node, "array").get("items", {})
+        else:
+            node = _pick(node, "object").get("properties", {}).get(part, {})
+    return sorted(_pick(node, "object").get("properties", {}))
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """' (did you mean `x`?)' when a close match exists, else ''."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _data_path(loc: tuple[Any, ...], data: Any) -> Path:
+    """Map a pydantic error location onto the user's data, dropping union-member tags."""
+    out: list[str | int] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and part in cur:
+            out.append(part)
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            out.append(part)
+            cur = cur[part]
+        elif isinstance(part, str) and ("[" in part or part[:1].isupper()):
+            continue  # a union member tag such as 'list[Host]' or 'Inventory'
+        else:
+            out.append(part)
+            cur = None
+    return tuple(out)
+
+
+def _pydantic_problems(exc: ValidationError, data: Any, file: str, positions: dict[Path, Position]) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: set[tuple[Path, str]] = set()
+    for err in exc.errors():
+        loc = err["loc"]
+        if "hosts" in loc[:1]:
+            hosts = data.get("hosts") if isinstance(data, dict) else None
+            tag = "Inventory" if isinstance(hosts, list) else "list[Host]"
+            if tag in loc:
+                continue
+        path = _data_path(loc, data)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            key = str(path[-1])
+            allowed = allowed_keys(path[:-1])
+            msg = f"unknown key `{key}`{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}"
+        elif kind == "missing":
+            msg = "required field is missing"
+        else:
+            msg = err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            if kind == "literal_error":
+                got = err.get("input")
+                expected = [s.strip(" '") for s in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ", ").split(",")]
+                msg = f"{got!r} is not allowed{did_you_mean(str(got), expected)}; allowed: {', '.join(expected)}"
+        if (path, msg) in seen:
+            continue
+        seen.add((path, msg))
+        problems.append(to_problem(path, msg, file, positions))
+    return problems
+
+
+def _resolve_inventory(data: dict[str, Any], base: FsPath, file: str, positions: dict[Path, Position]) -> None:
+    hosts = data.get("hosts")
+    if not (isinstance(hosts, dict) and set(hosts) == {"inventory"} and isinstance(hosts["inventory"], str)):
+        return
+    inv_path = (base / hosts["inventory"]).resolve()
+    try:
+        text = inv_path.read_text()
+    except OSError as exc:
+        raise RecipeError([to_problem(("hosts", "inventory"), f"cannot read inventory: {exc.strerror}", file, positions)]) from None
+    inv, inv_pos = load_yaml(text, str(inv_path))
+    if not (isinstance(inv, dict) and isinstance(inv.get("hosts"), list)):
+        raise RecipeError([Problem(str(inv_path), 1, 1, "hosts", "an inventory file must hold a `hosts:` list")])
+    data["hosts"] = inv["hosts"]
+    for p, pos in inv_pos.items():
+        if p[:1] == ("hosts",) and len(p) > 1:
+            positions[p] = pos
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `over` onto `base`: mappings merge, everything else is replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read(fs_path: FsPath, file: str, chain: tuple[FsPath, ...] = ()) -> tuple[dict[str, Any], dict[Path, Position]]:
+    """Read one recipe file, following `extends:` to the base recipe it overrides."""
+    try:
+        text = fs_path.read_text()
+    except OSError as exc:
+        raise RecipeError([Problem(file, 0, 0, "", f"cannot read recipe: {exc.strerror}")]) from None
+    data, positions = load_yaml(text, file)
+    if not isinstance(data, dict):
+        raise RecipeError([Problem(file, 1, 1, "", "a recipe must be a YAML mapping (key: value)")])
+    _resolve_inventory(data, fs_path.parent, file, positions)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data, positions
+    if not isinstance(parent, str):
+        raise RecipeError([to_problem(("extends",), "must be the path of a base recipe", file, positions)])
+    base_path = (fs_path.parent / parent).resolve()
+    if base_path in chain or base_path == fs_path.resolve():
+        raise RecipeError([to_problem(("extends",), f"{parent} extends itself (cycle)", file, positions)])
+    base_data, base_pos = _read(base_path, str(base_path), chain + (fs_path.resolve(),))
+    return _merge(base_data, data), {**base_pos, **positions}
+
+
+def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
+    """Parse and validate a recipe file; raise RecipeError listing every problem.
+
+    A recipe may `extends: base.yaml` and write only what differs. With
+    `check`, the semantic rules (GPU accounting, memory fit, KV formats,
+    compatibility, engine flags) run too, so a returned recipe can be planned.
+    """
+    file = str(path)
+    data, positions = _read(FsPath(path), file)
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_pydantic_problems(exc, data, file, positions)) from None
+    loaded = LoadedRecipe(recipe, file, positions)
+    if check:
+        from primectl.recipe.rules import check_recipe
+
+        findings = check_recipe(recipe)
+        if findings:
+            raise RecipeError([loaded.problem(f) for f in findings])
+    return loaded

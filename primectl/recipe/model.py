@@ -1,0 +1,283 @@
+"""The recipe: what the operator asks for, as pydantic models.
+
+Unknown keys are errors everywhere. Field descriptions are the documentation:
+they become the JSON Schema (`primectl schema`) and the `plan` output.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from primectl.recipe.catalog import Architecture, Hardware
+
+NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+PARALLEL_RE = re.compile(r"^(DEP|TEP|TP|DP)([1-9][0-9]*)$")
+KV_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND", "BLHNC", "BLNHC", "BHLNC")
+Name = Annotated[str, Field(pattern=NAME_RE, description="Lower-case letters, digits and dashes.")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+SystemPort = Annotated[int, Field(ge=1, le=32767, description="Dynamo reads it as a signed 16-bit value.")]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, values are immutable once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    """The model to serve."""
+
+    served_name: str = Field(..., min_length=1, description="Name clients put in `model` (OpenAI API).")
+    path: str = Field(
+        "",
+        description="Weights directory on every worker host. Empty with `generate: demo-tiny`, "
+        "where primectl writes a tiny tokenizer-only model into the bundle.",
+    )
+    arch: str | None = Field(None, description="Architecture from the built-in catalog: glm-5.3, deepseek-v3.2, demo-tiny.")
+    architecture: Architecture | None = Field(None, description="Explicit architecture (instead of `arch`).")
+    generate: Literal["demo-tiny"] | None = Field(None, description="Generate a tiny model directory (no download).")
+    weights: dict[Literal["experts", "dense"], Literal["bf16", "fp8", "nvfp4"]] = Field(
+        default_factory=lambda: {"experts": "fp8", "dense": "fp8"},
+        description="Storage dtype per part: routed experts and everything else.",
+    )
+    weights_gb: float | None = Field(None, gt=0, description="Size of the weights directory, for preflight.")
+    max_context: int | None = Field(None, gt=0, description="Serving context limit (--max-model-len); default: the architecture's.")
+
+
+class HardwareSpec(Strict):
+    """Hardware profile from the catalog, with optional overrides."""
+
+    profile: Literal["gb200-nvl72", "h200-hgx", "cpu"] = Field(..., description="gb200-nvl72, h200-hgx or cpu.")
+    hbm_gb: float | None = Field(None, gt=0, description="Override memory per GPU (GB).")
+    gpus_per_host: int | None = Field(None, ge=0, description="Override GPUs per host.")
+    host_dram_gb: float | None = Field(None, ge=0, description="Override host memory per host (GB).")
+
+
+class Host(Strict):
+    """One machine primectl deploys to."""
+
+    name: Name
+    address: str = Field(..., min_length=1, description="Address the other hosts and primectl reach it at.")
+    port: Port = Field(22, description="SSH port.")
+    user: str = Field("root", min_length=1)
+    identity_file: str | None = Field(None, description="SSH private key; default: the SSH agent / ~/.ssh.")
+    gpus: int | None = Field(None, ge=0, description="GPUs on this host; default: the hardware profile's.")
+    labels: dict[str, str] = Field(default_factory=dict, description="rack, tray, nvlink_domain, ...")
+    workdir: str = Field("/var/lib/primectl", min_length=1, description="Where releases, state and logs live.")
+    connection: Literal["ssh", "local"] = Field("ssh", description="`local` runs on this machine without SSH.")
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not re.fullmatch(r"/[A-Za-z0-9._/-]*", v) or "/../" in v + "/":
+            raise ValueError(f"{v!r} must be an absolute path of letters, digits and . _ - /")
+        return v.rstrip("/") or "/"
+
+
+class Inventory(Strict):
+    """Hosts kept in a separate file."""
+
+    inventory: str = Field(..., description="Path to a YAML file with a `hosts:` list, relative to the recipe.")
+
+
+class SessionAffinity(Strict):
+    """Keep a session's turns on one decode worker (header X-Dynamo-Session-ID)."""
+
+    ttl_secs: int = Field(1800, ge=1)
+    mode: Literal["hard", "soft"] = "hard"
+
+
+class Admission(Strict):
+    """Busy thresholds: the frontend rejects work above them (admission control)."""
+
+    active_decode_blocks_threshold: float | None = Field(None, gt=0, le=1)
+    active_prefill_tokens_threshold: int | None = Field(None, gt=0)
+    active_prefill_tokens_threshold_frac: float | None = Field(None, gt=0)
+
+
+class Frontend(Strict):
+    """Dynamo frontend: OpenAI API and KV-aware router."""
+
+    host: str = Field(..., description="Host name (from hosts) that runs the frontend.")
+    port: Port = 8000
+    router_mode: Literal["round-robin", "random", "power-of-two", "kv", "direct", "least-loaded"] = "kv"
+    kv_events: bool = Field(True, description="Workers publish KV events so the router tracks cached prefixes.")
+    session_affinity: SessionAffinity | None = Field(default_factory=SessionAffinity)
+    busy: Admission = Field(default_factory=Admission)
+    migration_limit: int = Field(3, ge=0, description="Times a request may move to another worker on failure.")
+    host_cache_hit_weight: float | None = Field(None, ge=0)
+
+
+class Role(Strict):
+    """Fields shared by prefill and decode."""
+
+    parallel: str = Field(..., description="DEPn, TEPn, TPn or DPn (n GPUs per instance).")
+    max_num_seqs: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    reserve_gb: float = Field(4.0, ge=0, description="Per-GPU memory kept for activations and CUDA graphs.")
+    extra_args: list[str] = Field(default_factory=list, description="More engine flags, checked against vLLM's flag catalog.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    hosts: list[str] | None = Field(None, description="Restrict placement to these hosts (in order).")
+    startup_timeout_s: int | None = Field(None, gt=0, description="Readiness budget per instance.")
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel(cls, v: str) -> str:
+        m = PARALLEL_RE.match(v)
+        if not m or int(m.group(2)) & (int(m.group(2)) - 1):
+            raise ValueError(f"{v!r} is not a parallel spec; allowed: DEPn, TEPn, TPn, DPn with n a power of two")
+        return v
+
+
+class Prefill(Role):
+    """Prefill worker groups."""
+
+    groups: int = Field(..., ge=1, description="Independent prefill groups.")
+    token_budget_per_gpu: int = Field(4096, gt=0, description="Prefill tokens per GPU per step (--max-num-batched-tokens).")
+
+
+class Decode(Role):
+    """Decode workers."""
+
+    workers: int = Field(..., ge=1)
+    token_budget_per_gpu: int | None = Field(None, gt=0)
+
+
+class KVCache(Strict):
+    """KV cache format."""
+
+    dtype: Literal["fp8", "nvfp4", "bf16", "auto"] = "auto"
+    layout: str = Field("BLHNC", description="VLLM_KV_CACHE_LAYOUT: " + ", ".join(KV_LAYOUTS))
+    block_size: int = Field(64, gt=0, description="Tokens per KV block.")
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, v: str) -> str:
+        if v not in KV_LAYOUTS:
+            raise ValueError(f"{v!r} is not a known KV layout; allowed: {', '.join(KV_LAYOUTS)}")
+        return v
+
+
+class Transfer(Strict):
+    """Prefill -> decode KV transfer."""
+
+    backend: Literal["nixl"] = "nixl"
+    bandwidth_gb_s: float = Field(50.0, gt=0, description="Only used by the mocker to simulate transfer time.")
+
+
+class HostTier(Strict):
+    """Mooncake host-DRAM KV tier."""
+
+    enabled: bool = True
+    master_host: str = Field(..., description="Host that runs mooncake_master.")
+    dram_gb_per_host: float = Field(..., gt=0, description="Host memory each worker host lends to the tier.")
+    protocol: Literal["rdma", "tcp"] = "rdma"
+    device_name: str = Field("", description="RDMA device(s), e.g. mlx5_0; empty = auto.")
+
+
+class ToolCalling(Strict):
+    """Tool calling and reasoning output."""
+
+    tool_call_parser: str | None = Field(None, description="Dynamo tool call parser (glm47, glm45, ...).")
+    reasoning_parser: str | None = None
+    structured_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
+    structural_tag: bool = Field(True, description="Constrain tool calls with a structural tag.")
+
+
+class ControlPlane(Strict):
+    """Discovery, request and event planes."""
+
+    discovery: Literal["etcd", "file"] = "etcd"
+    etcd_host: str | None = Field(None, description="Host that runs etcd; default: the frontend host.")
+    etcd_lease_ttl_s: int | None = Field(None, gt=0, description="ETCD_LEASE_TTL for worker registrations.")
+    request_plane: Literal["tcp"] = "tcp"
+    event_plane: Literal["zmq"] = "zmq"
+
+
+class Ports(Strict):
+    """Port bases; instances on one host get consecutive ports from these."""
+
+    etcd_client: Port = 2379
+    etcd_peer: Port = 2380
+    mooncake_rpc: Port = 50051
+    mooncake_metadata: Port = 8080
+    mooncake_metrics: Port = 9003
+    worker_system: SystemPort = 8081
+    kv_events: Port = 20080
+    nixl_side_channel: Port = 5600
+    dp_rpc: Port = 29550
+    bootstrap: Port = 8998
+    response_stream: Port = 23000
+    tcp_rpc: Port = 23100
+
+
+class Software(Strict):
+    """Pinned component versions (checked against the compatibility table)."""
+
+    dynamo: str = "1.6.1"
+    vllm: str = "0.33.0"
+    nixl: str = "1.5.1"
+    mooncake: str = "0.3.13.post1"
+    flashinfer: str = "0.7.2.post1"
+    chat_processor: Literal["dynamo", "vllm"] = Field("dynamo", description="Dynamo's own pre/post-processor or vLLM's.")
+    python: str | None = Field(None, description="Use this Python on every host instead of a provisioned runtime.")
+
+
+class Mocker(Strict):
+    """Mocker engine knobs (engine: mocker)."""
+
+    speedup_ratio: float = Field(1.0, ge=0)
+    num_gpu_blocks: int = Field(16384, gt=0)
+    startup_time_s: float = Field(0, ge=0)
+
+
+class Recipe(Strict):
+    """A deployment: model, topology, cache, router and hosts."""
+
+    extends: str | None = Field(None, description="Base recipe this one overrides (path relative to this file).")
+    name: Name = Field(..., description="Deployment name; used in unit names and the lock.")
+    namespace: Name | None = Field(None, description="Dynamo namespace; default: the name.")
+    model: ModelSpec
+    hardware: HardwareSpec
+    hosts: list[Host] | Inventory
+    frontend: Frontend
+    prefill: Prefill
+    decode: Decode
+    ratio: str | None = Field(None, pattern=r"^[1-9][0-9]*:[1-9][0-9]*$", description="Prefill:decode, e.g. 1:4.")
+    kv: KVCache = Field(default_factory=KVCache)
+    transfer: Transfer = Field(default_factory=Transfer)
+    host_tier: HostTier | None = None
+    tool_calling: ToolCalling = Field(default_factory=ToolCalling)
+    control_plane: ControlPlane = Field(default_factory=ControlPlane)
+    engine: Literal["vllm", "mocker"] = "vllm"
+    mocker: Mocker = Field(default_factory=Mocker)
+    software: Software = Field(default_factory=Software)
+    supervisor: Literal["systemd", "process"] = "systemd"
+    ports: Ports = Field(default_factory=Ports)
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Env var name -> `env:NAME` or `file:PATH` on the control machine; written 0600, never shown.",
+    )
+    known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys; default: ~/.ssh/known_hosts.")
+
+    def host_list(self) -> list[Host]:
+        """The hosts, once an inventory has been resolved by the loader."""
+        assert isinstance(self.hosts, list), "inventory not resolved"
+        return self.hosts
+
+    @property
+    def dynamo_namespace(self) -> str:
+        """The Dynamo namespace (the name unless set)."""
+        return self.namespace or self.name
+
+
+def hardware_profile(recipe: Recipe) -> Hardware:
+    """The catalog profile with the recipe's overrides applied."""
+    from primectl.recipe.catalog import HARDWARE
+
+    base = HARDWARE[recipe.hardware.profile]
+    changes = {k: v for k, v in recipe.hardware.model_dump(exclude={"profile"}).items() if v is not None}
+    return base.model_copy(update=changes)

@@ -1,0 +1,135 @@
+"""Semantic rules: what the schema alone cannot say about a recipe.
+
+Each rule returns findings (recipe path + message); all of them run so the
+user sees every problem at once. The planner runs last, so GPU accounting,
+ports and memory fit are checked on the very placement `up` would use.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+
+from primectl.recipe.catalog import MODELS, Architecture
+from primectl.recipe.compat import check_software
+from primectl.recipe.flags import check_extra_args
+from primectl.recipe.load import Finding, did_you_mean
+from primectl.recipe.model import Recipe, hardware_profile
+
+
+def _model_rules(r: Recipe) -> list[Finding]:
+    out: list[Finding] = []
+    m = r.model
+    if (m.arch is None) == (m.architecture is None):
+        out.append(Finding(("model", "arch"), "set exactly one of `arch` (catalog) or `architecture` (explicit fields)"))
+    elif m.arch is not None and m.arch not in MODELS:
+        out.append(Finding(("model", "arch"), f"unknown architecture {m.arch!r}{did_you_mean(m.arch, list(MODELS))}; "
+                           f"allowed: {', '.join(MODELS)}"))
+    if m.generate and m.path:
+        out.append(Finding(("model", "path"), "`path` and `generate` exclude each other"))
+    if not m.generate and not m.path:
+        out.append(Finding(("model", "path"), "required: the weights directory on the hosts (or `generate: demo-tiny`)"))
+    return out
+
+
+def _host_rules(r: Recipe) -> list[Finding]:
+    out: list[Finding] = []
+    hosts = r.host_list()
+    names = [h.name for h in hosts]
+    if not hosts:
+        out.append(Finding(("hosts",), "at least one host is required"))
+    for i, h in enumerate(hosts):
+        if names.index(h.name) != i:
+            out.append(Finding(("hosts", i, "name"), f"host name {h.name!r} is used twice"))
+    refs: list[tuple[tuple[str | int, ...], str]] = [(("frontend", "host"), r.frontend.host)]
+    if r.host_tier:
+        refs.append((("host_tier", "master_host"), r.host_tier.master_host))
+    if r.control_plane.etcd_host:
+        refs.append((("control_plane", "etcd_host"), r.control_plane.etcd_host))
+    for role in ("prefill", "decode"):
+        for i, name in enumerate(getattr(r, role).hosts or []):
+            refs.append(((role, "hosts", i), name))
+    for path, name in refs:
+        if name not in names:
+            out.append(Finding(path, f"no host named {name!r}{did_you_mean(name, names)}; hosts: {', '.join(names)}"))
+    if r.control_plane.discovery == "file" and len({h.address for h in hosts}) > 1:
+        out.append(Finding(("control_plane", "discovery"),
+                           "file discovery works on one host only (inotify); use `etcd` for several hosts"))
+    return out
+
+
+def _topology_rules(r: Recipe) -> list[Finding]:
+    out: list[Finding] = []
+    if r.ratio:
+        want_p, want_d = (int(x) for x in r.ratio.split(":"))
+        g = gcd(r.prefill.groups, r.decode.workers)
+        have = (r.prefill.groups // g, r.decode.workers // g)
+        if have != (want_p // gcd(want_p, want_d), want_d // gcd(want_p, want_d)):
+            out.append(Finding(("ratio",), f"ratio {r.ratio} disagrees with prefill.groups={r.prefill.groups} and "
+                               f"decode.workers={r.decode.workers} ({have[0]}:{have[1]})"))
+    hw = hardware_profile(r)
+    if r.engine == "vllm" and not hw.sm:
+        out.append(Finding(("engine",), f"engine vllm needs GPUs; hardware profile {r.hardware.profile!r} has none "
+                           "(use `engine: mocker` for a GPU-less deployment)"))
+    if r.host_tier and r.host_tier.protocol == "rdma" and not hw.sm:
+        out.append(Finding(("host_tier", "protocol"), "rdma needs RDMA NICs; on a cpu profile use `tcp`"))
+    return out
+
+
+def _kv_rules(r: Recipe, arch: Architecture | None) -> list[Finding]:
+    out: list[Finding] = []
+    if r.kv.dtype != "nvfp4" or arch is None:
+        return out
+    hw = hardware_profile(r)
+    if arch.attention != "mla" or arch.kv_lora_rank != 512 or arch.rope_dim != 64:
+        out.append(Finding(("kv", "dtype"), "nvfp4 KV (vLLM nvfp4_ds_mla) needs an MLA model with kv_lora_rank 512 and "
+                           f"rope 64; this model has attention={arch.attention}, kv_lora_rank={arch.kv_lora_rank}, "
+                           f"rope_dim={arch.rope_dim}; allowed here: fp8, bf16, auto"))
+    if hw.sm and hw.sm < 100:
+        out.append(Finding(("kv", "dtype"), f"nvfp4 KV is served by FLASHMLA_SPARSE on SM100 (Blackwell) only; "
+                           f"{r.hardware.profile} is SM{hw.sm}; use `fp8`"))
+    if r.kv.block_size != 64:
+        out.append(Finding(("kv", "block_size"), f"nvfp4 MLA KV needs block_size 64, got {r.kv.block_size}"))
+    return out
+
+
+def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
+    from primectl.plan.capacity import kv_bytes_per_token, parse_parallel, role_memory
+
+    hw = hardware_profile(r)
+    if not hw.hbm_gb:
+        return []
+    out: list[Finding] = []
+    context = r.model.max_context or arch.max_context
+    for role in ("prefill", "decode"):
+        spec = getattr(r, role)
+        par = parse_parallel(spec.parallel)
+        mem = role_memory(arch, hw, r.model.weights, par, r.kv.dtype, spec.gpu_memory_utilization, spec.reserve_gb)
+        need_kv = context * kv_bytes_per_token(arch, r.kv.dtype, par.tp) / 1e9
+        if mem.kv_budget_gb < need_kv:
+            out.append(Finding((role, "parallel"), (
+                f"{spec.parallel} does not fit: per GPU {hw.hbm_gb:g} GB x {spec.gpu_memory_utilization} = "
+                f"{mem.usable_gb:.1f} GB usable, weights {mem.weights_gb:.1f} GB + reserve {mem.reserve_gb:.1f} GB "
+                f"leave {mem.kv_budget_gb:.1f} GB for KV, but one {context}-token request needs {need_kv:.1f} GB; "
+                "use more GPUs per instance, a smaller KV dtype or a lower max_context")))
+    return out
+
+
+def check_recipe(r: Recipe) -> list[Finding]:
+    """Every semantic problem in the recipe; an empty list means it can be planned."""
+    findings = _model_rules(r) + _host_rules(r) + _topology_rules(r)
+    arch = r.model.architecture or MODELS.get(r.model.arch or "")
+    findings += _kv_rules(r, arch)
+    findings += [Finding(("software", field), msg) for field, msg in check_software(r.software)]
+    findings += check_extra_args(r)
+    if findings or arch is None:
+        return findings
+    findings += _memory_rules(r, arch)
+    if findings:
+        return findings
+    from primectl.plan.build import PlanError, build_plan
+
+    try:
+        build_plan(r)
+    except PlanError as exc:
+        findings += exc.findings
+    return findings

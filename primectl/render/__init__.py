@@ -1,0 +1,1 @@
+"""Render a Plan into per-host bundles of files."""

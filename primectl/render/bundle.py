@@ -1,0 +1,164 @@
+"""Plan -> per-host bundles: `{path: bytes}`, byte-identical for the same plan.
+
+A bundle holds one run script per service (env + exec argv, every value
+shell-quoted), a systemd unit per service, the service's config files, the
+generated model directory when the recipe asks for one, and a manifest with a
+content hash per service. Revision = hash of the bundle's files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from primectl.plan.model import RELEASE, HostPlan, Plan, Service
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The files one host receives, and the revision they make."""
+
+    host: str
+    files: dict[str, bytes]
+    modes: dict[str, int]
+    revision: str
+    manifest: dict[str, object]
+
+
+def templates_dir() -> Path:
+    """Templates ship inside the wheel as primectl/templates; in a checkout they are top-level."""
+    packaged = Path(__file__).resolve().parent.parent / "templates"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "templates"
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def shell_word(value: str) -> str:
+    """Quote one word for bash; the release marker becomes "${release_dir}"."""
+    parts = value.split(RELEASE)
+    return '"${release_dir}"'.join(shlex.quote(p) if p else "" for p in parts) or "''"
+
+
+def unit_name(plan: Plan, service: Service) -> str:
+    """systemd unit (and process-supervisor) name of a service."""
+    return f"primectl-{plan.name}-{service.name}"
+
+
+def script_path(host: HostPlan, service: Service) -> str:
+    """Where the run script of `service` lives on its host (through the `current` link)."""
+    return posixpath.join(host.workdir, "current", "bin", f"{service.name}.sh")
+
+
+def log_path(host: HostPlan, service: Service) -> str:
+    """Where the service's output goes on its host."""
+    return posixpath.join(host.workdir, "logs", f"{service.name}.log")
+
+
+def secrets_path(plan: Plan, host: HostPlan) -> str:
+    """The 0600 env file with secret values, written by apply, sourced by run scripts."""
+    return posixpath.join(host.workdir, "secrets", f"{plan.name}.env")
+
+
+def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
+    """The run script and unit of one service."""
+    env = _env()
+    unit = unit_name(plan, svc)
+    script = env.get_template("run.sh.j2").render(
+        plan=plan, service=svc, unit=unit, secrets_file=shlex.quote(secrets_path(plan, host)),
+        env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())],
+        argv=[shell_word(a) for a in svc.argv],
+    )
+    unit_text = env.get_template("unit.service.j2").render(
+        plan=plan, service=svc, host=host, script=script_path(host, svc), log=log_path(host, svc),
+    )
+    return {f"bin/{svc.name}.sh": script, f"systemd/{unit}.service": unit_text}
+
+
+def _model_files(plan: Plan, generate: bool, max_context: int) -> dict[str, str]:
+    if not generate:
+        return {}
+    from primectl.demo_model import demo_model_files
+
+    return {f"model/{k}": v for k, v in demo_model_files(plan.served_model, max_context).items()}
+
+
+def render_host(plan: Plan, host: HostPlan, *, model_files: dict[str, str] | None = None) -> Bundle:
+    """Render everything one host needs."""
+    files: dict[str, bytes] = {}
+    modes: dict[str, int] = {}
+    services: dict[str, object] = {}
+    for svc in plan.services_on(host.name):
+        rendered = render_service(plan, host, svc)
+        own = dict(rendered)
+        for spec in svc.files:
+            own[spec.path] = spec.content
+        for path, text in own.items():
+            if path in files and files[path] != text.encode():
+                raise ValueError(f"two services write different {path} on {host.name}")
+            files[path] = text.encode()
+            modes[path] = 0o755 if path.startswith("bin/") else 0o644
+        for spec in svc.files:
+            modes[spec.path] = spec.mode
+        services[svc.name] = {
+            "hash": svc.content_hash(), "component": svc.component, "role": svc.role,
+            "unit": unit_name(plan, svc), "files": sorted(own),
+            "files_hash": _hash_files({p: files[p] for p in own}),
+        }
+    if model_files and any(s.role in ("prefill", "decode", "frontend") for s in plan.services_on(host.name)):
+        for path, text in model_files.items():
+            files[path] = text.encode()
+            modes[path] = 0o644
+    revision = _hash_files(files)[:16]
+    manifest: dict[str, object] = {
+        "deployment": plan.name, "namespace": plan.namespace, "host": host.name, "revision": revision,
+        "supervisor": plan.supervisor, "runtime_key": plan.runtime_key, "services": services,
+        "files": {p: hashlib.sha256(b).hexdigest() for p, b in sorted(files.items())},
+    }
+    files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    modes[MANIFEST] = 0o644
+    return Bundle(host.name, files, modes, revision, manifest)
+
+
+def _hash_files(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return h.hexdigest()
+
+
+def render_plan(plan: Plan, *, generate_model: bool = False, max_context: int = 32768) -> dict[str, Bundle]:
+    """Bundles for every host that runs at least one service."""
+    model = _model_files(plan, generate_model, max_context)
+    return {
+        h.name: render_host(plan, h, model_files=model)
+        for h in plan.hosts if plan.services_on(h.name)
+    }
+
+
+def write_bundles(bundles: dict[str, Bundle], out: Path) -> list[Path]:
+    """Write bundles under out/<host>/ (the only I/O in render); returns the paths written."""
+    written: list[Path] = []
+    for host, bundle in sorted(bundles.items()):
+        for rel, data in sorted(bundle.files.items()):
+            path = out / host / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            path.chmod(bundle.modes.get(rel, 0o644))
+            written.append(path)
+    return written
