@@ -14,6 +14,7 @@ from primectl.recipe.model import Decode, Prefill
 # AISimulate (the mocker's source of default timings) is not installable, so
 # bandwidths are always passed explicitly.
 HOST_OFFLOAD_GBPS = 50.0
+MOCKER_PORTS = ("system", "tcp_rpc", "bootstrap", "kv_events")
 
 
 def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
@@ -36,7 +37,7 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
         "--bootstrap-ports", str(slot.ports["bootstrap"]),
     ]
     if spec.token_budget_per_gpu is not None:
-        argv += ["--max-num-batched-tokens", str(spec.token_budget_per_gpu * max(slot.parallel.tp, 1))]
+        argv += ["--max-num-batched-tokens", str(spec.token_budget_per_gpu)]
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if r.model.max_context:
@@ -70,7 +71,7 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
     return Service(
         name=slot.name, role=slot.role, component="dynamo-mocker", host=slot.host, address=addr,  # type: ignore[arg-type]
         gpus=list(slot.gpus), group=slot.group, data_parallel=slot.data_parallel,
-        argv=argv, env=env, ports=dict(slot.ports), listens=sorted(set(listens)),
+        argv=argv, env=env, ports={k: v for k, v in slot.ports.items() if k in MOCKER_PORTS}, listens=sorted(set(listens)),
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
         metrics_url=f"{system}/metrics",

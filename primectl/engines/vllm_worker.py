@@ -50,6 +50,11 @@ def kv_transfer_config(role: str, host_tier: bool) -> str:
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
 
+def _used_ports(slot: WorkerSlot) -> dict[str, int]:
+    wanted = {"system", "tcp_rpc", "nixl", "kv_events"} | ({"dp_rpc"} if slot.data_parallel else set())
+    return {k: v for k, v in slot.ports.items() if k in wanted}
+
+
 def vllm_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
     """One `dynamo.vllm` process: a whole TP instance, or one host's share of a DEP group."""
     r = dep.recipe
@@ -134,7 +139,7 @@ def vllm_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decod
     return Service(
         name=slot.name, role=slot.role, component="dynamo-vllm", host=slot.host, address=addr,  # type: ignore[arg-type]
         gpus=list(slot.gpus), group=slot.group, data_parallel=dp,
-        argv=argv, env=env, files=files, ports=dict(slot.ports), listens=sorted(set(listens)),
+        argv=argv, env=env, files=files, ports=_used_ports(slot), listens=sorted(set(listens)),
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or GPU_STARTUP_TIMEOUT_S, interval_s=2),
         metrics_url=f"{system}/metrics",

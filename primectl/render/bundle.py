@@ -55,6 +55,16 @@ def shell_word(value: str) -> str:
     return '"${release_dir}"'.join(shlex.quote(p) if p else "" for p in parts) or "''"
 
 
+def _argv_lines(argv: list[str]) -> list[str]:
+    """Quoted argv, one flag and its values per line, for readable run scripts."""
+    lines: list[list[str]] = []
+    for word in argv:
+        if not lines or word.startswith("-"):
+            lines.append([])
+        lines[-1].append(shell_word(word))
+    return [" ".join(line) for line in lines]
+
+
 def unit_name(plan: Plan, service: Service) -> str:
     """systemd unit (and process-supervisor) name of a service."""
     return f"primectl-{plan.name}-{service.name}"
@@ -82,7 +92,7 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
     script = env.get_template("run.sh.j2").render(
         plan=plan, service=svc, unit=unit, secrets_file=shlex.quote(secrets_path(plan, host)),
         env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())],
-        argv=[shell_word(a) for a in svc.argv],
+        argv=_argv_lines(svc.argv),
     )
     unit_text = env.get_template("unit.service.j2").render(
         plan=plan, service=svc, host=host, script=script_path(host, svc), log=log_path(host, svc),
