@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -53,10 +53,10 @@ def _guard(fn: Callable[[], T]) -> T:
             err.print(f"  {p}", markup=False, highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except DeployError as exc:
-        err.print(f"[bold red]failed:[/] {exc}", highlight=False)
+        err.print(f"[bold red]failed:[/] {exc}", highlight=False, soft_wrap=True)
         if exc.log_tail:
             err.print(f"--- last lines of {exc.service}'s log ---", highlight=False)
-            err.print(exc.log_tail, markup=False, highlight=False)
+            err.print(exc.log_tail, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_FAILURE) from None
 
 
@@ -134,6 +134,213 @@ def schema() -> None:
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     doc["title"] = "primectl recipe"
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+AcceptKeysOpt = Annotated[bool, typer.Option("--accept-new-host-keys",
+                                             help="Trust and record unknown SSH host keys (changed keys are still refused).")]
+BreakLockOpt = Annotated[bool, typer.Option("--break-lock", help="Break another run's cluster lock.")]
+
+
+def _bundles(loaded: LoadedRecipe, p: Plan) -> dict[str, Any]:
+    from primectl.render.bundle import render_plan
+
+    return render_plan(p, generate_model=bool(loaded.recipe.model.generate),
+                       max_context=loaded.recipe.model.max_context or 32768)
+
+
+def _say(msg: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(msg, markup=False, soft_wrap=True)
+
+
+@app.command()
+def up(
+    recipe: RecipeArg,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    break_lock: BreakLockOpt = False,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the endpoint smoke tests after readiness.")] = False,
+) -> None:
+    """Push, start in dependency order, wait for readiness; roll back on failure."""
+
+    def body() -> None:
+        from primectl.deploy.rollout import resolve_secrets
+        from primectl.deploy.rollout import up as do_up
+
+        loaded, p = load_plan(recipe)
+        secrets = resolve_secrets(p, dict(loaded.recipe.secrets), loaded.file)
+        bundles = _bundles(loaded, p)
+        after = None if no_smoke else _smoke_hook(loaded, p)
+        res = do_up(p, bundles, secrets=secrets, known_hosts=loaded.recipe.known_hosts,
+                    accept_new_host_keys=accept_new_host_keys, break_lock=break_lock, say=_say, after_ready=after)
+        _say(f"done in {res.seconds:.1f}s")
+
+    _guard(body)
+
+
+def _smoke_hook(loaded: LoadedRecipe, p: Plan) -> Callable[[], None] | None:
+    try:
+        from primectl.checks.smoke import smoke_gate
+    except ImportError:
+        return None
+    return lambda: smoke_gate(p, loaded.recipe)
+
+
+@app.command()
+def down(
+    recipe: RecipeArg,
+    purge: Annotated[bool, typer.Option("--purge", help="Also remove releases, state, logs and secrets.")] = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    break_lock: BreakLockOpt = False,
+) -> None:
+    """Stop every service in reverse start order."""
+
+    def body() -> None:
+        from primectl.deploy.rollout import down as do_down
+
+        loaded, p = load_plan(recipe)
+        do_down(p, purge=purge, known_hosts=loaded.recipe.known_hosts, accept_new_host_keys=accept_new_host_keys,
+                break_lock=break_lock, say=_say)
+
+    _guard(body)
+
+
+@app.command()
+def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None:
+    """Show what `up` would add, change, restart or remove, touching nothing. Exit 0 = no changes."""
+
+    def body() -> int:
+        from primectl.deploy.observe import render_diff
+        from primectl.deploy.rollout import open_cluster
+
+        loaded, p = load_plan(recipe)
+        bundles = _bundles(loaded, p)
+        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
+        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
+                               accept_new_host_keys=accept_new_host_keys, say=_say)
+        try:
+            changes, details = render_diff(cluster, bundles)
+        finally:
+            cluster.close()
+        marks = {"add": "+", "change": "~", "restart": "!", "remove": "-", "keep": " "}
+        pending = [c for c in changes if c.action != "keep"]
+        for c in changes:
+            typer.echo(f"{marks[c.action]} {c.host:12} {c.service:20} {c.action:8} {c.reason}")
+            if c.service in details:
+                typer.echo(details[c.service])
+        typer.echo(f"{len(pending)} to change, {len(changes) - len(pending)} unchanged" if pending else "no changes")
+        return 3 if pending else 0
+
+    code = _guard(body)
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    recipe: RecipeArg,
+    output: OutputOpt = Output.table,
+    watch: Annotated[float, typer.Option("--watch", help="Refresh every N seconds (0 = once).")] = 0,
+    accept_new_host_keys: AcceptKeysOpt = False,
+) -> None:
+    """Live state of every service; exit 1 if anything is not running and ready."""
+
+    def once() -> int:
+        import json
+        from dataclasses import asdict
+
+        from rich.console import Console
+        from rich.table import Table
+
+        from primectl.deploy.observe import collect_status
+        from primectl.deploy.rollout import open_cluster
+
+        loaded, p = load_plan(recipe)
+        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
+        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
+                               accept_new_host_keys=accept_new_host_keys, say=_say)
+        try:
+            rows, gate = collect_status(cluster)
+        finally:
+            cluster.close()
+        healthy = all(r.healthy for r in rows) and bool(gate.get("ok"))
+        if output is Output.json:
+            doc = {"deployment": p.name, "healthy": healthy, "gate": gate,
+                   "services": [asdict(r) | {"healthy": r.healthy} for r in rows]}
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            t = Table(title=f"{p.name}: {'healthy' if healthy else 'NOT HEALTHY'}")
+            for col in ("service", "host", "role", "running", "ready", "pid", "revision", "detail"):
+                t.add_column(col)
+            for r in rows:
+                t.add_row(r.service, r.host, r.role, "yes" if r.running else "NO", "yes" if r.ready else "NO",
+                          str(r.pid or "-"), r.revision or "-", r.detail)
+            Console().print(t)
+            Console().print(f"gate {p.gate.url}: {'ready' if gate.get('ok') else 'NOT READY'} ({gate.get('detail')})")
+        return 0 if healthy else EXIT_FAILURE
+
+    def body() -> int:
+        import time
+
+        while True:
+            code = once()
+            if not watch:
+                return code
+            time.sleep(watch)
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def logs(
+    recipe: RecipeArg,
+    service: Annotated[str, typer.Argument(help="Service name, e.g. decode-3 (see `primectl plan`).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
+    tail: Annotated[int, typer.Option("--tail", help="Lines to show first.")] = 100,
+    accept_new_host_keys: AcceptKeysOpt = False,
+) -> None:
+    """Print a service's log from its host."""
+
+    def body() -> int:
+        from primectl.deploy.observe import log_command
+        from primectl.deploy.transport import connect
+        from primectl.recipe.load import did_you_mean
+
+        loaded, p = load_plan(recipe)
+        names = [s.name for s in p.services]
+        if service not in names:
+            from primectl.errors import Problem
+
+            raise RecipeError([Problem(str(recipe), 0, 0, "service",
+                                       f"no service {service!r}{did_you_mean(service, names)}; services: {', '.join(names)}")])
+        host, command = log_command(p, service, follow=follow, lines=tail)
+        t = connect(p.host(host), known_hosts=loaded.recipe.known_hosts, accept_new_host_keys=accept_new_host_keys)
+        try:
+            code, _, _ = t.run(command, stream=True)
+        finally:
+            t.close()
+        return 0 if code == 0 else EXIT_FAILURE
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def unlock(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None:
+    """Break the cluster lock left by an interrupted run."""
+
+    def body() -> None:
+        from primectl.deploy.rollout import open_cluster
+
+        loaded, p = load_plan(recipe)
+        head = p.service("frontend").host
+        cluster = open_cluster(p, [head], known_hosts=loaded.recipe.known_hosts,
+                               accept_new_host_keys=accept_new_host_keys, say=_say)
+        try:
+            cluster.call(head, "unlock", {"force": True})
+        finally:
+            cluster.close()
+        _say(f"lock of {p.name} on {head} removed")
+
+    _guard(body)
 
 
 def main() -> None:

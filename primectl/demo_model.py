@@ -30,13 +30,13 @@ from typing import Any, Final
 
 __all__ = [
     "BOS_TOKEN",
-    "EOS_TOKEN",
+    "CHAT_TEMPLATE",
     "END_OF_TURN_TOKEN",
+    "EOS_TOKEN",
     "MOCKER_TOKEN_RANGE",
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
     "VOCAB_SIZE",
-    "CHAT_TEMPLATE",
     "write_demo_model",
 ]
 
@@ -77,8 +77,7 @@ SPECIAL_TOKENS: Final[tuple[tuple[str, bool], ...]] = (
     ("</tool_response>", False),
     ("<think>", False),
     ("</think>", False),
-) + tuple(
-    (f"<|reserved_special_token_{i}|>", True) for i in range(VOCAB_SIZE - _FIRST_SPECIAL_ID - 16)
+    *tuple((f"<|reserved_special_token_{i}|>", True) for i in range(VOCAB_SIZE - _FIRST_SPECIAL_ID - 16)),
 )
 
 #: Jinja chat template (Hermes-style tool calling). Renders system, user,
@@ -106,8 +105,8 @@ CHAT_TEMPLATE: Final[str] = (
     "{%- if system_message is not none -%}{{- render_content(system_message) + '\\n\\n' -}}{%- endif -%}"
     "{{- 'You may call one or more functions. Function signatures:\\n<tools>\\n' -}}"
     "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
-    "{{- '</tools>\\nFor each call, reply with <tool_call>{\"name\": <name>, "
-    "\"arguments\": <json object>}</tool_call>.<|end|>\\n' -}}"
+    '{{- \'</tools>\\nFor each call, reply with <tool_call>{"name": <name>, '
+    '"arguments": <json object>}</tool_call>.<|end|>\\n\' -}}'
     "{%- elif system_message is not none -%}"
     "{{- '<|system|>\\n' + render_content(system_message) + '<|end|>\\n' -}}"
     "{%- endif -%}"
@@ -121,7 +120,7 @@ CHAT_TEMPLATE: Final[str] = (
     "{%- for tool_call in message.tool_calls -%}"
     "{%- if tool_call.function is defined -%}{%- set call = tool_call.function -%}"
     "{%- else -%}{%- set call = tool_call -%}{%- endif -%}"
-    "{{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>{"name": "\' + call.name + \'", "arguments": \' -}}'
     "{%- if call.arguments is string -%}{{- call.arguments -}}"
     "{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}"
     "{{- '}</tool_call>' -}}"
@@ -141,9 +140,7 @@ CHAT_TEMPLATE: Final[str] = (
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's reversible byte -> printable-unicode map, indexed by byte value."""
     printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     table: dict[int, str] = {b: chr(b) for b in printable}
     extra = 0

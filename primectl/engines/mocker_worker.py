@@ -71,7 +71,7 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
     return Service(
         name=slot.name, role=slot.role, component="dynamo-mocker", host=slot.host, address=addr,  # type: ignore[arg-type]
         gpus=list(slot.gpus), group=slot.group, data_parallel=slot.data_parallel,
-        argv=argv, env=env, ports={k: v for k, v in slot.ports.items() if k in MOCKER_PORTS}, listens=sorted(set(listens)),
+        argv=argv, env=env, ports={k: v for k, v in slot.ports.items() if k in MOCKER_PORTS}, listens=sorted(listens),
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
         metrics_url=f"{system}/metrics",

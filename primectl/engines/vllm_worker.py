@@ -139,7 +139,7 @@ def vllm_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decod
     return Service(
         name=slot.name, role=slot.role, component="dynamo-vllm", host=slot.host, address=addr,  # type: ignore[arg-type]
         gpus=list(slot.gpus), group=slot.group, data_parallel=dp,
-        argv=argv, env=env, files=files, ports=_used_ports(slot), listens=sorted(set(listens)),
+        argv=argv, env=env, files=files, ports=_used_ports(slot), listens=sorted(listens),
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or GPU_STARTUP_TIMEOUT_S, interval_s=2),
         metrics_url=f"{system}/metrics",

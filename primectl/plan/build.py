@@ -151,8 +151,10 @@ def check_ports(plan: Plan) -> list[Finding]:
     for svc in plan.services:
         for port in svc.listens:
             key = (svc.host, port)
-            if key in owner and owner[key] != svc.name:
-                findings.append(Finding(("ports",), f"port {port} on host {svc.host} is used by both {owner[key]} and {svc.name}"))
+            if key in owner:
+                # Listens keep duplicates, so two of one service's port bases meeting is caught too.
+                users = f"twice by {svc.name}" if owner[key] == svc.name else f"by both {owner[key]} and {svc.name}"
+                findings.append(Finding(("ports",), f"port {port} on host {svc.host} is used {users}"))
             owner.setdefault(key, svc.name)
     return findings
 

@@ -83,6 +83,13 @@ def place_workers(recipe: Recipe, hw: Hardware, hosts: list[HostPlan]) -> Placem
         names = spec.hosts or [h.name for h in hosts]
         candidates = [state[n] for n in names if n in state]
         gpu_hosts = [c for c in candidates if c.plan.gpus > 0]
+        widest = max((c.plan.gpus for c in gpu_hosts), default=0)
+        if gpu_hosts and par.dp == 1 and par.size > widest:
+            # TP/TEP shards every layer over NVLink inside one process: it never spans hosts.
+            out.findings.append(Finding((role, "parallel"), (
+                f"{spec.parallel} cannot span hosts: tensor parallelism stays inside one host and the "
+                f"largest host has {widest} GPUs; use TP{widest} or less, or DEP{par.size} across whole hosts")))
+            continue
         for i in range(count):
             if not gpu_hosts:
                 _place_cpu(recipe, role, i, par, candidates, out, block)

@@ -178,10 +178,27 @@ def _read(fs_path: FsPath, file: str, chain: tuple[FsPath, ...] = ()) -> tuple[d
     if not isinstance(parent, str):
         raise RecipeError([to_problem(("extends",), "must be the path of a base recipe", file, positions)])
     base_path = (fs_path.parent / parent).resolve()
-    if base_path in chain or base_path == fs_path.resolve():
-        raise RecipeError([to_problem(("extends",), f"{parent} extends itself (cycle)", file, positions)])
-    base_data, base_pos = _read(base_path, str(base_path), chain + (fs_path.resolve(),))
+    here = chain + (fs_path.resolve(),)
+    if base_path in here:
+        cycle = " -> ".join(p.name for p in here[here.index(base_path):] + (base_path,))
+        raise RecipeError([to_problem(("extends",), f"extends cycle: {cycle}", file, positions)])
+    base_data, base_pos = _read(base_path, str(base_path), here)
+    # A value this file replaces takes its positions along: drop the base's positions under it,
+    # or a problem in the replacement could be pinned to a line of the base file.
+    replaced = _replaced(base_data, data)
+    base_pos = {p: pos for p, pos in base_pos.items() if not any(p[: len(r)] == r for r in replaced)}
     return _merge(base_data, data), {**base_pos, **positions}
+
+
+def _replaced(base: dict[str, Any], over: dict[str, Any], prefix: Path = ()) -> list[Path]:
+    """Paths where `over` replaces (rather than merges into) a value of `base`."""
+    out: list[Path] = []
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out += _replaced(base[key], value, prefix + (key,))
+        elif key in base:
+            out.append(prefix + (key,))
+    return out
 
 
 def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:

@@ -1,0 +1,1 @@
+"""Apply a rendered plan to hosts: transport, host agent, rollout, status."""

@@ -1,0 +1,472 @@
+"""`up`, `diff` and `down`: take a rendered plan to its hosts, safely.
+
+Read top to bottom, `up` is: connect to every host -> inspect -> lock ->
+compute changes -> check ports -> push -> switch -> start wave by wave and
+wait -> gate -> record state -> unlock. Any failure before the switch changes
+nothing; any failure after it rolls the changed services back to the previous
+revision and waits until that revision is healthy again.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import io
+import os
+import shlex
+import socket
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from primectl.deploy.transport import Transport, agent_call, connect
+from primectl.errors import DeployError, Problem, RecipeError
+from primectl.plan.model import Plan, Service
+from primectl.render.bundle import Bundle, unit_name
+
+T = TypeVar("T")
+R = TypeVar("R")
+Action = Literal["add", "change", "restart", "remove", "keep"]
+LOCK_TTL_S = 3600
+LOG_TAIL_LINES = 40
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T]) -> dict[T, R | BaseException]:
+    """Run fn over items on threads; each result or the exception it raised."""
+    items = list(items)
+    out: dict[T, R | BaseException] = {}
+    if not items:
+        return out
+    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
+        futures = {item: pool.submit(fn, item) for item in items}
+        for item, fut in futures.items():
+            try:
+                out[item] = fut.result()
+            except BaseException as exc:  # collected and reported per host
+                out[item] = exc
+    return out
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `up` does to one service."""
+
+    host: str
+    service: str
+    action: Action
+    reason: str
+
+
+@dataclass
+class Cluster:
+    """Open connections plus what each host reported."""
+
+    plan: Plan
+    transports: dict[str, Transport]
+    views: dict[str, dict[str, Any]]
+    say: Callable[[str], None]
+    lock_token: str | None = None
+    lock_host: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def workdir(self, host: str) -> str:
+        return self.plan.host(host).workdir
+
+    def call(self, host: str, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        base = {"workdir": self.workdir(host), "supervisor": self.plan.supervisor}
+        return agent_call(self.transports[host], op, base | args, timeout=timeout)
+
+    def close(self) -> None:
+        for t in self.transports.values():
+            t.close()
+
+
+def _fail_on_errors(results: dict[str, Any], what: str) -> None:
+    errors = [f"{h}: {r}" for h, r in results.items() if isinstance(r, BaseException)]
+    errors += [f"{h}: {r.get('error')}" for h, r in results.items() if isinstance(r, dict) and not r.get("ok")]
+    if errors:
+        raise DeployError(f"{what} failed on {len(errors)} host(s); nothing was changed:\n  " + "\n  ".join(errors))
+
+
+def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accept_new_host_keys: bool,
+                 say: Callable[[str], None]) -> Cluster:
+    """Connect to every host in parallel and inspect it; any failure changes nothing."""
+    conns = parallel(lambda h: connect(plan.host(h), known_hosts=known_hosts,
+                                       accept_new_host_keys=accept_new_host_keys), hosts)
+    transports = {h: t for h, t in conns.items() if not isinstance(t, BaseException)}
+    cluster = Cluster(plan, transports, {}, say)
+    failed = {h: e for h, e in conns.items() if isinstance(e, BaseException)}
+    if failed:
+        cluster.close()
+        _fail_on_errors(failed, "connecting")
+
+    def inspect(h: str) -> dict[str, Any]:
+        units = {s.name: unit_name(plan, s) for s in plan.services_on(h)}
+        return cluster.call(h, "inspect", {"services": units}, timeout=60)
+
+    views = parallel(inspect, hosts)
+    try:
+        _fail_on_errors(views, "inspecting")
+    except DeployError:
+        cluster.close()
+        raise
+    cluster.views = {h: v for h, v in views.items() if isinstance(v, dict)}
+    for h, v in cluster.views.items():
+        owner = (v.get("state") or {}).get("deployment")
+        if owner and owner != plan.name:
+            cluster.close()
+            raise DeployError(f"{h}: workdir {cluster.workdir(h)} holds deployment {owner!r}, not {plan.name!r}; "
+                              "give each deployment its own workdir")
+    return cluster
+
+
+def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
+    """Take the cluster lock on the frontend host (owner, pid, start, expiry)."""
+    head = cluster.plan.service("frontend").host
+    token = uuid.uuid4().hex
+    owner = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "command": command,
+             "started": time.time(), "expires": time.time() + LOCK_TTL_S, "token": token}
+    r = cluster.call(head, "lock", {"owner": owner, "force": break_lock})
+    if not r.get("ok"):
+        o = r.get("owner") or {}
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(o.get("started", 0)))
+        stale = " (expired: break it with --break-lock)" if r.get("stale") else ""
+        raise DeployError(f"deployment {cluster.plan.name} is locked by {o.get('user')}@{o.get('host')} "
+                          f"pid {o.get('pid')} running `{o.get('command')}` since {started}{stale}; nothing was changed")
+    cluster.lock_token, cluster.lock_host = token, head
+
+
+def unlock(cluster: Cluster) -> None:
+    """Release our lock (best effort: an expired lock can always be broken)."""
+    if cluster.lock_token and cluster.lock_host:
+        try:
+            cluster.call(cluster.lock_host, "unlock", {"token": cluster.lock_token})
+        except DeployError:
+            pass
+
+
+def compute_changes(plan: Plan, bundles: dict[str, Bundle], views: dict[str, dict[str, Any]]) -> list[Change]:
+    """Per host and service: add, change, restart (dead), remove or keep."""
+    out: list[Change] = []
+    for host in sorted(views):
+        state = views[host].get("state") or {}
+        recorded: dict[str, Any] = state.get("services", {})
+        live = views[host].get("services", {})
+        desired: dict[str, Any] = bundles[host].manifest["services"] if host in bundles else {}  # type: ignore[assignment]
+        for name, want in desired.items():
+            have = recorded.get(name)
+            alive = live.get(name, {}).get("alive", False)
+            if have is None:
+                out.append(Change(host, name, "add", "new service"))
+            elif (have.get("hash"), have.get("files_hash")) != (want["hash"], want["files_hash"]):
+                out.append(Change(host, name, "change", "definition changed"))
+            elif not alive:
+                out.append(Change(host, name, "restart", "not running"))
+            else:
+                out.append(Change(host, name, "keep", "unchanged and running"))
+        for name in sorted(set(recorded) - set(desired)):
+            out.append(Change(host, name, "remove", "no longer in the plan"))
+    return out
+
+
+def check_ports(cluster: Cluster, changes: list[Change]) -> None:
+    """Every port a service about to start needs must be free, except ports our own services hold."""
+    plan = cluster.plan
+    need: dict[str, dict[int, str]] = {}
+    for c in changes:
+        if c.action in ("add", "change", "restart"):
+            for port in plan.service(c.service).listens:
+                need.setdefault(c.host, {})[port] = c.service
+    problems = []
+    for host, ports in need.items():
+        recorded = (cluster.views[host].get("state") or {}).get("services", {})
+        live = cluster.views[host].get("services", {})
+        ours = {p for n, s in recorded.items() if live.get(n, {}).get("alive") for p in s.get("listens", [])}
+        check = sorted(set(ports) - ours)
+        if not check:
+            continue
+        r = cluster.call(host, "ports", {"address": plan.host(host).address, "ports": check})
+        for port in r.get("taken", []):
+            problems.append(f"port {port} on {host} ({plan.host(host).address}) is already in use; "
+                            f"{ports[port]} needs it")
+    if problems:
+        raise DeployError("ports are taken; nothing was changed:\n  " + "\n  ".join(problems))
+
+
+def _tar(bundle: Bundle) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(bundle.files):
+            data = bundle.files[path]
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            info.mode = bundle.modes.get(path, 0o644)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def push(cluster: Cluster, bundles: dict[str, Bundle], hosts: list[str]) -> None:
+    """Upload and unpack each host's release (atomic rename on the host)."""
+
+    def one(h: str) -> dict[str, Any]:
+        b = bundles[h]
+        if b.revision in cluster.views[h].get("releases", []):
+            return {"ok": True, "existed": True}
+        wd = cluster.workdir(h)
+        cluster.transports[h].run(f"mkdir -p {shlex.quote(wd)}/incoming")
+        cluster.transports[h].put(_tar(b), f"{wd}/incoming/{b.revision}.tar")
+        return cluster.call(h, "stage", {"revision": b.revision})
+
+    results = parallel(one, hosts)
+    _fail_on_errors(results, "pushing the release")
+    for h in hosts:
+        cluster.say(f"pushed {h}: revision {bundles[h].revision}")
+
+
+def resolve_secrets(plan: Plan, sources: dict[str, str], file: str) -> str:
+    """Secret values as an env file; bad input (exit 2) when a source is missing."""
+    lines, problems = [], []
+    for name in plan.secret_names:
+        source = sources[name]
+        kind, _, ref = source.partition(":")
+        value: str | None = None
+        if kind == "env":
+            value = os.environ.get(ref)
+        elif kind == "file":
+            try:
+                with open(os.path.expanduser(ref)) as f:
+                    value = f.read().strip()
+            except OSError:
+                value = None
+        if value is None:
+            problems.append(Problem(file, 0, 0, f"secrets.{name}",
+                                    f"{source!r} has no value here (set the env var or create the file); "
+                                    "allowed: env:NAME or file:PATH"))
+            continue
+        lines.append(f"{name}={shlex.quote(value)}")
+    if problems:
+        raise RecipeError(problems)
+    return "".join(line + "\n" for line in lines)
+
+
+def _svc_args(plan: Plan, names: Iterable[str]) -> list[dict[str, Any]]:
+    return [{"name": n, "unit": unit_name(plan, plan.service(n)), "stop_timeout": plan.service(n).stop_timeout_s}
+            for n in names]
+
+
+def _record(plan: Plan, svc: Service, bundle: Bundle) -> dict[str, Any]:
+    m = bundle.manifest["services"][svc.name]  # type: ignore[index]
+    return {"hash": m["hash"], "files_hash": m["files_hash"], "unit": unit_name(plan, svc), "role": svc.role,
+            "release": bundle.revision, "listens": svc.listens, "ready": svc.ready.model_dump(mode="json"),
+            "stop_timeout": svc.stop_timeout_s}
+
+
+class StartFailed(DeployError):
+    """A service did not start or become ready; rollback follows."""
+
+
+def start_and_wait(cluster: Cluster, by_host: dict[str, list[str]], probes: dict[str, dict[str, Any]]) -> None:
+    """Start services (per host in parallel) and wait until every one is ready."""
+    plan = cluster.plan
+
+    def one(h: str) -> dict[str, Any]:
+        names = by_host[h]
+        r = cluster.call(h, "start", {"services": _svc_args(plan, names)})
+        if not r.get("ok"):
+            return r
+        waits = [{"name": n, "unit": unit_name(plan, plan.service(n)) if n in {s.name for s in plan.services} else n,
+                  "probe": probes[n]} for n in names]
+        timeout = max(w["probe"].get("timeout_s", 60) for w in waits) + 30
+        return cluster.call(h, "wait", {"waits": waits}, timeout=timeout)
+
+    results = parallel(one, [h for h in by_host if by_host[h]])
+    for h, r in results.items():
+        if isinstance(r, BaseException):
+            raise StartFailed(f"{h}: {r}", service=None)
+        if not r.get("ok"):
+            name = r.get("service") or by_host[h][0]
+            tail = cluster.call(h, "tail", {"services": [name], "lines": LOG_TAIL_LINES}).get("logs", {}).get(name, "")
+            raise StartFailed(f"{name} on {h}: {r.get('error')}", service=name, log_tail=tail)
+
+
+def wait_gate(cluster: Cluster) -> None:
+    """The deployment-level readiness gate, probed from the frontend host."""
+    plan = cluster.plan
+    head = plan.service("frontend").host
+    r = cluster.call(head, "wait", {"waits": [{"name": "gate", "probe": plan.gate.model_dump(mode="json")}]},
+                     timeout=plan.gate.timeout_s + 30)
+    if not r.get("ok"):
+        tail = cluster.call(head, "tail", {"services": ["frontend"], "lines": LOG_TAIL_LINES}).get("logs", {})
+        raise StartFailed(f"readiness gate {plan.gate.url}: {r.get('error')}", service="frontend",
+                          log_tail=tail.get("frontend", ""))
+
+
+def _waves(plan: Plan, names: set[str]) -> list[list[str]]:
+    return [[n for n in wave if n in names] for wave in plan.start_waves() if any(n in names for n in wave)]
+
+
+def _group(plan: Plan, names: Iterable[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for n in names:
+        out.setdefault(plan.service(n).host, []).append(n)
+    return out
+
+
+@dataclass
+class UpResult:
+    """What `up` did."""
+
+    changes: list[Change]
+    started: list[str]
+    seconds: float
+    rolled_back: bool = False
+
+
+def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str | None = None,
+       accept_new_host_keys: bool = False, break_lock: bool = False, say: Callable[[str], None] = print,
+       after_ready: Callable[[], None] | None = None) -> UpResult:
+    """Bring the cluster to the plan; roll back changed services on failure (DeployError)."""
+    t0 = time.monotonic()
+    hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
+    cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say)
+    try:
+        lock(cluster, break_lock=break_lock, command="up")
+        changes = compute_changes(plan, bundles, cluster.views)
+        todo = [c for c in changes if c.action != "keep"]
+        secrets_hash = hashlib.sha256((plan.name + secrets).encode()).hexdigest()[:16]
+        stale_secrets = [h for h in hosts if (cluster.views[h].get("state") or {}).get("secrets_hash") != secrets_hash]
+        if not todo and not stale_secrets:
+            say("no changes: every service is running its planned revision")
+            return UpResult(changes, [], time.monotonic() - t0)
+        check_ports(cluster, changes)
+        push_hosts = [h for h in hosts if cluster.views[h].get("current") != bundles[h].revision]
+        push(cluster, bundles, push_hosts)
+        if plan.secret_names or stale_secrets:
+            _fail_on_errors(parallel(lambda h: cluster.call(h, "secrets", {"deployment": plan.name, "content": secrets}),
+                                     hosts), "writing secrets")
+        started: list[str] = []
+        try:
+            _fail_on_errors(parallel(lambda h: cluster.call(h, "switch", {"revision": bundles[h].revision}),
+                                     push_hosts), "switching releases")
+            removed: dict[str, list[str]] = {}
+            for c in changes:
+                if c.action == "remove":
+                    removed.setdefault(c.host, []).append(c.service)
+            for h, names in removed.items():
+                cluster.call(h, "stop", {"services": [{"name": n, "unit": f"primectl-{plan.name}-{n}"} for n in names],
+                                         "remove_units": True})
+            to_start = {c.service for c in changes if c.action in ("add", "change", "restart")}
+            probes = {s.name: s.ready.model_dump(mode="json") for s in plan.services}
+            for wave in _waves(plan, to_start):
+                say(f"starting {', '.join(wave)}")
+                started += wave
+                start_and_wait(cluster, _group(plan, wave), probes)
+            wait_gate(cluster)
+            if after_ready:
+                after_ready()
+        except DeployError as exc:
+            say(f"FAILED: {exc}; rolling back")
+            rollback(cluster, bundles, changes, started)
+            raise DeployError(f"{exc} (rolled back to the previous revision)",
+                              service=exc.service, log_tail=exc.log_tail) from None
+        write_state(cluster, bundles, hosts, secrets_hash)
+        say(f"ready: {plan.endpoint} ({len(to_start)} started, "
+            f"{sum(c.action == 'keep' for c in changes)} unchanged)")
+        return UpResult(changes, started, time.monotonic() - t0)
+    finally:
+        unlock(cluster)
+        cluster.close()
+
+
+def write_state(cluster: Cluster, bundles: dict[str, Bundle], hosts: list[str], secrets_hash: str) -> None:
+    """Record, per host, the revision and each service's hash, probe and release."""
+    plan = cluster.plan
+
+    def one(h: str) -> dict[str, Any]:
+        old = cluster.views[h].get("state") or {}
+        prev = old.get("revision")
+        state = {
+            "deployment": plan.name, "revision": bundles[h].revision,
+            "previous_revision": prev if prev != bundles[h].revision else old.get("previous_revision"),
+            "supervisor": plan.supervisor, "secrets_hash": secrets_hash, "updated": time.time(),
+            "services": {s.name: _record(plan, s, bundles[h]) for s in plan.services_on(h)},
+        }
+        return cluster.call(h, "write_state", {"state": state})
+
+    _fail_on_errors(parallel(one, hosts), "recording state")
+
+
+def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change], started: list[str]) -> None:
+    """Put changed services back on the previous revision and wait until they are healthy."""
+    plan = cluster.plan
+    by_host_stop = _group(plan, [n for n in started if n in {s.name for s in plan.services}])
+    parallel(lambda h: cluster.call(h, "stop", {"services": _svc_args(plan, by_host_stop[h])}), by_host_stop)
+    restore: dict[str, list[str]] = {}
+    probes: dict[str, dict[str, Any]] = {}
+    for h, view in cluster.views.items():
+        prev = view.get("current")
+        if prev and h in bundles and bundles[h].revision != prev:
+            cluster.call(h, "switch", {"revision": prev})
+        recorded = (view.get("state") or {}).get("services", {})
+        for c in changes:
+            if c.host == h and c.action in ("change", "remove") and c.service in recorded:
+                if c.action == "remove" or c.service in started:
+                    restore.setdefault(h, []).append(c.service)
+                    probes[c.service] = recorded[c.service]["ready"]
+    if not restore:
+        return
+    cluster.say(f"restoring {', '.join(n for names in restore.values() for n in names)} on the previous revision")
+
+    def one(h: str) -> dict[str, Any]:
+        recorded = (cluster.views[h].get("state") or {}).get("services", {})
+        svcs = [{"name": n, "unit": recorded[n]["unit"], "stop_timeout": recorded[n].get("stop_timeout", 30)}
+                for n in restore[h]]
+        r = cluster.call(h, "start", {"services": svcs})
+        if not r.get("ok"):
+            return r
+        waits = [{"name": n, "unit": recorded[n]["unit"], "probe": probes[n]} for n in restore[h]]
+        return cluster.call(h, "wait", {"waits": waits})
+
+    results = parallel(one, restore)
+    bad = [f"{h}: {r}" for h, r in results.items() if isinstance(r, BaseException) or not r.get("ok")]
+    if bad:
+        cluster.say("WARNING: the previous revision did not come back healthy: " + "; ".join(map(str, bad)))
+    else:
+        cluster.say("previous revision is healthy again")
+
+
+def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_host_keys: bool = False,
+         break_lock: bool = False, say: Callable[[str], None] = print) -> list[str]:
+    """Stop every service in reverse start order; `purge` removes primectl's files too."""
+    hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
+    cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say)
+    stopped: list[str] = []
+    try:
+        lock(cluster, break_lock=break_lock, command="down")
+        recorded = {h: (v.get("state") or {}).get("services", {}) for h, v in cluster.views.items()}
+        planned = {n for wave in plan.start_waves() for n in wave}
+        extra = sorted({n for svcs in recorded.values() for n in svcs} - planned)
+        for names in [extra, *reversed(plan.start_waves())]:
+            groups: dict[str, list[dict[str, Any]]] = {}
+            for h, svcs in recorded.items():
+                for n in names:
+                    if n in svcs:
+                        groups.setdefault(h, []).append({"name": n, "unit": svcs[n]["unit"],
+                                                         "stop_timeout": svcs[n].get("stop_timeout", 30)})
+            results = parallel(lambda h: cluster.call(h, "stop", {"services": groups[h], "remove_units": True}), groups)
+            for r in results.values():
+                if isinstance(r, dict):
+                    stopped += r.get("stopped", [])
+        if purge:
+            _fail_on_errors(parallel(lambda h: cluster.call(h, "purge", {}), hosts), "purging")
+        say(f"stopped {len(stopped)} service(s)" + ("; files removed" if purge else ""))
+        return stopped
+    finally:
+        if not purge:
+            unlock(cluster)
+        cluster.close()

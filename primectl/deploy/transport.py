@@ -1,0 +1,160 @@
+"""One interface to reach a host: Fabric over SSH, or Invoke locally.
+
+Deploy code calls `agent(op, args)` and `put(data, path)` and never asks which
+transport it has (pyinfra's connectors, Fabric/Invoke's shared surface).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import threading
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Protocol
+
+from primectl.errors import DeployError
+from primectl.plan.model import HostPlan
+
+
+class HostUnreachable(DeployError):
+    """Could not connect or authenticate to a host."""
+
+
+def agent_source() -> str:
+    """The host agent's source, sent with every call."""
+    return files("primectl.deploy").joinpath("agent.py").read_text()
+
+
+class Transport(Protocol):
+    """What the deploy code needs from a connection."""
+
+    host: HostPlan
+
+    def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        """Run a shell command; (exit code, stdout, stderr). `stream` prints output as it comes."""
+        ...
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        """Write bytes to a file on the host (parent directory must exist)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+def agent_call(t: Transport, op: str, args: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    """Run one agent operation on the host; returns its JSON result (ok=False on failure)."""
+    command = f"python3 -c {shlex.quote(agent_source())} {op} {shlex.quote(json.dumps(args))}"
+    code, out, err = t.run(command, timeout=timeout)
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            result: dict[str, Any] = json.loads(line)
+            result.setdefault("code", code)
+            return result
+    return {"ok": False, "code": code, "error": (err or out).strip()[-2000:] or f"agent exited {code}"}
+
+
+class LocalTransport:
+    """`connection: local`: Invoke's Context on this machine."""
+
+    def __init__(self, host: HostPlan):
+        from invoke import Context
+
+        self.host = host
+        self._ctx = Context()
+
+    def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        r = self._ctx.run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
+        assert r is not None
+        return r.exited, r.stdout, r.stderr
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        pass
+
+
+class _AcceptNewPolicy:
+    """Trust-on-first-use: record an unknown host key; a changed key is still refused by paramiko."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True)
+        client.save_host_keys(self.known_hosts)
+
+
+class SSHTransport:
+    """`connection: ssh`: a Fabric Connection that verifies host keys against known_hosts."""
+
+    def __init__(self, host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool, connect_timeout: float = 10):
+        import paramiko
+        from fabric import Connection
+
+        self.host = host
+        kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
+        if host.identity_file:
+            kwargs |= {"key_filename": os.path.expanduser(host.identity_file), "look_for_keys": False, "allow_agent": False}
+        self._conn = Connection(host.address, user=host.user, port=host.port, connect_timeout=connect_timeout,
+                                connect_kwargs=kwargs)
+        client = self._conn.client
+        # Fabric's default is to add unknown keys silently; refuse them unless asked.
+        client._system_host_keys = paramiko.HostKeys()
+        client._host_keys = paramiko.HostKeys()
+        if os.path.exists(known_hosts):
+            client.load_host_keys(known_hosts)
+        policy = _AcceptNewPolicy(known_hosts) if accept_new_host_keys else paramiko.RejectPolicy()
+        client.set_missing_host_key_policy(policy)
+        try:
+            self._conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): host key CHANGED "
+                                  f"(expected {exc.expected_key.get_base64()[:16]}...); refusing to connect") from None
+        except paramiko.SSHException as exc:
+            msg = str(exc)
+            if "not found in known_hosts" in msg:
+                msg = (f"unknown host key (not in {known_hosts}); verify it and add it "
+                       "(ssh-keyscan), or pass --accept-new-host-keys")
+            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): {msg}") from None
+        except (OSError, EOFError) as exc:
+            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: {exc}") from None
+
+    def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        try:
+            r = self._conn.run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
+        except Exception as exc:  # paramiko/invoke raise many kinds when a link drops
+            raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
+        return r.exited, r.stdout, r.stderr
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        try:
+            sftp = self._conn.sftp()
+            tmp = f"{path}.partial"
+            sftp.putfo(io.BytesIO(data), tmp)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
+        except Exception as exc:
+            raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
+    """Open the right transport for a host."""
+    if host.connection == "local":
+        return LocalTransport(host)
+    path = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
+    return SSHTransport(host, known_hosts=path, accept_new_host_keys=accept_new_host_keys)
