@@ -1,0 +1,552 @@
+"""Triton sparse MLA decode over packed KV-cache rows (split-K + log-sum-exp merge).
+
+Three variants share one launch structure:
+
+* ``decode_nvfp4_native``: loads the selected 352-byte nvfp4_ds_mla rows and
+  dequantises them in registers (E2M1 x e4m3 products are exact in FP16).
+* ``decode_nvfp4_staged``: first dequantises the selected nvfp4 rows into a
+  temporary fp8_ds_mla buffer (656-byte rows), then runs the FP8 kernel.
+* ``decode_fp8``: loads 656-byte fp8_ds_mla rows.
+
+Grid of the main kernel: ``(T, num_splits, cdiv(H, BLOCK_H))``.  Each program
+takes one query token, a block of heads and a contiguous slice of that token's
+top-k slots, walks it in tiles of ``BLOCK_N`` rows (online softmax, FP16 dot
+operands, FP32 accumulation) and writes an un-normalised-free partial output
+plus its log2-sum-exp.  Slots with index ``-1`` (or out of range) are masked:
+their rows are never loaded, and tiles without a valid slot are skipped.  A
+second small kernel merges the splits.
+
+The nvfp4 kernel keeps the latent as even/odd halves (low/high nibbles): the
+query is split the same way, so no in-register shuffle is needed.  The FP8
+kernel works in four 128-wide chunks of raw e4m3 values (exact in FP16),
+applying each chunk's FP32 scale to the scores and to the probabilities instead
+of to the 512-wide rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.codec import (
+    bf16_bits_to_f32,
+    e2m1_decode_f16,
+    e4m3_decode,
+    fp8_quant_store,
+    jit,
+)
+from kernels.layout import (
+    FP8_DS_MLA_ROW_BYTES,
+    HEAD_DIM_QK,
+    KV_LORA_RANK,
+    NVFP4_DS_MLA_ROW_BYTES,
+)
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+
+
+@jit
+def _row_offsets(idx_ptr, n, end, num_rows, block_size, stride_block, ROW_BYTES: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Load slot indices ``n`` and return (valid mask, int64 byte offset of each row)."""
+    idx = tl.load(idx_ptr + n, mask=n < end, other=-1)
+    valid = (idx >= 0) & (idx < num_rows)
+    idx64 = tl.where(valid, idx, 0).to(tl.int64)
+    off = (idx64 // block_size) * stride_block + (idx64 % block_size) * ROW_BYTES
+    return valid, off
+
+
+@jit
+def _softmax_update(s, valid, m_i, l_i, qk_scale):  # type: ignore[no-untyped-def]
+    """Online softmax step in the log2 domain; returns (p, alpha, m_new, l_new)."""
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@jit
+def _scaled_pv(p, sc, k, acc):  # type: ignore[no-untyped-def]
+    """``acc + (p * sc) @ k`` with FP16 operands.
+
+    The per-row FP32 scales are folded into P relative to the tile's largest
+    scale, so P stays in FP16's normal range (``p * sc`` alone can be ~1e-6 and
+    would lose bits as an FP16 subnormal); the tile maximum is applied in FP32.
+    """
+    smax = tl.max(sc, axis=0)
+    smax = tl.where(smax > 0, smax, 1.0)
+    pf = (p * (sc / smax)[None, :]).to(tl.float16)
+    return acc + tl.dot(pf, k) * smax
+
+
+# ----------------------------------------------------------------------------
+# main kernels
+# ----------------------------------------------------------------------------
+
+
+@jit
+def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    cache_ptr,
+    idx_ptr,
+    o_ptr,
+    lse_ptr,
+    H,
+    TOPK,
+    num_rows,
+    block_size,
+    stride_block,
+    rows_per_split,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    qk_scale,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    hb = tl.program_id(2)
+    num_splits = tl.num_programs(1)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    j = tl.arange(0, 256)
+    r = tl.arange(0, 64)
+    sidx = tl.arange(0, 32)
+    sc_off = 320 + 8 * (sidx & 3) + (sidx >> 2)
+
+    q_row = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+    hm2 = hmask[:, None]
+    q_lo = tl.load(q_row + 2 * j[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q_hi = tl.load(q_row + 2 * j[None, :] + 1, mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q_pe = tl.load(q_row + 512 + r[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc_lo = tl.zeros([BLOCK_H, 256], tl.float32)
+    acc_hi = tl.zeros([BLOCK_H, 256], tl.float32)
+
+    start = sp * rows_per_split
+    end = tl.minimum(start + rows_per_split, TOPK)
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
+        if tl.max(valid.to(tl.int32), axis=0) > 0:
+            row = cache_ptr + off
+            v2 = valid[:, None]
+            packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0).to(tl.int32)
+            sf = e4m3_decode(tl.load(row[:, None] + sc_off[None, :], mask=v2, other=0)).to(tl.float16)
+            sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (BLOCK_N, 32, 8)), (BLOCK_N, 256))
+            k_lo = e2m1_decode_f16(packed & 15) * sf_b
+            k_hi = e2m1_decode_f16(packed >> 4) * sf_b
+            k_pe = e4m3_decode(tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0)).to(tl.float16)
+            s = tl.dot(q_lo, tl.trans(k_lo))
+            s = tl.dot(q_hi, tl.trans(k_hi), s)
+            s = tl.dot(q_pe, tl.trans(k_pe), s)
+            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
+            pf = p.to(tl.float16)
+            acc_lo = tl.dot(pf, k_lo, acc_lo * alpha[:, None])
+            acc_hi = tl.dot(pf, k_hi, acc_hi * alpha[:, None])
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = tl.reshape(tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_H, 512))
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    part = (t * num_splits + sp) * H + heads  # [BLOCK_H]
+    d = tl.arange(0, 512)
+    tl.store(o_ptr + part.to(tl.int64)[:, None] * 512 + d[None, :], out, mask=hm2)
+    tl.store(lse_ptr + part, lse, mask=hmask)
+
+
+@jit
+def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    cache_ptr,
+    cache_f32_ptr,
+    cache_i16_ptr,
+    idx_ptr,
+    o_ptr,
+    lse_ptr,
+    H,
+    TOPK,
+    num_rows,
+    block_size,
+    stride_block,
+    rows_per_split,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    qk_scale,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    hb = tl.program_id(2)
+    num_splits = tl.num_programs(1)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    d = tl.arange(0, 128)
+    r = tl.arange(0, 64)
+
+    q_row = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+    hm2 = hmask[:, None]
+    q0 = tl.load(q_row + d[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q1 = tl.load(q_row + 128 + d[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q2 = tl.load(q_row + 256 + d[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q3 = tl.load(q_row + 384 + d[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q_pe = tl.load(q_row + 512 + r[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
+
+    start = sp * rows_per_split
+    end = tl.minimum(start + rows_per_split, TOPK)
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
+        if tl.max(valid.to(tl.int32), axis=0) > 0:
+            row = cache_ptr + off
+            v2 = valid[:, None]
+            k0 = e4m3_decode(tl.load(row[:, None] + d[None, :], mask=v2, other=0)).to(tl.float16)
+            k1 = e4m3_decode(tl.load(row[:, None] + 128 + d[None, :], mask=v2, other=0)).to(tl.float16)
+            k2 = e4m3_decode(tl.load(row[:, None] + 256 + d[None, :], mask=v2, other=0)).to(tl.float16)
+            k3 = e4m3_decode(tl.load(row[:, None] + 384 + d[None, :], mask=v2, other=0)).to(tl.float16)
+            srow = cache_f32_ptr + off // 4 + 128
+            sc0 = tl.load(srow, mask=valid, other=0.0)
+            sc1 = tl.load(srow + 1, mask=valid, other=0.0)
+            sc2 = tl.load(srow + 2, mask=valid, other=0.0)
+            sc3 = tl.load(srow + 3, mask=valid, other=0.0)
+            pe_bits = tl.load(cache_i16_ptr + (off // 2 + 264)[:, None] + r[None, :], mask=v2, other=0)
+            k_pe = bf16_bits_to_f32(pe_bits).to(tl.float16)
+            s = tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+            s += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+            s += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+            s += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+            s = tl.dot(q_pe, tl.trans(k_pe), s)
+            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
+            a2 = alpha[:, None]
+            acc0 = _scaled_pv(p, sc0, k0, acc0 * a2)
+            acc1 = _scaled_pv(p, sc1, k1, acc1 * a2)
+            acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
+            acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    inv = (1.0 / l_safe)[:, None]
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    part = (t * num_splits + sp) * H + heads
+    o_row = o_ptr + part.to(tl.int64)[:, None] * 512
+    tl.store(o_row + d[None, :], acc0 * inv, mask=hm2)
+    tl.store(o_row + 128 + d[None, :], acc1 * inv, mask=hm2)
+    tl.store(o_row + 256 + d[None, :], acc2 * inv, mask=hm2)
+    tl.store(o_row + 384 + d[None, :], acc3 * inv, mask=hm2)
+    tl.store(lse_ptr + part, lse, mask=hmask)
+
+
+@jit
+def _merge_kernel(  # type: ignore[no-untyped-def]
+    o_part_ptr,
+    lse_part_ptr,
+    out_ptr,
+    lse_out_ptr,
+    H,
+    NUM_SPLITS,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Combine split partials of one (token, head) by log-sum-exp weights."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    sidx = tl.arange(0, BLOCK_S)
+    smask = sidx < NUM_SPLITS
+    lse = tl.load(lse_part_ptr + (t * NUM_SPLITS + sidx) * H + h, mask=smask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_safe)
+    w_sum = tl.sum(w, axis=0)
+    inv = tl.where(w_sum > 0, 1.0 / tl.where(w_sum > 0, w_sum, 1.0), 0.0)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for sp in range(0, NUM_SPLITS):
+        lse_s = tl.load(lse_part_ptr + (t * NUM_SPLITS + sp) * H + h)
+        w_s = tl.exp2(lse_s - m_safe)
+        if w_s > 0:
+            o = tl.load(o_part_ptr + ((t * NUM_SPLITS + sp) * H + h).to(tl.int64) * BLOCK_D + d)
+            acc += o * w_s
+    tl.store(out_ptr + (t * H + h).to(tl.int64) * BLOCK_D + d, acc * inv)
+    log2_sum = tl.log2(tl.where(w_sum > 0, w_sum, 1.0))
+    lse_nat = tl.where(w_sum > 0, (m_safe + log2_sum) * 0.6931471805599453, float("-inf"))
+    tl.store(lse_out_ptr + t * H + h, lse_nat)
+
+
+@jit
+def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
+    cache_ptr,
+    idx_ptr,
+    stage_ptr,
+    stage_f32_ptr,
+    stage_i16_ptr,
+    new_idx_ptr,
+    N,
+    num_rows,
+    block_size,
+    stride_block,
+    BLOCK_T: tl.constexpr,
+):
+    """Dequantise selected nvfp4 rows and re-quantise them into a dense fp8_ds_mla buffer."""
+    pid = tl.program_id(0)
+    slot = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    inb = slot < N
+    idx = tl.load(idx_ptr + slot, mask=inb, other=-1)
+    valid = inb & (idx >= 0) & (idx < num_rows)
+    tl.store(new_idx_ptr + slot, tl.where(valid, slot, -1), mask=inb)
+    idx64 = tl.where(valid, idx, 0).to(tl.int64)
+    row = cache_ptr + (idx64 // block_size) * stride_block + (idx64 % block_size) * 352
+    j = tl.arange(0, 256)
+    r = tl.arange(0, 64)
+    sidx = tl.arange(0, 32)
+    v2 = valid[:, None]
+    packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0).to(tl.int32)
+    sc = tl.load(row[:, None] + (320 + 8 * (sidx & 3) + (sidx >> 2))[None, :], mask=v2, other=0)
+    sf = e4m3_decode(sc)
+    sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (BLOCK_T, 32, 8)), (BLOCK_T, 256))
+    lo = e2m1_decode_f16(packed & 15).to(tl.float32) * sf_b
+    hi = e2m1_decode_f16(packed >> 4).to(tl.float32) * sf_b
+    rope = e4m3_decode(tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0))
+    s64 = slot.to(tl.int64)
+    fp8_quant_store(
+        stage_ptr + s64 * 656, stage_f32_ptr + s64 * 164, stage_i16_ptr + s64 * 328, lo, hi, rope, valid, BLOCK_T
+    )
+
+
+# ----------------------------------------------------------------------------
+# wrappers
+# ----------------------------------------------------------------------------
+
+BLOCK_H = 16
+BLOCK_N = 32
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 1
+
+
+def choose_num_splits(t: int, h: int, topk: int, device: torch.device, block_n: int = BLOCK_N) -> int:
+    """Heuristic split count: about two programs per SM, at least one tile per split."""
+    if topk <= 0:
+        return 1
+    programs = t * triton.cdiv(h, BLOCK_H)
+    max_splits = triton.cdiv(topk, block_n)
+    want = triton.cdiv(2 * _num_sms(device), max(programs, 1))
+    return int(max(1, min(max_splits, want, 64)))
+
+
+def _check(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, row_bytes: int) -> None:
+    if q.dim() != 3 or q.shape[-1] != HEAD_DIM_QK:
+        raise ValueError(f"q must be [T, H, 576], got {tuple(q.shape)}")
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last dimension")
+    if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[-1] != row_bytes:
+        raise ValueError(
+            f"cache must be uint8 [num_blocks, block_size, {row_bytes}], got {cache.dtype} {tuple(cache.shape)}"
+        )
+    if cache.stride(2) != 1 or cache.stride(1) != row_bytes or cache.stride(0) % 16 != 0:
+        raise ValueError("cache rows must be contiguous within a block and blocks 16-byte aligned")
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"indices must be [T, topk], got {tuple(indices.shape)}")
+
+
+def _run(
+    fmt: str,
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    num_splits: int | None,
+    block_n: int,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    row_bytes = NVFP4_DS_MLA_ROW_BYTES if fmt == "nvfp4" else FP8_DS_MLA_ROW_BYTES
+    _check(q, cache, indices, row_bytes)
+    t, h, _ = q.shape
+    topk = indices.shape[1]
+    idx = indices.to(torch.int32).contiguous()
+    splits = num_splits or choose_num_splits(t, h, topk, q.device, block_n)
+    splits = max(1, min(splits, max(1, triton.cdiv(topk, block_n))))
+    rows_per_split = triton.cdiv(triton.cdiv(max(topk, 1), splits), block_n) * block_n
+    splits = max(1, triton.cdiv(max(topk, 1), rows_per_split))
+    num_rows = cache.shape[0] * cache.shape[1]
+    o_part = torch.empty(t, splits, h, KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(t, splits, h, dtype=torch.float32, device=q.device)
+    out = torch.empty(t, h, KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    if t == 0:
+        return (out, lse) if return_lse else out
+    grid = (t, splits, triton.cdiv(h, BLOCK_H))
+    common = (
+        h,
+        topk,
+        num_rows,
+        cache.shape[1],
+        cache.stride(0),
+        rows_per_split,
+        q.stride(0),
+        q.stride(1),
+        idx.stride(0),
+        sm_scale * LOG2E,
+    )
+    if fmt == "nvfp4":
+        _decode_nvfp4_kernel[grid](
+            q, cache, idx, o_part, lse_part, *common, BLOCK_H=BLOCK_H, BLOCK_N=block_n, num_warps=8
+        )
+    else:
+        _decode_fp8_kernel[grid](
+            q,
+            cache,
+            cache.view(torch.float32),
+            cache.view(torch.int16),
+            idx,
+            o_part,
+            lse_part,
+            *common,
+            BLOCK_H=BLOCK_H,
+            BLOCK_N=block_n,
+            num_warps=8,
+        )
+    _merge_kernel[(t, h)](
+        o_part,
+        lse_part,
+        out,
+        lse,
+        h,
+        splits,
+        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=KV_LORA_RANK,
+    )
+    return (out, lse) if return_lse else out
+
+
+def decode_nvfp4_native(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    num_splits: int | None = None,
+    block_n: int = BLOCK_N,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode reading nvfp4_ds_mla rows directly (dequantised in registers).
+
+    Args:
+        q: ``[T, H, 576]`` queries (bf16/fp16/fp32, last dim contiguous).
+        cache: uint8 ``[num_blocks, block_size, 352]`` paged cache.
+        indices: ``[T, topk]`` global row ids (``block * block_size + offset``), ``-1`` = empty.
+        sm_scale: softmax scale.
+        num_splits: split-K factor (default: heuristic from the SM count).
+        block_n: rows per tile (power of two, >= 16).
+        return_lse: also return the natural-log LSE ``[T, H]``.
+
+    Returns FP32 ``[T, H, 512]`` (and the LSE).
+    """
+    return _run("nvfp4", q, cache, indices, sm_scale, num_splits, block_n, return_lse)
+
+
+def decode_fp8(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    num_splits: int | None = None,
+    block_n: int = BLOCK_N,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode over fp8_ds_mla rows (uint8 ``[num_blocks, block_size, 656]``).
+
+    Same arguments and result as :func:`decode_nvfp4_native`.
+    """
+    return _run("fp8", q, cache, indices, sm_scale, num_splits, block_n, return_lse)
+
+
+def stage_nvfp4_to_fp8(
+    cache: torch.Tensor, indices: torch.Tensor, block_t: int = 8
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantise the rows selected by ``indices [T, topk]`` from an nvfp4 cache into a
+    temporary fp8_ds_mla buffer ``[1, T*topk, 656]``; returns (buffer, remapped indices)."""
+    if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[-1] != NVFP4_DS_MLA_ROW_BYTES:
+        raise ValueError("cache must be uint8 [num_blocks, block_size, 352]")
+    t, topk = indices.shape
+    n = t * topk
+    idx = indices.to(torch.int32).contiguous().view(-1)
+    stage = torch.empty(1, max(n, 1), FP8_DS_MLA_ROW_BYTES, dtype=torch.uint8, device=cache.device)
+    new_idx = torch.empty(t, topk, dtype=torch.int32, device=cache.device)
+    if n:
+        flat = stage.view(-1)
+        _stage_nvfp4_to_fp8_kernel[(triton.cdiv(n, block_t),)](
+            cache,
+            idx,
+            stage,
+            flat.view(torch.float32),
+            flat.view(torch.int16),
+            new_idx,
+            n,
+            cache.shape[0] * cache.shape[1],
+            cache.shape[1],
+            cache.stride(0),
+            BLOCK_T=block_t,
+        )
+    return stage, new_idx
+
+
+def decode_nvfp4_staged(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    num_splits: int | None = None,
+    block_n: int = BLOCK_N,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Staged nvfp4 decode: :func:`stage_nvfp4_to_fp8` then :func:`decode_fp8`.
+
+    Numerically this is the FP8 decode of the re-quantised rows (two rounding steps).
+    """
+    stage, new_idx = stage_nvfp4_to_fp8(cache, indices)
+    return decode_fp8(q, stage, new_idx, sm_scale, num_splits, block_n, return_lse)
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float | None = None,
+    variant: str = "nvfp4",
+    num_splits: int | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch on ``variant`` in {"nvfp4", "nvfp4_staged", "fp8"}; ``sm_scale`` defaults to 1/sqrt(576)."""
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(HEAD_DIM_QK)
+    if variant == "nvfp4":
+        return decode_nvfp4_native(q, cache, indices, scale, num_splits, return_lse=return_lse)
+    if variant == "nvfp4_staged":
+        return decode_nvfp4_staged(q, cache, indices, scale, num_splits, return_lse=return_lse)
+    if variant == "fp8":
+        return decode_fp8(q, cache, indices, scale, num_splits, return_lse=return_lse)
+    raise ValueError(f"unknown decode variant {variant!r}")
