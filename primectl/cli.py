@@ -171,8 +171,16 @@ def up(
         secrets = resolve_secrets(p, dict(loaded.recipe.secrets), loaded.file)
         bundles = _bundles(loaded, p)
         after = None if no_smoke else _smoke_hook(loaded, p)
+        prepare = None
+        if not loaded.recipe.software.python:
+            from primectl.deploy.provision import provision
+
+            def prepare(cluster: Any) -> None:
+                provision(cluster, say=_say)
+
         res = do_up(p, bundles, secrets=secrets, known_hosts=loaded.recipe.known_hosts,
-                    accept_new_host_keys=accept_new_host_keys, break_lock=break_lock, say=_say, after_ready=after)
+                    accept_new_host_keys=accept_new_host_keys, break_lock=break_lock, say=_say, after_ready=after,
+                    prepare=prepare)
         _say(f"done in {res.seconds:.1f}s")
 
     _guard(body)
@@ -341,6 +349,64 @@ def unlock(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
         _say(f"lock of {p.name} on {head} removed")
 
     _guard(body)
+
+
+@app.command()
+def provision(
+    recipe: RecipeArg,
+    wheelhouse: Annotated[Path | None, typer.Option("--wheelhouse", help="Push these wheels and install offline.")] = None,
+    accept_new_host_keys: AcceptKeysOpt = False,
+) -> None:
+    """Install (or reuse) the pinned host runtime on every host; `up` does this first."""
+
+    def body() -> None:
+        from primectl.deploy.provision import provision as do_provision
+        from primectl.deploy.rollout import open_cluster
+
+        loaded, p = load_plan(recipe)
+        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
+        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
+                               accept_new_host_keys=accept_new_host_keys, say=_say)
+        try:
+            do_provision(cluster, wheelhouse=wheelhouse, say=_say)
+        finally:
+            cluster.close()
+
+    _guard(body)
+
+
+@app.command()
+def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None:
+    """Installed runtime versions per host against the recipe's pins; exit 1 on drift."""
+
+    def body() -> int:
+        from primectl.deploy.provision import _freeze, drift, venv_path
+        from primectl.deploy.rollout import open_cluster
+
+        loaded, p = load_plan(recipe)
+        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
+        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
+                               accept_new_host_keys=accept_new_host_keys, say=_say)
+        bad = 0
+        try:
+            for h in hosts:
+                venv = venv_path(p, h)
+                freeze = _freeze(cluster, h, venv)
+                if not freeze:
+                    typer.echo(f"{h}: no runtime at {venv} (run `primectl provision`)")
+                    bad += 1
+                    continue
+                d = drift(p, freeze)
+                for name, (pin, have) in sorted(d.items()):
+                    typer.echo(f"{h}: {name} pinned {pin}, installed {have or 'missing'}")
+                if not d:
+                    typer.echo(f"{h}: ok ({len(p.pins)} pins match)")
+                bad += bool(d)
+        finally:
+            cluster.close()
+        return EXIT_FAILURE if bad else 0
+
+    raise typer.Exit(_guard(body))
 
 
 def main() -> None:

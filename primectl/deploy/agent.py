@@ -174,7 +174,13 @@ def op_stage(a: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(tmp, filter="data")
+        else:  # Python without extraction filters (Debian 12's 3.11.2): allow only plain relative files/dirs
+            for m in tar.getmembers():
+                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in m.name.split("/"):
+                    return {"ok": False, "error": f"refusing to unpack {m.name!r} from {archive}"}
+            tar.extractall(tmp)
     os.replace(tmp, rel)
     os.unlink(archive)
     for sub in ("logs", "run", "secrets"):
@@ -292,7 +298,10 @@ def op_stop(a: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "stopped": stopped}
 
 
-def _probe_once(p: dict[str, Any]) -> tuple[bool, str]:
+RELEASE_MARK = "@release@"
+
+
+def _probe_once(p: dict[str, Any], workdir: str = "") -> tuple[bool, str]:
     kind = p["kind"]
     try:
         if kind == "http":
@@ -305,7 +314,9 @@ def _probe_once(p: dict[str, Any]) -> tuple[bool, str]:
         if kind == "tcp":
             with socket.create_connection((p["host"], p["port"]), timeout=3):
                 return True, f"tcp {p['host']}:{p['port']} open"
-        r = subprocess.run(p["command"], capture_output=True, text=True, timeout=30)
+        release = os.path.realpath(os.path.join(workdir, "current"))
+        command = [c.replace(RELEASE_MARK, release) for c in p["command"]]
+        r = subprocess.run(command, capture_output=True, text=True, timeout=30)
         last = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
         return r.returncode == 0, f"command exited {r.returncode}: {last[0]}"
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -328,7 +339,7 @@ def op_wait(a: dict[str, Any]) -> dict[str, Any]:
                         "error": f"{name} exited before it became ready"}
             if now < next_try[name]:
                 continue
-            ok, detail[name] = _probe_once(w["probe"])
+            ok, detail[name] = _probe_once(w["probe"], a["workdir"])
             if ok:
                 ready.append(name)
                 del pending[name]
@@ -347,7 +358,7 @@ def op_probe(a: dict[str, Any]) -> dict[str, Any]:
     """Run each probe once (for `status`)."""
     results = {}
     for w in a["probes"]:
-        ok, detail = _probe_once(w["probe"])
+        ok, detail = _probe_once(w["probe"], a["workdir"])
         results[w["name"]] = {"ok": ok, "detail": detail}
     return {"ok": True, "results": results}
 
@@ -388,7 +399,7 @@ def op_tail(a: dict[str, Any]) -> dict[str, Any]:
                 lines = f.read().decode(errors="replace").splitlines()
         except FileNotFoundError:
             lines = []
-        out[name] = "\n".join(lines[-a.get("lines", 40) :])
+        out[name] = "\n".join(line[:400] + (" [...]" if len(line) > 400 else "") for line in lines[-a.get("lines", 40) :])
     return {"ok": True, "logs": out}
 
 

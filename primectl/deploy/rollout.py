@@ -329,13 +329,15 @@ class UpResult:
 
 def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str | None = None,
        accept_new_host_keys: bool = False, break_lock: bool = False, say: Callable[[str], None] = print,
-       after_ready: Callable[[], None] | None = None) -> UpResult:
+       after_ready: Callable[[], None] | None = None, prepare: Callable[[Cluster], None] | None = None) -> UpResult:
     """Bring the cluster to the plan; roll back changed services on failure (DeployError)."""
     t0 = time.monotonic()
     hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
     cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say)
     try:
         lock(cluster, break_lock=break_lock, command="up")
+        if prepare:
+            prepare(cluster)
         changes = compute_changes(plan, bundles, cluster.views)
         todo = [c for c in changes if c.action != "keep"]
         secrets_hash = hashlib.sha256((plan.name + secrets).encode()).hexdigest()[:16]

@@ -14,7 +14,7 @@ from primectl.recipe.model import Decode, Prefill
 # AISimulate (the mocker's source of default timings) is not installable, so
 # bandwidths are always passed explicitly.
 HOST_OFFLOAD_GBPS = 50.0
-MOCKER_PORTS = ("system", "tcp_rpc", "bootstrap", "kv_events")
+MOCKER_PORTS = ("system", "tcp_rpc", "bootstrap")
 
 
 def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
@@ -34,8 +34,10 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
         "--kv-bytes-per-token", str(per_token),
         "--kv-transfer-bandwidth", str(r.transfer.bandwidth_gb_s),
         "--speedup-ratio", str(r.mocker.speedup_ratio),
-        "--bootstrap-ports", str(slot.ports["bootstrap"]),
     ]
+    if slot.role == "prefill":
+        # Prefill listens for the decode side's rendezvous; decode workers connect to it.
+        argv += ["--bootstrap-ports", str(slot.ports["bootstrap"])]
     if spec.token_budget_per_gpu is not None:
         argv += ["--max-num-batched-tokens", str(spec.token_budget_per_gpu)]
     if spec.max_num_seqs is not None:
@@ -44,8 +46,6 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
         argv += ["--max-model-len", str(r.model.max_context)]
     if r.mocker.startup_time_s:
         argv += ["--startup-time", str(r.mocker.startup_time_s)]
-    if r.frontend.router_mode == "kv" and r.frontend.kv_events:
-        argv += ["--zmq-kv-events-ports", str(slot.ports["kv_events"])]
     tier = r.host_tier
     if tier is not None and tier.enabled:
         host_blocks = int(tier.dram_gb_per_host * 1e9 / (per_token * r.kv.block_size) / dp_size)
@@ -64,14 +64,15 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
         "DYN_SYSTEM_STARTING_HEALTH_STATUS": "ready",
     })
     env.update(spec.env)
-    listens = [slot.ports["system"], slot.ports["tcp_rpc"], slot.ports["bootstrap"]]
-    if "kv_events" in slot.ports:
-        listens += [slot.ports["kv_events"] + i for i in range(dp_size)]
+    # The mocker publishes KV events on the event plane itself (no --zmq-kv-events-ports).
+    listens = [slot.ports["system"], slot.ports["tcp_rpc"]]
+    if slot.role == "prefill":
+        listens.append(slot.ports["bootstrap"])
     system = f"http://{addr}:{slot.ports['system']}"
     return Service(
         name=slot.name, role=slot.role, component="dynamo-mocker", host=slot.host, address=addr,  # type: ignore[arg-type]
         gpus=list(slot.gpus), group=slot.group, data_parallel=slot.data_parallel,
-        argv=argv, env=env, ports={k: v for k, v in slot.ports.items() if k in MOCKER_PORTS}, listens=sorted(listens),
+        argv=argv, env=env, ports={k: v for k, v in slot.ports.items() if k in MOCKER_PORTS and (k != "bootstrap" or slot.role == "prefill")}, listens=sorted(listens),
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
         metrics_url=f"{system}/metrics",

@@ -125,6 +125,7 @@ def vllm_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decod
         files.append(cfg)
         env["MOONCAKE_CONFIG_PATH"] = "@release@/" + cfg.path
         env["MOONCAKE_REQUESTER_LOCAL_HOSTNAME"] = addr
+        env["MC_TCP_BIND_ADDRESS"] = addr
     env.update(spec.env)
     ranks = dp.local if dp else 1
     base_events = slot.ports.get("kv_events", 0)

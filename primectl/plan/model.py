@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # Stands for the absolute path of the release directory a service runs from;
 # the renderer turns it into a shell variable so paths stay quoted.
@@ -112,6 +112,14 @@ class RoleCapacity(Frozen):
     sessions_in_hbm: int
     host_tier_tokens_per_instance: int
     sessions_with_host_tier: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_own_json(cls, data: Any) -> Any:
+        """A plan read back from its JSON carries the computed figure below: drop it, it is derived."""
+        if isinstance(data, dict) and "kv_tokens_per_decoder" in data:
+            data = {k: v for k, v in data.items() if k != "kv_tokens_per_decoder"}
+        return data
 
     @computed_field  # type: ignore[prop-decorator]
     @property

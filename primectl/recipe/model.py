@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from primectl.recipe.catalog import Architecture, Hardware
 
@@ -19,6 +19,18 @@ KV_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND", "BLHNC", "BLNHC", "BHLNC"
 Name = Annotated[str, Field(pattern=NAME_RE, description="Lower-case letters, digits and dashes.")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 SystemPort = Annotated[int, Field(ge=1, le=32767, description="Dynamo reads it as a signed 16-bit value.")]
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env_name(v: str) -> str:
+    # Names are written unquoted into run scripts (`export NAME=...`): only shell identifiers.
+    if not ENV_NAME_RE.match(v):
+        raise ValueError(f"{v!r} is not an environment variable name (letters, digits and _, not starting with a digit)")
+    return v
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+ENV_NAMES_SCHEMA = {"propertyNames": {"pattern": ENV_NAME_RE.pattern}}
 
 
 class Strict(BaseModel):
@@ -119,7 +131,9 @@ class Role(Strict):
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
     reserve_gb: float = Field(4.0, ge=0, description="Per-GPU memory kept for activations and CUDA graphs.")
     extra_args: list[str] = Field(default_factory=list, description="More engine flags, checked against vLLM's flag catalog.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="Extra environment variables.", json_schema_extra=ENV_NAMES_SCHEMA,
+    )
     hosts: list[str] | None = Field(None, description="Restrict placement to these hosts (in order).")
     startup_timeout_s: int | None = Field(None, gt=0, description="Readiness budget per instance.")
 
@@ -257,9 +271,10 @@ class Recipe(Strict):
     software: Software = Field(default_factory=Software)
     supervisor: Literal["systemd", "process"] = "systemd"
     ports: Ports = Field(default_factory=Ports)
-    secrets: dict[str, str] = Field(
+    secrets: dict[EnvName, str] = Field(
         default_factory=dict,
         description="Env var name -> `env:NAME` or `file:PATH` on the control machine; written 0600, never shown.",
+        json_schema_extra=ENV_NAMES_SCHEMA,
     )
     known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys; default: ~/.ssh/known_hosts.")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 
 from primectl.plan.model import RELEASE, HostPlan, Plan, Service
+from primectl.recipe.model import ENV_NAME_RE
 
 MANIFEST = "manifest.json"
 
@@ -89,6 +90,9 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
     """The run script and unit of one service."""
     env = _env()
     unit = unit_name(plan, svc)
+    bad = [k for k in svc.env if not ENV_NAME_RE.match(k)]
+    if bad:  # names are written unquoted (`export NAME=...`); the recipe refuses these, a hand-edited plan may not
+        raise ValueError(f"{svc.name}: {bad[0]!r} is not an environment variable name")
     script = env.get_template("run.sh.j2").render(
         plan=plan, service=svc, unit=unit, secrets_file=shlex.quote(secrets_path(plan, host)),
         env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())],

@@ -1,0 +1,132 @@
+"""`provision` and `doctor`: the host runtime venv with pinned versions, and drift checks.
+
+Each host gets `<workdir>/runtime/<runtime_key>/`, a venv named by the hash of
+the pinned version set, installed from the lock file with the project's
+install script. An existing venv whose stamp matches the lock is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from primectl.deploy.rollout import Cluster, parallel
+from primectl.errors import DeployError
+from primectl.plan.model import Plan
+
+INSTALL_TIMEOUT_S = 1800
+# System libraries a role needs, by the shared object the loader must find.
+SYSTEM_NEEDS = {"mooncake-master": [("libibverbs.so.1", "libibverbs1")], "etcd": [("/usr/bin/etcd", "etcd-server")]}
+
+
+def scripts_dir() -> Path:
+    """The install script and lock: shipped in the wheel as primectl/runtime, top-level scripts/ in a checkout."""
+    packaged = Path(__file__).resolve().parent.parent / "runtime"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "scripts"
+
+
+def lock_file(plan: Plan) -> Path:
+    """The pinned requirement set for the plan's runtime flavour."""
+    if plan.engine == "vllm":
+        raise DeployError("provisioning GPU hosts (engine vllm) needs a CUDA lock file that this release does not "
+                          "ship yet; install the runtime yourself and set software.python in the recipe")
+    return scripts_dir() / "runtime-requirements-cpu.txt"
+
+
+@dataclass(frozen=True)
+class HostRuntime:
+    """What provision found or did on one host."""
+
+    host: str
+    venv: str
+    action: str
+    freeze: str
+
+
+def venv_path(plan: Plan, host: str) -> str:
+    """The runtime venv of a host."""
+    return posixpath.join(plan.host(host).workdir, "runtime", plan.runtime_key)
+
+
+def _check_system(cluster: Cluster, host: str) -> list[str]:
+    missing = []
+    for svc in cluster.plan.services_on(host):
+        for obj, package in SYSTEM_NEEDS.get(svc.component, []):
+            test = f"test -x {shlex.quote(obj)}" if obj.startswith("/") else f"ldconfig -p | grep -q {shlex.quote(obj)}"
+            code, _, _ = cluster.transports[host].run(test)
+            if code != 0:
+                missing.append(f"{package} (for {svc.name}: {obj} not found)")
+    return missing
+
+
+def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable[[str], None] = print) -> list[HostRuntime]:
+    """Create or reuse each host's runtime venv; fail naming missing system packages."""
+    plan = cluster.plan
+    lock = lock_file(plan)
+    script = (scripts_dir() / "install-runtime.sh").read_bytes()
+    lock_bytes = lock.read_bytes()
+    want = hashlib.sha256(lock_bytes).hexdigest()
+
+    def one(host: str) -> HostRuntime:
+        missing = _check_system(cluster, host)
+        if missing:
+            raise DeployError(f"{host}: missing system packages: {', '.join(missing)}; "
+                              "install them (e.g. scripts/install-system.sh) and retry")
+        t = cluster.transports[host]
+        venv = venv_path(plan, host)
+        stamp = posixpath.join(venv, ".primectl-runtime.stamp")
+        code, out, _ = t.run(f"cat {shlex.quote(stamp)} 2>/dev/null")
+        if code == 0 and out.split()[:1] == [want]:
+            return HostRuntime(host, venv, "reused", _freeze(cluster, host, venv))
+        stage = posixpath.join(plan.host(host).workdir, "runtime", f"{plan.runtime_key}.install")
+        t.run(f"mkdir -p {shlex.quote(stage)}")
+        t.put(script, posixpath.join(stage, "install-runtime.sh"), 0o755)
+        t.put(lock_bytes, posixpath.join(stage, "runtime-requirements-cpu.txt"))
+        env = ""
+        if wheelhouse is not None:
+            wh = posixpath.join(plan.host(host).workdir, "wheelhouse")
+            t.run(f"mkdir -p {shlex.quote(wh)}")
+            for wheel in sorted(wheelhouse.glob("*.whl")):
+                t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
+            env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
+        say(f"{host}: installing runtime {plan.runtime_key} (pinned lock, {len(lock_bytes.splitlines())} lines)")
+        code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}",
+                               timeout=INSTALL_TIMEOUT_S)
+        if code != 0:
+            raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
+        return HostRuntime(host, venv, "installed", _freeze(cluster, host, venv))
+
+    results = parallel(one, sorted(cluster.transports))
+    errors = [str(r) for r in results.values() if isinstance(r, BaseException)]
+    if errors:
+        raise DeployError("provision failed:\n  " + "\n  ".join(errors))
+    out = [r for r in results.values() if isinstance(r, HostRuntime)]
+    for r in out:
+        say(f"{r.host}: runtime {r.action} at {r.venv}")
+    return out
+
+
+def _freeze(cluster: Cluster, host: str, venv: str) -> str:
+    _, out, _ = cluster.transports[host].run(f"cat {shlex.quote(posixpath.join(venv, 'pip-freeze.txt'))} 2>/dev/null")
+    return out
+
+
+def drift(plan: Plan, freeze: str) -> dict[str, tuple[str, str | None]]:
+    """Pinned package -> (pinned version, installed version or None) for every mismatch."""
+    installed = {}
+    for line in freeze.splitlines():
+        name, sep, version = line.partition("==")
+        if sep:
+            installed[name.strip().lower().replace("_", "-")] = version.strip()
+    out: dict[str, tuple[str, str | None]] = {}
+    for name, pin in plan.pins.items():
+        key = name.lower()
+        candidates = [key] if key in installed else sorted(k for k in installed if k.startswith(key + "-"))
+        have = installed[candidates[0]] if candidates else None
+        if have != pin:
+            out[name] = (pin, have)
+    return out

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Idempotent system packages for primectl's tests and the CPU demo stack.
+# Debian 12 (bookworm), run as root. Runs `apt-get update` only when a needed
+# package is missing. Usage: scripts/install-system.sh [--check]
+#   --check   only report missing packages (exit 1 if any), install nothing.
+set -euo pipefail
+
+PACKAGES=(
+  libibverbs1      # mooncake_master / transfer engine dlopen it, even on CPU
+  openssh-server   # multi-host launcher tests (sshd on loopback)
+  openssh-client
+  etcd-server      # /usr/bin/etcd (3.4.x on bookworm); package "etcd" is transitional/absent
+  etcd-client      # /usr/bin/etcdctl
+  iproute2         # ip (netns / link set lo up)
+  util-linux       # unshare
+  systemd          # systemd-analyze verify (works without systemd as PID 1)
+  curl
+  ca-certificates
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if [[ "${1:-}" == "--check" ]]; then
+  if ((${#missing[@]})); then echo "missing: ${missing[*]}"; exit 1; fi
+  echo "all present"; exit 0
+fi
+
+if ((${#missing[@]} == 0)); then
+  echo "install-system: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-system: must run as root (missing: ${missing[*]})" >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+echo "install-system: installing ${missing[*]}"
+apt-get update -qq
+# --no-install-recommends keeps the image small; policy-rc.d is honoured so
+# sshd/etcd are NOT started as services inside containers without systemd.
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Debian's etcd-server ships a unit but we never rely on it: tests start etcd
+# by hand with a temp data dir. Make sure no packaged instance holds :2379.
+if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+  systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
+echo "install-system: done"
