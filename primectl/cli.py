@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -28,7 +28,7 @@ app = typer.Typer(
 T = TypeVar("T")
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     """Output formats."""
 
     table = "table"

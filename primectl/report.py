@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.table import Table
 
@@ -43,7 +45,7 @@ def capacity_table(plan: Plan) -> Table:
     roles: list[tuple[str, RoleCapacity]] = [(n, r) for n, r in (("prefill", c.prefill), ("decode", c.decode)) if r]
     for name, _ in roles:
         t.add_column(name, justify="right")
-    rows = [
+    rows: list[tuple[str, Callable[[RoleCapacity], str]]] = [
         ("instances x GPUs", lambda r: f"{r.instances} x {r.gpus_per_instance} ({r.parallel})"),
         ("HBM per GPU", lambda r: f"{r.hbm_gb:g} GB"),
         ("usable (x utilisation)", lambda r: f"{r.usable_gb:.1f} GB"),

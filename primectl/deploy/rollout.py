@@ -279,8 +279,8 @@ def start_and_wait(cluster: Cluster, by_host: dict[str, list[str]], probes: dict
         r = cluster.call(h, "start", {"services": _svc_args(plan, names)})
         if not r.get("ok"):
             return r
-        waits = [{"name": n, "unit": unit_name(plan, plan.service(n)) if n in {s.name for s in plan.services} else n,
-                  "probe": probes[n]} for n in names]
+        waits: list[dict[str, Any]] = [{"name": n, "unit": unit_name(plan, plan.service(n)), "probe": probes[n]}
+                                       for n in names]
         timeout = max(w["probe"].get("timeout_s", 60) for w in waits) + 30
         return cluster.call(h, "wait", {"waits": waits}, timeout=timeout)
 
@@ -460,7 +460,7 @@ def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_
                     if n in svcs:
                         groups.setdefault(h, []).append({"name": n, "unit": svcs[n]["unit"],
                                                          "stop_timeout": svcs[n].get("stop_timeout", 30)})
-            results = parallel(lambda h: cluster.call(h, "stop", {"services": groups[h], "remove_units": True}), groups)
+            results = parallel(lambda h, g=groups: cluster.call(h, "stop", {"services": g[h], "remove_units": True}), groups)
             for r in results.values():
                 if isinstance(r, dict):
                     stopped += r.get("stopped", [])

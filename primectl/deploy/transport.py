@@ -62,7 +62,7 @@ class LocalTransport:
     """`connection: local`: Invoke's Context on this machine."""
 
     def __init__(self, host: HostPlan):
-        from invoke import Context
+        from invoke.context import Context
 
         self.host = host
         self._ctx = Context()

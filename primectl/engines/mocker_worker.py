@@ -14,7 +14,6 @@ from primectl.recipe.model import Decode, Prefill
 # AISimulate (the mocker's source of default timings) is not installable, so
 # bandwidths are always passed explicitly.
 HOST_OFFLOAD_GBPS = 50.0
-MOCKER_PORTS = ("system", "tcp_rpc", "bootstrap")
 
 
 def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
@@ -65,14 +64,14 @@ def mocker_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Dec
     })
     env.update(spec.env)
     # The mocker publishes KV events on the event plane itself (no --zmq-kv-events-ports).
-    listens = [slot.ports["system"], slot.ports["tcp_rpc"]]
+    ports = {k: slot.ports[k] for k in ("system", "tcp_rpc")}
     if slot.role == "prefill":
-        listens.append(slot.ports["bootstrap"])
+        ports["bootstrap"] = slot.ports["bootstrap"]
     system = f"http://{addr}:{slot.ports['system']}"
     return Service(
-        name=slot.name, role=slot.role, component="dynamo-mocker", host=slot.host, address=addr,  # type: ignore[arg-type]
+        name=slot.name, role=slot.role, component="dynamo-mocker", host=slot.host, address=addr,
         gpus=list(slot.gpus), group=slot.group, data_parallel=slot.data_parallel,
-        argv=argv, env=env, ports={k: v for k, v in slot.ports.items() if k in MOCKER_PORTS and (k != "bootstrap" or slot.role == "prefill")}, listens=sorted(listens),
+        argv=argv, env=env, ports=ports, listens=sorted(ports.values()),
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
         metrics_url=f"{system}/metrics",

@@ -138,7 +138,7 @@ def vllm_worker_service(dep: Deployment, slot: WorkerSlot, spec: Prefill | Decod
         listens.append(slot.ports["dp_rpc"])
     system = f"http://{addr}:{slot.ports['system']}"
     return Service(
-        name=slot.name, role=slot.role, component="dynamo-vllm", host=slot.host, address=addr,  # type: ignore[arg-type]
+        name=slot.name, role=slot.role, component="dynamo-vllm", host=slot.host, address=addr,
         gpus=list(slot.gpus), group=slot.group, data_parallel=dp,
         argv=argv, env=env, files=files, ports=_used_ports(slot), listens=sorted(listens),
         depends_on=depends_on,

@@ -6,7 +6,9 @@ figure is stored, every one is derived.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kernels import mla_row_bytes
 from primectl.recipe.catalog import WEIGHT_BYTES_PER_PARAM, Architecture, Hardware
@@ -76,7 +78,7 @@ def kv_bytes_per_token(arch: Architecture, dtype: str, tp: int = 1) -> int:
     return main + indexer
 
 
-def weights_gb_per_gpu(arch: Architecture, weights: dict[str, str], par: Parallel) -> float:
+def weights_gb_per_gpu(arch: Architecture, weights: Mapping[Any, str], par: Parallel) -> float:
     """Weight bytes one GPU holds: dense parts split by TP, routed experts split by EP."""
     expert_b = arch.routed_expert_params_b * WEIGHT_BYTES_PER_PARAM[weights.get("experts", "fp8")]
     dense_b = arch.dense_params_b * WEIGHT_BYTES_PER_PARAM[weights.get("dense", "fp8")]
@@ -97,7 +99,7 @@ class RoleMemory:
 
 
 def role_memory(
-    arch: Architecture, hw: Hardware, weights: dict[str, str], par: Parallel,
+    arch: Architecture, hw: Hardware, weights: Mapping[Any, str], par: Parallel,
     kv_dtype: str, utilisation: float, reserve_gb: float,
 ) -> RoleMemory:
     """KV budget per GPU = HBM x utilisation - weights share - reserve; tokens follow."""

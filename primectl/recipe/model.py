@@ -7,7 +7,7 @@ they become the JSON Schema (`primectl schema`) and the `plan` output.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -25,12 +25,12 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def _env_name(v: str) -> str:
     # Names are written unquoted into run scripts (`export NAME=...`): only shell identifiers.
     if not ENV_NAME_RE.match(v):
-        raise ValueError(f"{v!r} is not an environment variable name (letters, digits and _, not starting with a digit)")
+        raise ValueError(f"{v!r} is not an environment variable name (letters, digits and _, no leading digit)")
     return v
 
 
 EnvName = Annotated[str, AfterValidator(_env_name)]
-ENV_NAMES_SCHEMA = {"propertyNames": {"pattern": ENV_NAME_RE.pattern}}
+ENV_NAMES_SCHEMA: dict[str, Any] = {"propertyNames": {"pattern": ENV_NAME_RE.pattern}}
 
 
 class Strict(BaseModel):
@@ -52,7 +52,7 @@ class ModelSpec(Strict):
     architecture: Architecture | None = Field(None, description="Explicit architecture (instead of `arch`).")
     generate: Literal["demo-tiny"] | None = Field(None, description="Generate a tiny model directory (no download).")
     weights: dict[Literal["experts", "dense"], Literal["bf16", "fp8", "nvfp4"]] = Field(
-        default_factory=lambda: {"experts": "fp8", "dense": "fp8"},
+        default_factory=lambda: {"experts": "fp8", "dense": "fp8"},  # type: ignore[arg-type]
         description="Storage dtype per part: routed experts and everything else.",
     )
     weights_gb: float | None = Field(None, gt=0, description="Size of the weights directory, for preflight.")

@@ -1,0 +1,54 @@
+# primectl: the two commands a newcomer needs.
+#   make demo   - install everything, bring up the demo cluster, smoke-test it, print the endpoint
+#   make test   - install everything, then lint, type-check and run the whole test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+RUNTIME := .runtime
+PRIMECTL := $(VENV)/bin/primectl
+DEMO := recipes/demo.yaml
+
+.PHONY: test demo demo-down lint typecheck system venv runtime clean
+
+system:
+	bash scripts/install-system.sh
+
+$(VENV)/.stamp: pyproject.toml kernels/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev,smoke]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r kernels/requirements.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+# The Dynamo/Mooncake host runtime used by the demo integration tests (its own venv:
+# ai-dynamo-runtime pins pydantic<=2.13.5). Idempotent: skipped when the lock is unchanged.
+runtime:
+	bash scripts/install-runtime.sh $(RUNTIME)
+
+lint: venv
+	$(VENV)/bin/ruff check primectl kernels tests benchmarks
+
+typecheck: venv
+	$(VENV)/bin/mypy primectl kernels
+
+# Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
+# network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
+test: system venv runtime lint typecheck
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest -q'
+
+demo: system venv
+	$(PRIMECTL) up $(DEMO)
+	@echo
+	@echo "Demo is up: http://127.0.0.1:8000/v1 (model: demo)"
+	@echo "Try:"
+	@echo "  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\"
+	@echo "    -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}'"
+	@echo "Status: $(PRIMECTL) status $(DEMO)    Stop: make demo-down"
+
+demo-down: venv
+	$(PRIMECTL) down $(DEMO)
+
+clean:
+	rm -rf $(VENV) $(RUNTIME) .mypy_cache .ruff_cache .pytest_cache
