@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from primectl.deploy.transport import Transport, agent_call, connect
@@ -442,6 +443,10 @@ def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change]
         cluster.say("previous revision is healthy again")
 
 
+def _stop_on(cluster: Cluster, groups: dict[str, list[dict[str, Any]]], host: str) -> dict[str, Any]:
+    return cluster.call(host, "stop", {"services": groups[host], "remove_units": True})
+
+
 def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_host_keys: bool = False,
          break_lock: bool = False, say: Callable[[str], None] = print) -> list[str]:
     """Stop every service in reverse start order; `purge` removes primectl's files too."""
@@ -460,7 +465,7 @@ def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_
                     if n in svcs:
                         groups.setdefault(h, []).append({"name": n, "unit": svcs[n]["unit"],
                                                          "stop_timeout": svcs[n].get("stop_timeout", 30)})
-            results = parallel(lambda h, g=groups: cluster.call(h, "stop", {"services": g[h], "remove_units": True}), groups)
+            results = parallel(partial(_stop_on, cluster, groups), groups)
             for r in results.values():
                 if isinstance(r, dict):
                     stopped += r.get("stopped", [])

@@ -9,7 +9,7 @@ with the recipe field to set instead.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib.resources import files
 from typing import Any
 
@@ -38,7 +38,7 @@ MANAGED = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def catalog(engine: str) -> dict[str, dict[str, Any]]:
     """Every flag the engine's pinned command line accepts, with whether it takes a value."""
     flags: dict[str, dict[str, Any]] = {}

@@ -178,9 +178,9 @@ def _read(fs_path: FsPath, file: str, chain: tuple[FsPath, ...] = ()) -> tuple[d
     if not isinstance(parent, str):
         raise RecipeError([to_problem(("extends",), "must be the path of a base recipe", file, positions)])
     base_path = (fs_path.parent / parent).resolve()
-    here = chain + (fs_path.resolve(),)
+    here = (*chain, fs_path.resolve())
     if base_path in here:
-        cycle = " -> ".join(p.name for p in here[here.index(base_path):] + (base_path,))
+        cycle = " -> ".join(p.name for p in (*here[here.index(base_path) :], base_path))
         raise RecipeError([to_problem(("extends",), f"extends cycle: {cycle}", file, positions)])
     base_data, base_pos = _read(base_path, str(base_path), here)
     # A value this file replaces takes its positions along: drop the base's positions under it,
@@ -195,9 +195,9 @@ def _replaced(base: dict[str, Any], over: dict[str, Any], prefix: Path = ()) -> 
     out: list[Path] = []
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            out += _replaced(base[key], value, prefix + (key,))
+            out += _replaced(base[key], value, (*prefix, key))
         elif key in base:
-            out.append(prefix + (key,))
+            out.append((*prefix, key))
     return out
 
 
