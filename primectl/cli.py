@@ -50,7 +50,7 @@ def _guard(fn: Callable[[], T]) -> T:
         n = len(exc.problems)
         err.print(f"[bold red]error:[/] {n} problem{'s' if n != 1 else ''} in the recipe; nothing was changed")
         for p in exc.problems:
-            err.print(f"  {p}", markup=False, highlight=False)
+            err.print(f"  {p}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except DeployError as exc:
         err.print(f"[bold red]failed:[/] {exc}", highlight=False, soft_wrap=True)

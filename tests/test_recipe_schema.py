@@ -1,0 +1,88 @@
+"""`primectl schema`: the JSON Schema editors use to complete and check recipes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from primectl.recipe.load import _read
+
+jsonschema = pytest.importorskip("jsonschema")
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE_FILES = sorted(p for p in (REPO / "recipes").glob("*.yaml"))
+
+
+def is_inventory(path: Path) -> bool:
+    """An inventory holds only a `hosts:` list; it is not a recipe."""
+    data = yaml.safe_load(path.read_text())
+    return isinstance(data, dict) and set(data) == {"hosts"}
+
+
+RECIPES = [p for p in RECIPE_FILES if not is_inventory(p)]
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    from typer.testing import CliRunner
+
+    from primectl.cli import app
+
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def test_schema_is_valid_json_schema(schema: dict[str, Any]) -> None:
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["additionalProperties"] is False
+    assert {"model", "hardware", "hosts", "frontend", "prefill", "decode"} <= set(schema["required"])
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_schema_accepts_every_shipped_recipe(schema: dict[str, Any], recipe: Path) -> None:
+    # Recipes are checked as the loader sees them: `extends` merged, the inventory read.
+    data, _ = _read(recipe, str(recipe))
+    jsonschema.Draft202012Validator(schema).validate(data)
+    if "extends" not in yaml.safe_load(recipe.read_text()):
+        jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(recipe.read_text()))
+
+
+@pytest.mark.parametrize(
+    ("patch", "where"),
+    [
+        ({"colour": "green"}, ()),
+        ({"prefill": {"token_budget_per_gp": 1}}, ("prefill",)),
+        ({"kv": {"dtype": "nvpf4"}}, ("kv", "dtype")),
+        ({"ports": {"worker_system": 40000}}, ("ports", "worker_system")),
+        ({"decode": {"env": {"A;B": "1"}}}, ("decode", "env")),
+    ],
+    ids=["unknown-top-level-key", "unknown-nested-key", "bad-literal", "system-port-over-32767", "bad-env-name"],
+)
+def test_schema_rejects_what_validate_rejects(
+    schema: dict[str, Any], patch: dict[str, Any], where: tuple[str, ...]
+) -> None:
+    data, _ = _read(REPO / "recipes" / "demo.yaml", "demo.yaml")
+    for key, value in patch.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(data))
+    assert errors, f"schema accepted {patch}"
+    assert any(tuple(e.absolute_path)[: len(where)] == where for e in errors), [e.message for e in errors]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_names_its_schema_for_the_editor(recipe: Path) -> None:
+    first = recipe.read_text().splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema="), f"{recipe.name} line 1: {first!r}"
+
+
+def test_cli_schema_runs_without_error(cli: Callable[..., Any]) -> None:
+    result = cli("schema")
+    assert result.exit_code == 0 and json.loads(result.stdout)["title"] == "primectl recipe"
