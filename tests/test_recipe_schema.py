@@ -86,3 +86,14 @@ def test_every_recipe_names_its_schema_for_the_editor(recipe: Path) -> None:
 def test_cli_schema_runs_without_error(cli: Callable[..., Any]) -> None:
     result = cli("schema")
     assert result.exit_code == 0 and json.loads(result.stdout)["title"] == "primectl recipe"
+
+
+def test_committed_schema_file_matches_primectl_schema():
+    """recipe.schema.json (what every recipe's yaml-language-server line points at) is regenerated, not stale."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "primectl.cli", "schema"], capture_output=True, text=True, check=True, cwd=root)
+    assert (root / "recipe.schema.json").read_text() == out.stdout, "run: primectl schema > recipe.schema.json"

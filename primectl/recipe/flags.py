@@ -48,6 +48,44 @@ def catalog(engine: str) -> dict[str, dict[str, Any]]:
     return flags
 
 
+def _canonical(name: str) -> str:
+    """vLLM accepts `--max_num_seqs` and `--compilation-config.mode`; look both up as the base flag."""
+    if name.startswith("--"):
+        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    return name
+
+
+def _value_count(spec: dict[str, Any], following: list[str]) -> tuple[int, str | None]:
+    """How many of `following` the flag consumes (argparse nargs), and an error if too few."""
+    if not spec.get("takes_value"):
+        return 0, None
+    values = 0
+    for token in following:
+        if token.startswith("-") and not _is_number(token):
+            break
+        values += 1
+    nargs = spec.get("nargs")
+    if nargs in (None, 1):
+        return (1, None) if values >= 1 else (0, "needs a value")
+    if nargs == "?":
+        return min(values, 1), None
+    if nargs == "*":
+        return values, None
+    if nargs == "+":
+        return (values, None) if values else (0, "needs at least one value")
+    if isinstance(nargs, int):
+        return (nargs, None) if values >= nargs else (values, f"needs {nargs} values")
+    return min(values, 1), None
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
 def check_extra_args(r: Recipe) -> list[Finding]:
     """Findings for unknown, managed or malformed flags in prefill/decode extra_args."""
     out: list[Finding] = []
@@ -64,23 +102,31 @@ def check_extra_args(r: Recipe) -> list[Finding]:
                 out.append(Finding(path, f"{token!r} is not a flag and follows no flag that takes a value"))
                 i += 1
                 continue
-            name, has_inline, value = token.partition("=")
+            raw, has_inline, inline = token.partition("=")
+            name = _canonical(raw)
+            spec = known.get(name) or known.get(raw)
             if name in MANAGED:
                 out.append(Finding(path, f"{name} is set by primectl from `{MANAGED[name]}`; set it there"))
-            elif name not in known:
-                out.append(Finding(path, f"unknown {r.engine} flag {name}{did_you_mean(name, list(known))} "
+            elif spec is None:
+                out.append(Finding(path, f"unknown {r.engine} flag {raw}{did_you_mean(raw, list(known))} "
                                    f"(checked against the pinned {r.engine} flag catalog)"))
+                # skip the values an unknown flag probably had, so they are not reported again
                 i += 1
+                while i < len(args) and not args[i].startswith("-"):
+                    i += 1
                 continue
-            spec = known.get(name, {})
-            if spec.get("takes_value") and not has_inline:
-                if i + 1 >= len(args):
-                    out.append(Finding(path, f"{name} needs a value"))
-                    break
-                value = args[i + 1]
-                i += 1
+            spec = spec or {}
+            if has_inline:
+                values = [inline]
+                used = 0
+            else:
+                used, error = _value_count(spec, args[i + 1 :])
+                if error:
+                    out.append(Finding(path, f"{raw} {error}"))
+                values = args[i + 1 : i + 1 + used]
             choices = spec.get("choices")
-            if choices and spec.get("takes_value") and value not in [str(c) for c in choices]:
-                out.append(Finding(path, f"{value!r} is not allowed for {name}; allowed: {', '.join(map(str, choices))}"))
-            i += 1
+            for value in values:
+                if choices and value not in [str(c) for c in choices]:
+                    out.append(Finding(path, f"{value!r} is not allowed for {raw}; allowed: {', '.join(map(str, choices))}"))
+            i += 1 + used
     return out

@@ -114,13 +114,30 @@ def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
     return out
 
 
+def _parser_rules(r: Recipe) -> list[Finding]:
+    """Tool and reasoning parsers must be names Dynamo 1.6.1 registers (it rejects others at start-up)."""
+    if r.engine != "vllm":
+        return []
+    from primectl.recipe.flags import catalog
+
+    out = []
+    flags = catalog("vllm")
+    for field, flag in (("tool_call_parser", "--dyn-tool-call-parser"), ("reasoning_parser", "--dyn-reasoning-parser")):
+        value = getattr(r.tool_calling, field)
+        choices = [str(c) for c in (flags.get(flag, {}).get("choices") or [])]
+        if value is not None and choices and value not in choices:
+            out.append(Finding(("tool_calling", field), f"{value!r} is not a Dynamo parser{did_you_mean(value, choices)}; "
+                               f"allowed: {', '.join(choices)}"))
+    return out
+
+
 def check_recipe(r: Recipe) -> list[Finding]:
     """Every semantic problem in the recipe; an empty list means it can be planned."""
     findings = _model_rules(r) + _host_rules(r) + _topology_rules(r)
     arch = r.model.architecture or MODELS.get(r.model.arch or "")
     findings += _kv_rules(r, arch)
     findings += [Finding(("software", field), msg) for field, msg in check_software(r.software)]
-    findings += check_extra_args(r)
+    findings += check_extra_args(r) + _parser_rules(r)
     if findings or arch is None:
         return findings
     findings += _memory_rules(r, arch)
