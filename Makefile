@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: test demo demo-down lint typecheck system venv runtime clean
+.PHONY: test demo demo-multihost demo-down lint typecheck system venv runtime clean
 
 system:
 	bash scripts/install-system.sh
@@ -46,6 +46,10 @@ demo: system venv
 	@echo "  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\"
 	@echo "    -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}'"
 	@echo "Status: $(PRIMECTL) status $(DEMO)    Stop: make demo-down"
+
+# The same stack over three SSH hosts (sshd on 127.0.0.2-4 in a private network namespace).
+demo-multihost: system venv runtime
+	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_multihost.py'
 
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)
