@@ -48,7 +48,9 @@ demo: system venv
 	@echo "Status: $(PRIMECTL) status $(DEMO)    Stop: make demo-down"
 
 # The same stack over three SSH hosts (sshd on 127.0.0.2-4 in a private network namespace).
-demo-multihost: system venv runtime
+# Hosts in the namespace cannot reach a package index: they install from a wheelhouse (the air-gapped path).
+demo-multihost: system venv
+	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_multihost.py'
 
 demo-down: venv

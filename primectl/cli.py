@@ -160,6 +160,7 @@ def up(
     accept_new_host_keys: AcceptKeysOpt = False,
     break_lock: BreakLockOpt = False,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the endpoint smoke tests after readiness.")] = False,
+    wheelhouse: Annotated[Path | None, typer.Option("--wheelhouse", help="Provision offline from these wheels.")] = None,
 ) -> None:
     """Push, start in dependency order, wait for readiness; roll back on failure."""
 
@@ -176,7 +177,7 @@ def up(
             from primectl.deploy.provision import provision
 
             def prepare(cluster: Any) -> None:
-                provision(cluster, say=_say)
+                provision(cluster, wheelhouse=wheelhouse, say=_say)
 
         res = do_up(p, bundles, secrets=secrets, known_hosts=loaded.recipe.known_hosts,
                     accept_new_host_keys=accept_new_host_keys, break_lock=break_lock, say=_say, after_ready=after,
@@ -405,6 +406,43 @@ def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
         finally:
             cluster.close()
         return EXIT_FAILURE if bad else 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def smoke(
+    recipe: Annotated[Path | None, typer.Argument(help="Recipe YAML file (optional with --url).", show_default=False)] = None,
+    url: Annotated[str | None, typer.Option("--url", help="Endpoint base URL, e.g. http://host:8000 (default: the recipe's).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Served model name (default: the recipe's).")] = None,
+    output: OutputOpt = Output.table,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.")] = None,
+) -> None:
+    """Endpoint smoke tests (readiness, chat, streaming, disaggregation, errors, tools); exit 1 on any failure."""
+
+    def body() -> int:
+        import json
+
+        from rich.console import Console
+
+        from primectl.checks.smoke import print_report, run_smoke
+
+        p = None
+        if recipe is not None:
+            _, p = load_plan(recipe)
+        elif url is None:
+            raise typer.BadParameter("give a RECIPE or --url (with --model)", param_hint="RECIPE")
+        if p is None and not model:
+            raise typer.BadParameter("--model is required with --url and no recipe", param_hint="--model")
+        report = run_smoke(url or (p.endpoint if p else ""), model or (p.served_model if p else ""), p,
+                           p.engine if p else None)
+        if junit is not None:
+            junit.write_text(report.to_junit(), encoding="utf-8")
+        if output is Output.json:
+            sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        else:
+            print_report(report, Console())
+        return 0 if report.ok else EXIT_FAILURE
 
     raise typer.Exit(_guard(body))
 

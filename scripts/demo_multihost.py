@@ -41,7 +41,8 @@ def main() -> int:
     (ssh / "id_ed25519").chmod(0o600)
     hosts.known_hosts(ssh / "known_hosts")
     try:
-        if subprocess.run([PRIMECTL, "up", str(RECIPE)], cwd=REPO).returncode != 0:
+        up = [PRIMECTL, "up", str(RECIPE), "--wheelhouse", str(REPO / ".demo" / "wheelhouse")]
+        if subprocess.run(up, cwd=REPO).returncode != 0:
             return 1
         from openai import OpenAI
 

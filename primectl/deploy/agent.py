@@ -310,15 +310,16 @@ def _probe_once(p: dict[str, Any], workdir: str = "") -> tuple[bool, str]:
                     status = resp.status
             except urllib.error.HTTPError as exc:
                 status = exc.code
-            return status == p.get("expect_status", 200), f"HTTP {status} from {p['url']}"
+            return status == p.get("expect_status", 200), f"HTTP {status}"
         if kind == "tcp":
             with socket.create_connection((p["host"], p["port"]), timeout=3):
                 return True, f"tcp {p['host']}:{p['port']} open"
         release = os.path.realpath(os.path.join(workdir, "current"))
         command = [c.replace(RELEASE_MARK, release) for c in p["command"]]
         r = subprocess.run(command, capture_output=True, text=True, timeout=30)
-        last = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
-        return r.returncode == 0, f"command exited {r.returncode}: {last[0]}"
+        text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
+        last = text.strip().splitlines()[-1:] or [""]
+        return r.returncode == 0, f"exit {r.returncode}: {last[0][:120]}"
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"{kind} probe: {exc}"
 

@@ -89,9 +89,11 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
         env = ""
         if wheelhouse is not None:
             wh = posixpath.join(plan.host(host).workdir, "wheelhouse")
-            t.run(f"mkdir -p {shlex.quote(wh)}")
+            _, have, _ = t.run(f"mkdir -p {shlex.quote(wh)} && ls {shlex.quote(wh)}")
+            present = set(have.split())
             for wheel in sorted(wheelhouse.glob("*.whl")):
-                t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
+                if wheel.name not in present:
+                    t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
             env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
         say(f"{host}: installing runtime {plan.runtime_key} (pinned lock, {len(lock_bytes.splitlines())} lines)")
         code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}",
