@@ -161,6 +161,7 @@ def up(
     break_lock: BreakLockOpt = False,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the endpoint smoke tests after readiness.")] = False,
     wheelhouse: Annotated[Path | None, typer.Option("--wheelhouse", help="Provision offline from these wheels.")] = None,
+    skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Do not run `primectl preflight` first.")] = False,
 ) -> None:
     """Push, start in dependency order, wait for readiness; roll back on failure."""
 
@@ -171,6 +172,10 @@ def up(
         loaded, p = load_plan(recipe)
         secrets = resolve_secrets(p, dict(loaded.recipe.secrets), loaded.file)
         bundles = _bundles(loaded, p)
+        if not skip_preflight:
+            from primectl.checks.preflight import gate_up
+
+            gate_up(p, loaded.recipe, accept_new_host_keys=accept_new_host_keys, say=_say)
         after = None if no_smoke else _smoke_hook(loaded, p)
         prepare = None
         if not loaded.recipe.software.python:
@@ -438,6 +443,36 @@ def smoke(
                            p.engine if p else None)
         if junit is not None:
             junit.write_text(report.to_junit(), encoding="utf-8")
+        if output is Output.json:
+            sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        else:
+            print_report(report, Console())
+        return 0 if report.ok else EXIT_FAILURE
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def preflight(
+    recipe: RecipeArg,
+    output: OutputOpt = Output.table,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    no_selftest: Annotated[bool, typer.Option("--no-selftest", help="Skip the kernel self-test on GPU hosts.")] = False,
+    no_fabric: Annotated[bool, typer.Option("--no-fabric", help="Skip the NIXL and Mooncake transfer probes.")] = False,
+) -> None:
+    """Host checks before a launch (SSH, disk, ports, clock, versions, GPUs, NIXL, Mooncake); exit 1 on any fail."""
+
+    def body() -> int:
+        import json
+
+        from rich.console import Console
+
+        from primectl.checks.preflight import print_report, run_preflight
+
+        loaded, p = load_plan(recipe)
+        report = run_preflight(p, loaded.recipe, known_hosts=loaded.recipe.known_hosts,
+                               accept_new_host_keys=accept_new_host_keys, say=_say,
+                               selftest=not no_selftest, fabric=not no_fabric)
         if output is Output.json:
             sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
         else:

@@ -1,1 +1,1 @@
-"""Post-deployment checks: endpoint smoke tests (`primectl smoke`) and the pure logic they use."""
+"""Checks against hosts and deployments: preflight probes and the endpoint smoke tests (`primectl smoke`)."""

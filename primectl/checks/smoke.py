@@ -1,0 +1,708 @@
+"""Endpoint smoke tests: `primectl smoke`, and the gate `up` runs after readiness.
+
+Every request to the model endpoint goes through the official `openai` client
+(`base_url=URL/v1`, `api_key="none"`, no retries, short timeouts). Worker
+metrics (Prometheus text on each worker's system port) are read with urllib.
+
+Each check ends as one of:
+- pass;
+- fail: the deployment is broken (exit 1; `up` rolls back);
+- warn: a known deviation that does not make the deployment unusable, e.g. a
+  5xx instead of a 4xx for a prompt over the context limit while the server
+  keeps serving (reported, does not fail the run);
+- n/a: not applicable (no plan, mocker engine, readiness gate failed, ...).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+import time
+import urllib.error
+import urllib.request
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from primectl.checks import toolcheck
+from primectl.errors import DeployError
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from rich.console import Console
+
+    from primectl.plan.model import Plan, Service
+
+Status = Literal["pass", "fail", "warn", "n/a"]
+
+REQUEST_TIMEOUT_S = 20.0
+LONG_TIMEOUT_S = 60.0
+DEFAULT_PREFILL_BUDGET = 4096
+METRIC = "dynamo_component_requests_total"
+PREFILL_LABELS = {"dynamo_component": "prefill", "dynamo_endpoint": "generate"}
+DECODE_LABELS = {"dynamo_component": "backend", "dynamo_endpoint": "generate"}
+SESSION_HEADER = "X-Dynamo-Session-ID"
+
+
+@dataclass
+class CheckResult:
+    """One row of the report."""
+
+    name: str
+    status: Status
+    ms: float
+    evidence: str
+
+
+@dataclass
+class SmokeReport:
+    """Everything `primectl smoke` found."""
+
+    url: str
+    model: str
+    engine: str | None
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        """Checks that failed."""
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        """How many checks ended in each status."""
+        out = {"pass": 0, "fail": 0, "warn": 0, "n/a": 0}
+        for r in self.results:
+            out[r.status] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (`--output json`)."""
+        return {"url": self.url, "model": self.model, "engine": self.engine, "ok": self.ok, "counts": self.counts(),
+                "checks": [{"check": r.name, "result": r.status, "ms": round(r.ms, 1), "evidence": r.evidence}
+                           for r in self.results]}
+
+    def to_junit(self) -> str:
+        """JUnit XML: one testsuite, one testcase per check (fail: failure, n/a: skipped, warn: system-out)."""
+        c = self.counts()
+        suites = ET.Element("testsuites")
+        suite = ET.SubElement(suites, "testsuite", {
+            "name": f"primectl smoke {self.model}", "tests": str(len(self.results)), "failures": str(c["fail"]),
+            "errors": "0", "skipped": str(c["n/a"]), "time": f"{sum(r.ms for r in self.results) / 1000:.3f}",
+        })
+        props = ET.SubElement(suite, "properties")
+        for k, v in (("url", self.url), ("model", self.model), ("engine", self.engine or "")):
+            ET.SubElement(props, "property", {"name": k, "value": v})
+        for r in self.results:
+            case = ET.SubElement(suite, "testcase", {"classname": "primectl.smoke", "name": r.name,
+                                                     "time": f"{r.ms / 1000:.3f}"})
+            if r.status == "fail":
+                ET.SubElement(case, "failure", {"message": r.evidence[:500], "type": "SmokeFailure"}).text = r.evidence
+            elif r.status == "n/a":
+                ET.SubElement(case, "skipped", {"message": r.evidence[:500]})
+            elif r.status == "warn":
+                ET.SubElement(case, "system-out").text = f"WARN: {r.evidence}"
+            else:
+                ET.SubElement(case, "system-out").text = r.evidence
+        ET.indent(suites)
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+class CheckFailed(Exception):
+    """Raised inside a check body: the check fails with this evidence."""
+
+
+class CheckNA(Exception):
+    """Raised inside a check body: the check does not apply."""
+
+
+class CheckWarn(Exception):
+    """Raised inside a check body: a known, non-blocking deviation."""
+
+
+# --- pure helpers --------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def counter_sum(text: str, name: str, labels: Mapping[str, str]) -> float:
+    """Sum of every sample of metric `name` whose labels include `labels` (Prometheus text format)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            try:
+                total += float(m.group(3))
+            except ValueError:
+                continue
+    return total
+
+
+def argv_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in an argv (`--flag V` or `--flag=V`), last one wins."""
+    found: str | None = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith(flag + "="):
+            found = a[len(flag) + 1:]
+    return found
+
+
+def _int_flag(services: list[Service], flag: str) -> int | None:
+    for s in services:
+        v = argv_value(s.argv, flag)
+        if v is not None and v.isdigit():
+            return int(v)
+    return None
+
+
+def prefill_budget(plan: Plan | None) -> int:
+    """Tokens one prefill step takes: the prefill workers' --max-num-batched-tokens, else 4096."""
+    if plan is None:
+        return DEFAULT_PREFILL_BUDGET
+    prefill = [s for s in plan.services if s.role == "prefill"]
+    return _int_flag(prefill, "--max-num-batched-tokens") or DEFAULT_PREFILL_BUDGET
+
+
+def max_context(plan: Plan | None) -> int | None:
+    """The model's context limit from a worker's --max-model-len (None when unknown)."""
+    if plan is None:
+        return None
+    return _int_flag([s for s in plan.services if s.role in ("prefill", "decode")], "--max-model-len")
+
+
+def words(n: int, salt: str = "") -> str:
+    """A prompt of `n` words (each at least one token with any tokenizer)."""
+    base = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo"]
+    return (salt + " " if salt else "") + " ".join(base[i % len(base)] for i in range(n))
+
+
+def _clip(text: str | None, n: int = 120) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _error_detail(exc: Exception) -> str:
+    from openai import APIStatusError, APITimeoutError
+
+    if isinstance(exc, APITimeoutError):
+        return "timed out"
+    if isinstance(exc, APIStatusError):
+        body = exc.body if exc.body is not None else exc.response.text
+        return f"HTTP {exc.status_code} {_clip(json.dumps(body) if not isinstance(body, str) else body, 160)}"
+    return f"{type(exc).__name__}: {_clip(str(exc), 160)}"
+
+
+# --- the runner ----------------------------------------------------------------------------------
+
+
+class Runner:
+    """Runs the checks in order against one endpoint and collects the rows."""
+
+    def __init__(self, url: str, model: str, plan: Plan | None, engine: str | None):
+        from openai import OpenAI
+
+        self.url = url.rstrip("/")
+        self.model = model
+        self.plan = plan
+        self.engine = engine
+        self.client: OpenAI = OpenAI(base_url=self.url + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
+                                     max_retries=0)
+        self.report = SmokeReport(self.url, model, engine)
+        self.halted: str | None = None
+
+    def check(self, name: str, body: Callable[[], str]) -> CheckResult:
+        """Run one check; its body returns pass evidence or raises Check* / any error (fail)."""
+        t0 = time.monotonic()
+        status: Status
+        if self.halted:
+            status, evidence = "n/a", f"not run: {self.halted}"
+        else:
+            try:
+                status, evidence = "pass", body()
+            except CheckNA as exc:
+                status, evidence = "n/a", str(exc)
+            except CheckWarn as exc:
+                status, evidence = "warn", str(exc)
+            except CheckFailed as exc:
+                status, evidence = "fail", str(exc)
+            except Exception as exc:
+                status, evidence = "fail", _error_detail(exc)
+        res = CheckResult(name, status, (time.monotonic() - t0) * 1000, evidence)
+        self.report.results.append(res)
+        return res
+
+    # --- 1. readiness -------------------------------------------------------------------------
+
+    def ready_gate(self) -> str:
+        from openai import APIStatusError
+
+        path = f"/models/{self.model}/ready"
+        try:
+            body = self.client.get(path, cast_to=object)
+        except APIStatusError as exc:
+            detail = _gate_detail(exc.body)
+            if exc.status_code == 404 and self._listed():
+                raise CheckNA(f"GET /v1{path} -> 404 but /v1/models lists {self.model}: "
+                              "no Dynamo readiness endpoint here") from None
+            raise CheckFailed(f"GET /v1{path} -> {exc.status_code}{': ' + detail if detail else ''}") from None
+        return f"GET /v1{path} -> 200 {_gate_detail(body)}".strip()
+
+    def _listed(self) -> bool:
+        try:
+            return any(m.id == self.model for m in self.client.models.list())
+        except Exception:
+            return False
+
+    def models_list(self) -> str:
+        ids = [m.id for m in self.client.models.list()]
+        if self.model not in ids:
+            raise CheckFailed(f"/v1/models lists {ids or 'nothing'}, not {self.model!r}")
+        return f"/v1/models lists {', '.join(ids)}"
+
+    # --- 2. basic requests --------------------------------------------------------------------
+
+    def chat_unary(self) -> str:
+        r = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "Say hello in five words."}], max_tokens=12)
+        if not r.choices:
+            raise CheckFailed("no choices in the response")
+        ch = r.choices[0]
+        problems = []
+        if not (ch.message.content or "").strip():
+            problems.append("empty content")
+        if r.usage is None or not r.usage.completion_tokens or not r.usage.prompt_tokens:
+            problems.append(f"usage missing or zero ({r.usage})")
+        if not ch.finish_reason:
+            problems.append("no finish_reason")
+        ev = (f"content {_clip(ch.message.content, 50)!r}, finish_reason={ch.finish_reason}, "
+              f"usage={r.usage.prompt_tokens if r.usage else '-'}+{r.usage.completion_tokens if r.usage else '-'}")
+        if problems:
+            raise CheckFailed("; ".join(problems) + f" ({ev})")
+        return ev
+
+    def chat_stream(self) -> str:
+        t0 = time.monotonic()
+        stream = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "Count from one to forty."}], max_tokens=32,
+            stream=True, stream_options={"include_usage": True})
+        arrivals: list[float] = []
+        finish = None
+        usage = None
+        text: list[str] = []
+        for chunk in stream:
+            now = time.monotonic() - t0
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    arrivals.append(now)
+                    text.append(choice.delta.content)
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        ev = (f"{len(arrivals)} content chunks, first at {arrivals[0] * 1000:.0f} ms, "
+              f"median gap {statistics.median(gaps) * 1000:.1f} ms, spread {(arrivals[-1] - arrivals[0]) * 1000:.0f} ms, "
+              f"finish_reason={finish}, usage={usage.prompt_tokens if usage else '-'}+"
+              f"{usage.completion_tokens if usage else '-'}") if len(arrivals) >= 2 else f"{len(arrivals)} content chunk(s)"
+        problems = []
+        if len(arrivals) < 2:
+            problems.append("fewer than 2 content chunks")
+        elif arrivals[-1] - arrivals[0] < 0.001:
+            problems.append("all content chunks arrived within 1 ms (not incremental)")
+        if usage is None:
+            problems.append("no usage chunk despite stream_options.include_usage")
+        if not finish:
+            problems.append("no finish_reason")
+        if problems:
+            raise CheckFailed("; ".join(problems) + f" ({ev})")
+        return ev
+
+    def completions(self) -> str:
+        r = self.client.completions.create(model=self.model, prompt="Once upon a time", max_tokens=8)
+        if not r.choices or not r.choices[0].text.strip():
+            raise CheckFailed(f"empty text ({r.choices[0].text if r.choices else 'no choices'!r})")
+        if r.usage is None or not r.usage.completion_tokens:
+            raise CheckFailed(f"usage missing ({r.usage})")
+        return (f"text {_clip(r.choices[0].text, 50)!r}, finish_reason={r.choices[0].finish_reason}, "
+                f"usage={r.usage.prompt_tokens}+{r.usage.completion_tokens}")
+
+    # --- 3. long prompts ----------------------------------------------------------------------
+
+    def long_prompt(self) -> str:
+        budget = prefill_budget(self.plan)
+        n = budget * 3 // 2
+        r = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": words(n, uuid.uuid4().hex)}], max_tokens=4,
+            timeout=LONG_TIMEOUT_S)
+        pt = r.usage.prompt_tokens if r.usage else None
+        if not r.choices or not (r.choices[0].message.content or "").strip():
+            raise CheckFailed(f"{n}-word prompt: empty answer (prompt_tokens={pt})")
+        if pt is not None and pt <= budget:
+            raise CheckFailed(f"{n}-word prompt was only {pt} tokens, not over the {budget}-token budget")
+        return f"{n} words = {pt} prompt tokens > budget {budget}: 200, finish_reason={r.choices[0].finish_reason}"
+
+    def over_context(self) -> str:
+        from openai import APIConnectionError, APIStatusError, APITimeoutError
+
+        limit = max_context(self.plan)
+        if limit is None:
+            raise CheckNA("context limit unknown (no plan, or no --max-model-len in a worker's argv)")
+        n = limit + limit // 8 + 16
+        t0 = time.monotonic()
+        try:
+            r = self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": words(n)}], max_tokens=4,
+                timeout=LONG_TIMEOUT_S)
+        except APITimeoutError:
+            raise CheckFailed(f"{n}-word prompt (limit {limit}): no answer within {LONG_TIMEOUT_S:.0f} s (hang)") from None
+        except APIStatusError as exc:
+            took = (time.monotonic() - t0) * 1000
+            what = f"{n}-word prompt (limit {limit}) -> {_error_detail(exc)} in {took:.0f} ms"
+            if 400 <= exc.status_code < 500:
+                return what
+            alive = self._still_serving()
+            if alive and self.engine == "mocker":
+                # Dynamo 1.6.1 leaves the length check to the engine, and the mocker's admission
+                # control answers it with a 500; a real engine must answer with a 4xx.
+                raise CheckWarn(f"{what}; expected a 4xx, got a 5xx from the mocker's admission control "
+                                f"(the server keeps serving: {alive})") from None
+            if alive:
+                raise CheckFailed(f"{what}; expected a 4xx, got a 5xx (the server keeps serving: {alive})") from None
+            raise CheckFailed(f"{what}; and the endpoint stopped answering afterwards") from None
+        except APIConnectionError as exc:
+            raise CheckFailed(f"{n}-word prompt (limit {limit}): connection failed ({exc})") from None
+        pt = r.usage.prompt_tokens if r.usage else None
+        raise CheckFailed(f"{n}-word prompt (limit {limit}) was accepted with 200 (prompt_tokens={pt}): "
+                          "over-long prompts are not rejected")
+
+    def _still_serving(self) -> str:
+        try:
+            r = self.client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2)
+            return f"a follow-up request got 200, finish_reason={r.choices[0].finish_reason}" if r.choices else ""
+        except Exception:
+            return ""
+
+    # --- 4. disaggregation and session affinity -------------------------------------------------
+
+    def _workers(self, role: str) -> list[Service]:
+        assert self.plan is not None
+        return [s for s in self.plan.services if s.role == role and s.metrics_url]
+
+    def _scrape(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Per-service request counters of every prefill and decode worker (CheckFailed naming the unreachable)."""
+        prefill: dict[str, float] = {}
+        decode: dict[str, float] = {}
+        bad: list[str] = []
+        for role, labels, out in (("prefill", PREFILL_LABELS, prefill), ("decode", DECODE_LABELS, decode)):
+            for s in self._workers(role):
+                assert s.metrics_url is not None
+                try:
+                    with urllib.request.urlopen(s.metrics_url, timeout=5) as resp:
+                        text = resp.read().decode("utf-8", "replace")
+                except (OSError, urllib.error.URLError) as exc:
+                    bad.append(f"{role} worker {s.name} metrics {s.metrics_url} unreachable "
+                               f"({getattr(exc, 'reason', exc)})")
+                    continue
+                out[s.name] = counter_sum(text, METRIC, labels)
+        if bad:
+            raise CheckFailed("; ".join(bad))
+        return prefill, decode
+
+    def _measure(self, send: Callable[[], Any]) -> tuple[Any, dict[str, float], dict[str, float]]:
+        """Send one request; per-service counter deltas (polled briefly: metrics may lag the response)."""
+        p0, d0 = self._scrape()
+        result = send()
+        deadline = time.monotonic() + 3.0
+        while True:
+            p1, d1 = self._scrape()
+            dp = {k: p1.get(k, 0.0) - v for k, v in p0.items()}
+            dd = {k: d1.get(k, 0.0) - v for k, v in d0.items()}
+            if (sum(dp.values()) > 0 and sum(dd.values()) > 0) or time.monotonic() > deadline:
+                return result, dp, dd
+            time.sleep(0.2)
+
+    def _need_plan(self) -> None:
+        if self.plan is None:
+            raise CheckNA("needs a recipe (worker metrics URLs)")
+        if not self._workers("prefill") or not self._workers("decode"):
+            raise CheckNA("plan has no separate prefill and decode workers with metrics")
+
+    def workers_reachable(self) -> str:
+        if self.plan is None:
+            raise CheckNA("needs a recipe (worker metrics URLs)")
+        if not self._workers("prefill") and not self._workers("decode"):
+            raise CheckNA("plan has no prefill or decode workers with metrics")
+        prefill, decode = self._scrape()
+        return f"prefill {', '.join(sorted(prefill)) or 'none'}; decode {', '.join(sorted(decode)) or 'none'}"
+
+    def disaggregation(self) -> str:
+        self._need_plan()
+
+        def send() -> Any:
+            return self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": words(40, uuid.uuid4().hex)}], max_tokens=4)
+
+        _, dp, dd = self._measure(send)
+        ev = f"prefill {_deltas(dp)}; decode {_deltas(dd)}"
+        problems = []
+        if sum(dp.values()) <= 0:
+            problems.append(f"no prefill worker counted the request ({METRIC}{_fmt_labels(PREFILL_LABELS)})")
+        if sum(dd.values()) <= 0:
+            problems.append(f"no decode worker counted the request ({METRIC}{_fmt_labels(DECODE_LABELS)})")
+        if problems:
+            raise CheckFailed("; ".join(problems) + f" ({ev})")
+        return ev
+
+    def session_affinity(self) -> str:
+        self._need_plan()
+        sid = f"primectl-smoke-{uuid.uuid4().hex[:12]}"
+        msgs: list[Any] = [{"role": "user", "content": words(300, sid)}]
+
+        def turn() -> Any:
+            return self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8,
+                                                       extra_headers={SESSION_HEADER: sid})
+
+        r1, _, dd1 = self._measure(turn)
+        msgs += [{"role": "assistant", "content": r1.choices[0].message.content or "ok"},
+                 {"role": "user", "content": "And then? " + words(20)}]
+        r2, _, dd2 = self._measure(turn)
+        w1 = [k for k, v in dd1.items() if v > 0]
+        w2 = [k for k, v in dd2.items() if v > 0]
+        details = r2.usage.prompt_tokens_details if r2.usage else None
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
+        cache_ev = ("server does not report cached_tokens" if cached is None
+                    else f"turn 2 cached_tokens={cached}" + (" (engine reports no prefix reuse)" if cached == 0 else ""))
+        ev = f"{SESSION_HEADER}={sid}: turn 1 on {w1 or 'none'}, turn 2 on {w2 or 'none'}; {cache_ev}"
+        if len(self._workers("decode")) < 2:
+            ev += " (one decode worker: same worker trivially)"
+        if not w1 or not w2:
+            raise CheckFailed(f"a turn was not counted by any decode worker: {ev}")
+        if len(w1) > 1 or len(w2) > 1:
+            raise CheckWarn(f"ambiguous: several decode workers moved (other traffic?): {ev}")
+        if w1 != w2:
+            raise CheckFailed(f"session moved between decode workers: {ev}")
+        return ev
+
+    # --- 5. errors ----------------------------------------------------------------------------
+
+    def unknown_model(self) -> str:
+        from openai import APIStatusError
+
+        name = f"primectl-no-such-model-{uuid.uuid4().hex[:8]}"
+        try:
+            self.client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        except APIStatusError as exc:
+            if exc.status_code == 404:
+                return f"model {name} -> {_error_detail(exc)}"
+            raise CheckFailed(f"model {name} -> {_error_detail(exc)}, expected 404") from None
+        raise CheckFailed(f"model {name} was served (200), expected 404")
+
+    def _expect_400(self, what: str, *, content: bytes | None = None, body: object | None = None) -> str:
+        from openai import APIStatusError
+
+        opts: Any = {"headers": {"Content-Type": "application/json"}}
+        try:
+            if content is not None:
+                self.client.post("/chat/completions", cast_to=object, content=content, options=opts)
+            else:
+                self.client.post("/chat/completions", cast_to=object, body=body, options=opts)
+        except APIStatusError as exc:
+            if exc.status_code == 400:
+                return f"{what} -> {_error_detail(exc)}"
+            raise CheckFailed(f"{what} -> {_error_detail(exc)}, expected 400") from None
+        raise CheckFailed(f"{what} was accepted (200), expected 400")
+
+    def malformed_json(self) -> str:
+        return self._expect_400("invalid JSON body", content=b'{"model": "' + self.model.encode() + b'", "messages": [}')
+
+    def malformed_tool(self) -> str:
+        base = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        evs = [self._expect_400("tool without function.name",
+                                body=base | {"tools": [{"type": "function", "function": {"parameters": {"type": "object"}}}]}),
+               self._expect_400("tool of unknown type", body=base | {"tools": [{"type": "no-such-type"}]})]
+        return "; ".join(evs)
+
+    # --- 6. tool calling ----------------------------------------------------------------------
+
+    def tool_scenario(self, sc: toolcheck.Scenario) -> str:
+        if self.engine == "mocker":
+            raise CheckNA("n/a (engine: mocker)")
+        kwargs: dict[str, Any] = {
+            "model": self.model, "messages": [{"role": "user", "content": sc.prompt}], "tools": sc.tools,
+            "tool_choice": sc.tool_choice, "max_tokens": 512, "temperature": 0, "seed": 7, "timeout": LONG_TIMEOUT_S,
+        }
+        unary = toolcheck.from_completion(self.client.chat.completions.create(**kwargs))
+        streamed = toolcheck.from_chunks(self.client.chat.completions.create(**kwargs, stream=True))
+        problems = [f"non-streaming: {p}" for p in toolcheck.check_turn(unary, sc)]
+        problems += [f"streaming: {p}" for p in toolcheck.check_turn(streamed, sc)]
+        problems += toolcheck.compare_turns(unary, streamed)
+        if problems:
+            raise CheckFailed("; ".join(problems) + f" [non-streaming {unary.summary()}]")
+        return unary.summary()
+
+
+def _gate_detail(body: object) -> str:
+    """Readable summary of a /ready body: ready flag, reason, worker types present and missing."""
+    if not isinstance(body, dict):
+        return _clip(str(body or ""), 120)
+    parts = []
+    if body.get("reason"):
+        parts.append(str(body["reason"]))
+    elif body.get("message"):
+        parts.append(str(body["message"]))
+    missing: list[str] = []
+    present: list[str] = []
+    for ns in (body.get("namespaces") or {}).values():
+        if isinstance(ns, dict):
+            missing += [str(x) for x in ns.get("missing_worker_types") or []]
+            for t, info in (ns.get("worker_types") or {}).items():
+                present.append(f"{t}x{info.get('workers', '?')}" if isinstance(info, dict) else str(t))
+    if present:
+        parts.append("workers " + ", ".join(present))
+    if missing:
+        parts.append("MISSING worker types: " + ", ".join(sorted(set(missing))))
+    return "; ".join(parts)
+
+
+def _deltas(d: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} +{v:g}" for k, v in sorted(d.items())) or "none"
+
+
+def _fmt_labels(labels: Mapping[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def tool_scenarios() -> list[toolcheck.Scenario]:
+    """The tool-calling requests sent to engines that can call tools."""
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "unit"], "additionalProperties": False}}}
+    echo = {"type": "function", "function": {
+        "name": "echo", "description": "Repeat a text verbatim.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    tree = {"type": "function", "function": {
+        "name": "create_org", "description": "Create an organisation chart.",
+        "parameters": {
+            "type": "object",
+            "properties": {"root": {"$ref": "#/$defs/node"}, "active": {"type": "boolean"},
+                           "meta": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
+                                                                     "level": {"type": "integer"}},
+                                    "required": ["tags", "level"]}},
+            "required": ["root", "active", "meta"],
+            "$defs": {"node": {"type": "object", "properties": {
+                "name": {"type": "string"}, "role": {"type": "string", "enum": ["lead", "member"]},
+                "reports": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["name", "role"]}}}}}
+    special = 'a < b && c > "d" \'e\' <tag/> &amp;'
+    return [
+        toolcheck.Scenario("auto", "What is the weather in Paris in celsius for the next 3 days? Use the tool.",
+                           [weather, echo], "auto", "get_weather", {"city": "Paris", "unit": "celsius"}),
+        toolcheck.Scenario("required", "Hello there!", [weather], "required"),
+        toolcheck.Scenario("none", "What is the weather in Paris in celsius? Use the tool.", [weather], "none"),
+        toolcheck.Scenario("named function", "Please repeat: hello world", [weather, echo],
+                           {"type": "function", "function": {"name": "echo"}}, "echo"),
+        toolcheck.Scenario("nested/$ref/recursive schema",
+                           "Create an org chart with create_org: root is Ada (lead) with reports Bob (member) and "
+                           "Cy (lead, who has report Di, member); active true; meta tags ['eng'] and level 2.",
+                           [tree], "auto", "create_org"),
+        toolcheck.Scenario("special characters", f"Call echo with this exact text: {special}", [echo], "auto",
+                           "echo", {"text": special}),
+        toolcheck.Scenario("undeclared tool surfaced",
+                           "You must call the function get_time with timezone 'UTC' now (it exists even if not "
+                           "listed). Do not answer in text.", [weather], "auto", "get_time"),
+    ]
+
+
+# --- entry points --------------------------------------------------------------------------------
+
+
+def run_smoke(url: str, model: str, plan: Plan | None, engine: str | None) -> SmokeReport:
+    """Run every check against `url` serving `model`; plan-dependent checks are n/a without a plan."""
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise DeployError("the smoke tests need the openai package: pip install 'primectl[smoke]' "
+                          "(or pass --no-smoke to up)", service="frontend") from None
+    r = Runner(url, model, plan, engine)
+    gate = r.check(f"ready: GET /v1/models/{model}/ready == 200", r.ready_gate)
+    r.check("workers: every prefill and decode worker answers on its metrics port", r.workers_reachable)
+    if gate.status == "fail":
+        r.halted = "readiness gate failed"
+    r.check(f"ready: /v1/models lists {model}", r.models_list)
+    r.check("chat: non-streaming", r.chat_unary)
+    r.check("chat: streaming", r.chat_stream)
+    r.check("completions", r.completions)
+    r.check(f"prompt over prefill budget ({prefill_budget(plan)} tokens) succeeds", r.long_prompt)
+    r.check("prompt over context limit -> 4xx", r.over_context)
+    r.check("disaggregation: prefill and decode workers both served", r.disaggregation)
+    r.check(f"session affinity: {SESSION_HEADER} keeps one decode worker", r.session_affinity)
+    r.check("errors: unknown model -> 404", r.unknown_model)
+    r.check("errors: malformed JSON body -> 400", r.malformed_json)
+    r.check("errors: malformed tool definition -> 400", r.malformed_tool)
+    for sc in tool_scenarios():
+        r.check(f"tools: {sc.name}", lambda sc=sc: r.tool_scenario(sc))  # type: ignore[misc]
+    return r.report
+
+
+def print_report(report: SmokeReport, console: Console) -> None:
+    """The report as a rich table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = {"pass": "green", "fail": "bold red", "warn": "yellow", "n/a": "dim"}
+    c = report.counts()
+    t = Table(title=f"smoke {report.url} model {report.model}: {'OK' if report.ok else 'FAILED'} "
+                    f"({c['pass']} pass, {c['fail']} fail, {c['warn']} warn, {c['n/a']} n/a)")
+    t.add_column("check")
+    t.add_column("result")
+    t.add_column("ms", justify="right")
+    t.add_column("evidence", overflow="fold")
+    for r in report.results:
+        t.add_row(escape(r.name), f"[{style[r.status]}]{r.status}[/]", f"{r.ms:.0f}", escape(r.evidence))
+    console.print(t)
+
+
+def failure_summary(report: SmokeReport) -> str:
+    """One line naming every failed check and why."""
+    return "; ".join(f"{r.name}: {r.evidence}" for r in report.failed)
+
+
+def _culprit(report: SmokeReport, plan: Plan) -> str:
+    text = failure_summary(report)
+    for s in plan.services:
+        if s.name in text:
+            return s.name
+    for role in ("prefill", "decode"):
+        if role in text:
+            return next((s.name for s in plan.services if s.role == role), "frontend")
+    return "frontend"
+
+
+def smoke_gate(plan: Plan, recipe: Any) -> None:
+    """What `up` runs after readiness: DeployError (so `up` rolls back) if any check fails."""
+    from rich.console import Console
+
+    report = run_smoke(plan.endpoint, plan.served_model, plan, plan.engine)
+    print_report(report, Console(stderr=True, width=160))
+    if not report.ok:
+        raise DeployError(f"smoke tests failed ({len(report.failed)} of {len(report.results)}): "
+                          f"{failure_summary(report)}", service=_culprit(report, plan), log_tail="")
+

@@ -1,0 +1,367 @@
+"""The smoke checker's own logic, on constructed responses (no server): tool checks, schema validator, helpers."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from primectl.checks.smoke import (
+    CheckResult,
+    SmokeReport,
+    _gate_detail,
+    argv_value,
+    counter_sum,
+    max_context,
+    prefill_budget,
+    tool_scenarios,
+)
+from primectl.checks.toolcheck import Scenario, check_turn, compare_turns, from_chunks, from_completion, validate
+
+REPO = Path(__file__).resolve().parent.parent
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"}},
+        "required": ["city", "unit"]}}}
+ECHO = {"type": "function", "function": {
+    "name": "echo", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+SPECIAL = 'a < b && c > "d" \'e\''
+
+
+def completion(content: str | None = None, calls: Sequence[tuple[str, Any]] = (), finish: str = "stop") -> ChatCompletion:
+    """A ChatCompletion as the openai client would parse it from a server."""
+    tool_calls = [{"id": f"call_{i}", "type": "function",
+                   "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}}
+                  for i, (n, a) in enumerate(calls)]
+    return ChatCompletion.model_validate({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": finish, "logprobs": None,
+                     "message": {"role": "assistant", "content": content, "tool_calls": tool_calls or None}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+
+
+def chunks(content: str = "", calls: Sequence[tuple[str, Any]] = (), finish: str = "stop",
+           pieces: int = 3) -> list[ChatCompletionChunk]:
+    """A streamed answer: content one char per chunk, each call's arguments split into `pieces` fragments."""
+    def chunk(delta: dict[str, Any], fr: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk.model_validate({
+            "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": fr}]})
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    out += [chunk({"content": ch}) for ch in content]
+    for i, (name, args) in enumerate(calls):
+        text = args if isinstance(args, str) else json.dumps(args)
+        step = max(1, len(text) // pieces + 1)
+        out.append(chunk({"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
+                                          "function": {"name": name, "arguments": ""}}]}))
+        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": text[j:j + step]}}]})
+                for j in range(0, len(text), step)]
+    out.append(chunk({}, finish))
+    out.append(ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}))
+    return out
+
+
+AUTO = Scenario("auto", "weather?", [WEATHER, ECHO], "auto", "get_weather", {"city": "Paris"})
+GOOD_ARGS = {"city": "Paris", "unit": "celsius", "days": 3}
+
+
+def problems_both(sc: Scenario, calls: Sequence[tuple[str, Any]], content: str = "", finish: str = "tool_calls") -> list[str]:
+    """check_turn on the unary and the streamed form of the same answer, plus their comparison."""
+    unary = from_completion(completion(content or None, calls, finish))
+    streamed = from_chunks(chunks(content, calls, finish))
+    return check_turn(unary, sc) + check_turn(streamed, sc) + compare_turns(unary, streamed)
+
+
+# --- passing cases -------------------------------------------------------------------------------
+
+
+def test_auto_call_with_valid_arguments_passes_streamed_and_unary():
+    assert problems_both(AUTO, [("get_weather", GOOD_ARGS)]) == []
+
+
+def test_stream_accumulates_fragmented_arguments_like_unary():
+    streamed = from_chunks(chunks("", [("get_weather", GOOD_ARGS), ("echo", {"text": SPECIAL})], "tool_calls", 7))
+    assert [c.name for c in streamed.tool_calls] == ["get_weather", "echo"]
+    assert json.loads(streamed.tool_calls[1].arguments) == {"text": SPECIAL}
+    assert streamed.finish_reason == "tool_calls"
+
+
+def test_none_without_call_passes():
+    sc = Scenario("none", "weather?", [WEATHER], "none")
+    assert problems_both(sc, [], content="It is sunny.", finish="stop") == []
+
+
+def test_required_with_call_passes():
+    assert problems_both(Scenario("required", "hi", [WEATHER], "required"), [("get_weather", GOOD_ARGS)]) == []
+
+
+def test_named_function_passes():
+    sc = Scenario("named", "repeat", [WEATHER, ECHO], {"type": "function", "function": {"name": "echo"}}, "echo")
+    assert problems_both(sc, [("echo", {"text": "hello"})], finish="stop") == []
+
+
+def test_special_characters_kept_verbatim_pass():
+    sc = Scenario("special", "echo", [ECHO], "auto", "echo", {"text": SPECIAL})
+    assert problems_both(sc, [("echo", {"text": SPECIAL})]) == []
+
+
+def test_undeclared_call_surfaced_passes():
+    sc = Scenario("undeclared", "call get_time", [WEATHER], "auto", "get_time")
+    assert problems_both(sc, [("get_time", {"timezone": "UTC"})]) == []
+
+
+def test_builtin_scenarios_accept_their_ideal_answers():
+    ideal: dict[str, list[tuple[str, Any]]] = {
+        "auto": [("get_weather", {"city": "Paris", "unit": "celsius", "days": 3})],
+        "required": [("get_weather", {"city": "London", "unit": "celsius"})],
+        "none": [],
+        "named function": [("echo", {"text": "hello world"})],
+        "nested/$ref/recursive schema": [("create_org", {
+            "root": {"name": "Ada", "role": "lead", "reports": [
+                {"name": "Bob", "role": "member"},
+                {"name": "Cy", "role": "lead", "reports": [{"name": "Di", "role": "member"}]}]},
+            "active": True, "meta": {"tags": ["eng"], "level": 2}})],
+        "special characters": [("echo", {"text": 'a < b && c > "d" \'e\' <tag/> &amp;'})],
+        "undeclared tool surfaced": [("get_time", {"timezone": "UTC"})],
+    }
+    scenarios = tool_scenarios()
+    assert {s.name for s in scenarios} == set(ideal)
+    for sc in scenarios:
+        calls = ideal[sc.name]
+        assert problems_both(sc, calls, content="" if calls else "ok", finish="tool_calls" if calls else "stop") == [], sc.name
+
+
+# --- failure modes -------------------------------------------------------------------------------
+
+
+def test_dropped_call_to_undeclared_tool_with_normal_content_fails():
+    sc = Scenario("undeclared", "call get_time", [WEATHER], "auto", "get_time")
+    probs = check_turn(from_completion(completion("The time is noon.", [], "stop")), sc)
+    assert any("undeclared tool get_time was not surfaced" in p for p in probs), probs
+
+
+def test_finish_reason_tool_calls_without_calls_is_a_dropped_call():
+    probs = check_turn(from_completion(completion("Sure.", [], "tool_calls")), AUTO)
+    assert any("dropped" in p for p in probs), probs
+
+
+def test_call_to_undeclared_tool_in_normal_scenario_fails():
+    probs = check_turn(from_completion(completion(None, [("get_time", {})], "tool_calls")), AUTO)
+    assert any("undeclared tool 'get_time'" in p for p in probs), probs
+
+
+def test_wrong_argument_type_fails():
+    probs = check_turn(from_completion(completion(None, [("get_weather", GOOD_ARGS | {"days": "3"})])), AUTO)
+    assert any("$.days: expected integer, got string" in p for p in probs), probs
+
+
+def test_boolean_is_not_an_integer():
+    probs = check_turn(from_completion(completion(None, [("get_weather", GOOD_ARGS | {"days": True})])), AUTO)
+    assert any("$.days: expected integer, got boolean" in p for p in probs), probs
+
+
+def test_missing_required_field_fails():
+    probs = check_turn(from_completion(completion(None, [("get_weather", {"city": "Paris"})])), AUTO)
+    assert any("missing required field 'unit'" in p for p in probs), probs
+
+
+def test_enum_violated_fails():
+    probs = check_turn(from_completion(completion(None, [("get_weather", GOOD_ARGS | {"unit": "kelvin"})])), AUTO)
+    assert any("$.unit" in p and "not one of" in p for p in probs), probs
+
+
+def test_arguments_not_json_fail():
+    probs = check_turn(from_completion(completion(None, [("get_weather", '{"city": "Paris", ')])), AUTO)
+    assert any("not valid JSON" in p for p in probs), probs
+
+
+def test_html_escaped_special_characters_fail():
+    sc = Scenario("special", "echo", [ECHO], "auto", "echo", {"text": SPECIAL})
+    escaped = 'a &lt; b &amp;&amp; c &gt; &quot;d&quot; \'e\''
+    probs = check_turn(from_completion(completion(None, [("echo", {"text": escaped})])), sc)
+    assert any("HTML-escaped" in p for p in probs), probs
+
+
+def test_altered_special_characters_fail():
+    sc = Scenario("special", "echo", [ECHO], "auto", "echo", {"text": SPECIAL})
+    probs = check_turn(from_completion(completion(None, [("echo", {"text": SPECIAL.replace('"', "'")})])), sc)
+    assert any("altered" in p for p in probs), probs
+
+
+def test_streaming_and_unary_disagree_on_arguments_fails():
+    unary = from_completion(completion(None, [("get_weather", GOOD_ARGS)], "tool_calls"))
+    streamed = from_chunks(chunks("", [("get_weather", GOOD_ARGS | {"days": 4})], "tool_calls"))
+    probs = compare_turns(unary, streamed)
+    assert any("disagree on get_weather arguments" in p for p in probs), probs
+
+
+def test_streaming_drops_the_call_fails():
+    unary = from_completion(completion(None, [("get_weather", GOOD_ARGS)], "tool_calls"))
+    streamed = from_chunks(chunks("It is sunny in Paris.", [], "stop"))
+    probs = compare_turns(unary, streamed) + check_turn(streamed, AUTO)
+    assert any("disagree on calls" in p for p in probs), probs
+    assert any("expected a call to get_weather" in p for p in probs), probs
+
+
+def test_tool_choice_none_but_a_call_came_fails():
+    sc = Scenario("none", "weather?", [WEATHER], "none")
+    probs = check_turn(from_completion(completion(None, [("get_weather", GOOD_ARGS)], "tool_calls")), sc)
+    assert any("tool_choice none" in p for p in probs), probs
+
+
+def test_tool_choice_required_but_no_call_fails():
+    sc = Scenario("required", "hi", [WEATHER], "required")
+    probs = check_turn(from_completion(completion("Hello!", [], "stop")), sc)
+    assert any("tool_choice required but no tool call" in p for p in probs), probs
+
+
+def test_named_tool_choice_but_other_function_called_fails():
+    sc = Scenario("named", "repeat", [WEATHER, ECHO], {"type": "function", "function": {"name": "echo"}}, "echo")
+    probs = check_turn(from_completion(completion(None, [("get_weather", GOOD_ARGS)], "tool_calls")), sc)
+    assert any("tool_choice named echo but get_weather was called" in p for p in probs), probs
+
+
+# --- the schema validator ------------------------------------------------------------------------
+
+TREE = {
+    "type": "object",
+    "properties": {"root": {"$ref": "#/$defs/node"}},
+    "required": ["root"],
+    "$defs": {"node": {"type": "object", "properties": {
+        "name": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        "required": ["name"], "additionalProperties": False}},
+}
+
+
+def _chain(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"name": "leaf"}
+    for i in range(depth):
+        node = {"name": f"n{i}", "kids": [node]}
+    return {"root": node}
+
+
+def test_recursive_ref_valid_and_invalid_deep_node():
+    assert validate(_chain(5), TREE) == []
+    bad = _chain(3)
+    bad["root"]["kids"][0]["kids"][0]["kids"][0] = {"nom": "x"}
+    errs = validate(bad, TREE)
+    assert "$.root.kids[0].kids[0].kids[0]: missing required field 'name'" in errs
+    assert "$.root.kids[0].kids[0].kids[0]: unexpected field 'nom'" in errs
+
+
+def test_recursion_depth_limit():
+    errs = validate(_chain(10), TREE, max_depth=5)
+    assert any("deeper than 5" in e for e in errs), errs
+
+
+def test_unresolvable_ref_and_nested_types():
+    assert validate({"a": 1}, {"properties": {"a": {"$ref": "#/$defs/nope"}}}) == ["$.a: unresolvable $ref '#/$defs/nope'"]
+    schema = {"type": "object", "properties": {"m": {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["tags"]}}}
+    assert validate({"m": {"tags": ["a", 2]}}, schema) == ["$.m.tags[1]: expected string, got integer 2"]
+    assert validate({"m": {}}, schema) == ["$.m: missing required field 'tags'"]
+    assert validate(1.0, {"type": "integer"}) == []
+    assert validate(None, {"type": ["string", "null"]}) == []
+    assert validate("x", {"anyOf": [{"type": "integer"}, {"enum": ["y"]}]}) == ["$: matches 0 of the anyOf alternatives"]
+
+
+# --- smoke helpers -------------------------------------------------------------------------------
+
+METRICS = """# HELP dynamo_component_requests_total Total
+# TYPE dynamo_component_requests_total counter
+dynamo_component_requests_total{dynamo_component="prefill",dynamo_endpoint="generate",worker_id="f5"} 5
+dynamo_component_requests_total{dynamo_component="prefill",dynamo_endpoint="worker_kv_query_source_46",worker_id="f5"} 1
+dynamo_component_requests_total{dynamo_component="backend",dynamo_endpoint="generate",worker_id="dc"} 2
+"""
+
+
+def test_counter_sum_picks_the_generate_series_of_the_role():
+    assert counter_sum(METRICS, "dynamo_component_requests_total",
+                       {"dynamo_component": "prefill", "dynamo_endpoint": "generate"}) == 5
+    assert counter_sum(METRICS, "dynamo_component_requests_total",
+                       {"dynamo_component": "backend", "dynamo_endpoint": "generate"}) == 2
+    assert counter_sum(METRICS, "dynamo_component_requests_total", {"dynamo_component": "decode"}) == 0
+
+
+def test_argv_value_both_spellings():
+    assert argv_value(["x", "--max-model-len", "32768"], "--max-model-len") == "32768"
+    assert argv_value(["--max-model-len=8192"], "--max-model-len") == "8192"
+    assert argv_value(["--max-model-len"], "--max-model-len") is None
+
+
+def test_budget_and_context_from_the_demo_plan():
+    from primectl.plan.build import build_plan
+    from primectl.recipe.load import load_recipe
+
+    plan = build_plan(load_recipe(REPO / "recipes" / "demo.yaml").recipe)
+    assert prefill_budget(plan) == 4096
+    assert max_context(plan) == 32768
+    assert prefill_budget(None) == 4096
+    assert max_context(None) is None
+
+
+def test_gate_detail_names_missing_worker_types():
+    body = {"model": "demo", "ready": False, "reason": "no namespace has all required worker types live",
+            "namespaces": {"demo": {"ready": False, "worker_types": {"decode": {"workers": 2}},
+                                    "missing_worker_types": ["prefill"]}}}
+    assert _gate_detail(body) == ("no namespace has all required worker types live; workers decodex2; "
+                                  "MISSING worker types: prefill")
+
+
+def test_report_json_and_junit():
+    rep = SmokeReport("http://h:8000", "demo", "mocker", [
+        CheckResult("a", "pass", 1.0, "ok"), CheckResult("b", "fail", 2.0, "HTTP 503 <missing> & more"),
+        CheckResult("c", "n/a", 0.0, "n/a (engine: mocker)"), CheckResult("d", "warn", 3.0, "5xx")])
+    doc = rep.to_dict()
+    assert doc["ok"] is False and doc["counts"] == {"pass": 1, "fail": 1, "warn": 1, "n/a": 1}
+    assert doc["checks"][1] == {"check": "b", "result": "fail", "ms": 2.0, "evidence": "HTTP 503 <missing> & more"}
+    suite = ET.fromstring(rep.to_junit().split("\n", 1)[1]).find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "1", "1")
+    cases = suite.findall("testcase")
+    failure = cases[1].find("failure")
+    assert failure is not None and failure.get("message") == "HTTP 503 <missing> & more"
+    assert cases[2].find("skipped") is not None
+
+
+def test_cli_needs_a_recipe_or_url(cli):
+    res = cli("smoke")
+    assert res.exit_code == 2
+
+
+def test_cli_unreachable_endpoint_fails_with_junit(cli, tmp_path):
+    junit = tmp_path / "smoke.xml"
+    res = cli("smoke", "--url", "http://127.0.0.1:9", "--model", "m", "-o", "json", "--junit", junit)
+    assert res.exit_code == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["checks"][0]["result"] == "fail" and "Connection" in doc["checks"][0]["evidence"]
+    assert all(c["result"] == "n/a" for c in doc["checks"][1:])
+    assert "<failure" in junit.read_text()
+
+
+def test_cli_recipe_unreachable_table(cli):
+    res = cli("smoke", "recipes/demo.yaml", "--url", "http://127.0.0.1:9")
+    assert res.exit_code == 1
+    assert "FAILED" in res.stdout and "ready" in res.stdout
+
+
+@pytest.mark.parametrize("name", ["auto", "none"])
+def test_tool_checks_are_na_on_mocker(name):
+    from primectl.checks.smoke import Runner
+
+    r = Runner("http://127.0.0.1:9", "m", None, "mocker")
+    sc = next(s for s in tool_scenarios() if s.name == name)
+    res = r.check(f"tools: {name}", lambda: r.tool_scenario(sc))
+    assert (res.status, res.evidence) == ("n/a", "n/a (engine: mocker)")
