@@ -182,18 +182,22 @@ def check_ports(cluster: Cluster, changes: list[Change]) -> None:
         if c.action in ("add", "change", "restart"):
             for port in plan.service(c.service).listens:
                 need.setdefault(c.host, {})[port] = c.service
-    problems = []
+    checks: dict[str, list[int]] = {}
     for host, ports in need.items():
         recorded = (cluster.views[host].get("state") or {}).get("services", {})
         live = cluster.views[host].get("services", {})
         ours = {p for n, s in recorded.items() if live.get(n, {}).get("alive") for p in s.get("listens", [])}
-        check = sorted(set(ports) - ours)
-        if not check:
-            continue
-        r = cluster.call(host, "ports", {"address": plan.host(host).address, "ports": check})
+        if check := sorted(set(ports) - ours):
+            checks[host] = check
+    results = parallel(lambda h: cluster.call(h, "ports", {"address": plan.host(h).address, "ports": checks[h]}),
+                       checks)
+    problems = []
+    for host, r in results.items():
+        if isinstance(r, BaseException):
+            raise r
         for port in r.get("taken", []):
             problems.append(f"port {port} on {host} ({plan.host(host).address}) is already in use; "
-                            f"{ports[port]} needs it")
+                            f"{need[host][port]} needs it")
     if problems:
         raise DeployError("ports are taken; nothing was changed:\n  " + "\n  ".join(problems))
 
@@ -414,7 +418,12 @@ def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change]
     for h, view in cluster.views.items():
         prev = view.get("current")
         if prev and h in bundles and bundles[h].revision != prev:
-            cluster.call(h, "switch", {"revision": prev})
+            try:  # one host gone must not stop the others from being put back
+                r = cluster.call(h, "switch", {"revision": prev})
+            except DeployError as exc:
+                r = {"ok": False, "error": str(exc)}
+            if not r.get("ok"):
+                cluster.say(f"WARNING: could not point {h} back at revision {prev}: {r.get('error')}")
         recorded = (view.get("state") or {}).get("services", {})
         for c in changes:
             if c.host == h and c.action in ("change", "remove") and c.service in recorded:

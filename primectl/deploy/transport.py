@@ -84,6 +84,9 @@ class LocalTransport:
         pass
 
 
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
 class _AcceptNewPolicy:
     """Trust-on-first-use: record an unknown host key; a changed key is still refused by paramiko."""
 
@@ -92,8 +95,14 @@ class _AcceptNewPolicy:
 
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
-        Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True)
-        client.save_host_keys(self.known_hosts)
+        path = Path(self.known_hosts)
+        # Hosts connect in parallel, each client holding only the keys it loaded: append this one
+        # entry (never rewrite the file from one client's view, which drops the others' new keys).
+        with _KNOWN_HOSTS_LOCK:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sep = "\n" if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n") else ""
+            with open(path, "a") as f:
+                f.write(f"{sep}{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 class SSHTransport:

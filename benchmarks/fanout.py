@@ -1,0 +1,226 @@
+"""Fan-out benchmark for `up`: how the apply layer scales from 1 to 18 SSH hosts.
+
+Starts 18 real OpenSSH servers on 127.0.0.2-19 (tests/integration/sshhosts.py) and
+times `primectl.deploy.rollout.up` in-process (so CLI start-up and recipe
+loading/rendering are NOT counted) for a deployment on 1, 6 and 18 hosts, then a
+zero-change `up` on 18 hosts. Services are the FAKE engine runtime
+(tests/fakes/fake_python: instantly-ready HTTP servers); etcd (the real
+/usr/bin/etcd), the frontend and the prefill worker run on h1, and one decode
+worker runs on every host (etcd discovery; file discovery is single-host only).
+
+Targets: T(18)/T(1) <= 1.3 and a zero-change `up` on 18 hosts <= 1 s.
+
+It binds port 22 on loopback addresses, so it refuses to run outside a private
+network namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
+
+    unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/fanout.py'
+
+Options: --sizes 1,6,18  --repeat 3 (best of)  --profile (per-operation timings of the last up of each size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.integration.sshhosts import (  # noqa: E402
+    SSHHosts,
+    kill_leftovers,
+    netns_problem,
+    start_hosts,
+)
+
+FAKE_PYTHON = str(REPO / "tests" / "fakes" / "fake_python")
+TARGET_RATIO = 1.3
+TARGET_NOOP_S = 1.0
+
+
+def recipe(name: str, cluster: SSHHosts, n: int, port_base: int) -> dict[str, Any]:
+    hosts = cluster.hosts[:n]
+    return {
+        "name": name,
+        "model": {"served_name": "demo", "generate": "demo-tiny", "arch": "demo-tiny", "max_context": 4096},
+        "hardware": {"profile": "cpu"},
+        "hosts": [{"name": h.name, "address": h.address, "port": h.port, "user": "root",
+                   "identity_file": str(cluster.client_key), "workdir": str(h.workdir(name))} for h in hosts],
+        "engine": "mocker",
+        "supervisor": "process",
+        "frontend": {"host": "h1", "port": port_base},
+        "prefill": {"groups": 1, "parallel": "TP1", "hosts": ["h1"], "startup_timeout_s": 30},
+        # CPU placement is round-robin by fewest workers: one decode worker on every host.
+        "decode": {"workers": n, "parallel": "TP1", "startup_timeout_s": 30},
+        "control_plane": {"discovery": "etcd"},
+        "software": {"python": FAKE_PYTHON},
+        "ports": {"response_stream": port_base + 1, "etcd_client": port_base + 2, "etcd_peer": port_base + 3,
+                  "worker_system": port_base + 10, "tcp_rpc": port_base + 20, "bootstrap": port_base + 30,
+                  "kv_events": port_base + 40},
+        "known_hosts": str(cluster.base / "known_hosts"),
+    }
+
+
+def load(doc: dict[str, Any], path: Path) -> tuple[Any, Any, dict[str, Any], str]:
+    """Recipe file -> (loaded, plan, bundles, secrets), as `primectl up` prepares them."""
+    import yaml
+
+    from primectl.cli import _bundles, load_plan
+    from primectl.deploy.rollout import resolve_secrets
+
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    loaded, plan = load_plan(path)
+    secrets = resolve_secrets(plan, dict(loaded.recipe.secrets), loaded.file)
+    return loaded, plan, _bundles(loaded, plan), secrets
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+class StepTimer:
+    """Wraps agent calls and transport operations to see where an `up` spends its time."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, float, float]] = []  # (what, host, start, seconds)
+        self.t0 = 0.0
+
+    def install(self) -> Callable[[], None]:
+        import primectl.deploy.rollout as rollout
+        import primectl.deploy.transport as transport
+
+        orig_call, orig_connect = rollout.Cluster.call, rollout.connect
+        timer = self
+
+        def call(self: Any, host: str, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
+            s = time.perf_counter()
+            try:
+                return orig_call(self, host, op, args, timeout)
+            finally:
+                timer.calls.append((op, host, s - timer.t0, time.perf_counter() - s))
+
+        def connect(host: Any, **kw: Any) -> Any:
+            s = time.perf_counter()
+            try:
+                return orig_connect(host, **kw)
+            finally:
+                timer.calls.append(("connect", host.name, s - timer.t0, time.perf_counter() - s))
+
+        rollout.Cluster.call, rollout.connect = call, connect  # type: ignore[method-assign]
+
+        def undo() -> None:
+            rollout.Cluster.call, rollout.connect = orig_call, orig_connect  # type: ignore[method-assign]
+
+        del transport
+        return undo
+
+    def report(self, total: float) -> str:
+        lines = [f"  total {total:.3f}s; per operation: calls, sum of call times, first start -> last end"]
+        by_op: dict[str, list[tuple[str, float, float]]] = {}
+        for op, host, start, secs in self.calls:
+            by_op.setdefault(op, []).append((host, start, secs))
+        for op, rows in sorted(by_op.items(), key=lambda kv: min(r[1] for r in kv[1])):
+            first = min(r[1] for r in rows)
+            last = max(r[1] + r[2] for r in rows)
+            lines.append(f"  {op:12} x{len(rows):<3} sum {sum(r[2] for r in rows):7.3f}s  "
+                         f"median {statistics.median(r[2] for r in rows):.3f}s  window {first:6.3f} -> {last:6.3f}s")
+        return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1,6,18")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh deployments per size; the best time counts")
+    ap.add_argument("--profile", action="store_true", help="per-operation timings of the last up of each size")
+    opts = ap.parse_args()
+    problem = netns_problem("unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/fanout.py'")
+    if problem:
+        print(f"fanout: refusing to start sshd: {problem}", file=sys.stderr)
+        return 2
+    sizes = [int(s) for s in opts.sizes.split(",")]
+    biggest = max(sizes)
+
+    from primectl.deploy.rollout import down, up
+
+    with tempfile.TemporaryDirectory(prefix="primectl-fanout-") as tmp:
+        base = Path(tmp)
+        t_start, cluster = timed(lambda: start_hosts(base / "hosts", biggest))
+        cluster.known_hosts(cluster.base / "known_hosts")
+        print(f"started {biggest} sshd hosts in {t_start:.2f}s; timing rollout.up in-process "
+              f"(CLI start-up, recipe loading and rendering not counted); best of {opts.repeat}")
+        results: dict[int, float] = {}
+        noop: list[float] = []
+        profile = StepTimer()
+        try:
+            run = 0
+            for n in sizes:
+                times = []
+                for rep in range(opts.repeat):
+                    run += 1
+                    name = f"fan{n}-r{rep}"
+                    loaded, plan, bundles, secrets = load(recipe(name, cluster, n, 10_000 + 100 * run),
+                                                          base / f"{name}.yaml")
+                    kw = {"secrets": secrets, "known_hosts": loaded.recipe.known_hosts, "say": quiet}
+                    last = n == biggest and rep == opts.repeat - 1
+                    profiled = opts.profile and rep == opts.repeat - 1
+                    profile.calls.clear()
+                    undo = profile.install() if profiled else None
+                    profile.t0 = time.perf_counter()
+                    try:
+                        secs, res = timed(partial(up, plan, bundles, **kw))
+                    finally:
+                        if undo:
+                            undo()
+                    assert len(res.started) == len(plan.services), res
+                    times.append(secs)
+                    print(f"  up on {n:2} host(s), {len(plan.services):2} services: {secs:.3f}s")
+                    if profiled:
+                        print(profile.report(secs))
+                    if last:
+                        for _ in range(opts.repeat):
+                            s, r = timed(partial(up, plan, bundles, **kw))
+                            assert not r.started, r
+                            noop.append(s)
+                            print(f"  zero-change up on {n:2} host(s): {s:.3f}s")
+                    down(plan, purge=True, known_hosts=loaded.recipe.known_hosts, say=quiet)
+                results[n] = min(times)
+        finally:
+            left = kill_leftovers(cluster.base)
+            cluster.stop()
+            if left:
+                print(f"safety net killed {len(left)} leftover process(es)", file=sys.stderr)
+
+    print()
+    print("host count  T(up) best")
+    for n in sizes:
+        print(f"{n:10}  {results[n]:.3f}s")
+    ok = True
+    if 1 in results:
+        ratio = results[biggest] / results[1]
+        good = ratio <= TARGET_RATIO
+        ok &= good
+        print(f"T({biggest})/T(1) = {ratio:.2f}  (target <= {TARGET_RATIO}) {'OK' if good else 'MISSED'}")
+    if noop:
+        best = min(noop)
+        good = best <= TARGET_NOOP_S
+        ok &= good
+        print(f"zero-change up on {biggest} hosts = {best:.3f}s  (target <= {TARGET_NOOP_S:g} s) "
+              f"{'OK' if good else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

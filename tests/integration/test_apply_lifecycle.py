@@ -1,0 +1,154 @@
+"""An operator's day with `up`, `status`, `diff`, `down` over real SSH (3 sshd hosts, real etcd).
+
+Dynamo components are the FAKE engine runtime (tests/fakes/fake_python): tests that start
+them say `fake_engine`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import urllib.request
+
+import pytest
+
+from .conftest import ETCD, LAYOUT, Deployment
+from .sshhosts import pid_alive, processes_under, wait_gone
+
+pytestmark = pytest.mark.integration
+
+
+def test_up_on_three_hosts_then_status_healthy_fake_engine(deployment: Deployment) -> None:
+    r = deployment.up_ok(preflight=True)  # the operator's default path, preflight included
+    assert "ready: http://127.0.0.2:" in r.stderr
+    for h in ("h1", "h2", "h3"):
+        assert f"pushed {h}: revision" in r.stderr
+
+    table = deployment.cli("status")
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert "healthy" in table.stdout and "NOT HEALTHY" not in table.stdout
+
+    code, doc = deployment.status_json()
+    assert code == 0
+    assert doc["healthy"] is True and doc["gate"]["ok"] is True
+    assert {s["service"]: s["host"] for s in doc["services"]} == {
+        svc: h for h, svcs in LAYOUT.items() for svc in svcs}
+    assert all(s["healthy"] for s in doc["services"])
+
+    # Really running, on the right "host": pid files + /proc, in that host's workdir, on its release.
+    pids = deployment.pids()
+    for h, services in LAYOUT.items():
+        wd = deployment.workdir(h)
+        assert set(os.listdir(wd / "run")) == {f"{s}.pid" for s in services}
+        assert deployment.current(h) == deployment.state(h)["revision"]
+        running = {pid for pid, _ in processes_under(wd)}
+        assert {pids[s] for s in services} <= running
+    # etcd is the real one, and healthy.
+    with open(f"/proc/{pids['etcd']}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[0].decode() == ETCD
+    url = f"http://127.0.0.2:{deployment.ports['etcd_client']}/health"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert json.load(resp)["health"] == "true"
+    # Everything else is the fake runtime.
+    with open(f"/proc/{pids['decode-0']}/cmdline", "rb") as f:
+        assert b"fake_python" in f.read()
+
+
+def test_up_ten_times_restarts_nothing_fake_engine(deployment: Deployment) -> None:
+    deployment.up_ok()
+    before = deployment.pids()
+    state_before = {h: deployment.state(h) for h in LAYOUT}
+    for _ in range(10):
+        r = deployment.up_ok()
+        assert "no changes" in r.stderr
+        assert "starting" not in r.stderr and "pushed" not in r.stderr
+    assert deployment.pids() == before
+    assert {h: deployment.state(h) for h in LAYOUT} == state_before
+
+
+def test_changing_decode_env_restarts_only_the_decode_workers_fake_engine(deployment: Deployment) -> None:
+    """`decode.env` applies to every decode worker: exactly those restart; etcd, prefill, frontend stay."""
+    deployment.up_ok()
+    nothing = deployment.cli("diff")
+    assert nothing.returncode == 0, nothing.stdout + nothing.stderr
+    assert "no changes" in nothing.stdout
+    before = deployment.pids()
+
+    deployment.write({"decode": {"env": {"DECODE_TUNING": "b"}}})
+    d = deployment.cli("diff")
+    assert d.returncode == 3, d.stdout + d.stderr
+    marked = {m[2]: m[3] for m in re.finditer(r"^[~+!\- ] (h\d)\s+(\S+)\s+(\S+)", d.stdout, re.M)}
+    assert marked == {"etcd": "keep", "frontend": "keep", "prefill-0": "keep",
+                      "decode-0": "change", "decode-1": "change"}, d.stdout
+    assert "+export DECODE_TUNING=b" in d.stdout
+    assert "2 to change, 3 unchanged" in d.stdout
+
+    r = deployment.up_ok()
+    assert "starting decode-0, decode-1" in r.stderr
+    assert "2 started, 3 unchanged" in r.stderr
+    after = deployment.pids()
+    for svc in ("etcd", "frontend", "prefill-0"):
+        assert after[svc] == before[svc], f"{svc} was restarted"
+    for svc in ("decode-0", "decode-1"):
+        assert after[svc] != before[svc], f"{svc} was not restarted"
+        assert not pid_alive(before[svc])
+        with open(f"/proc/{after[svc]}/environ", "rb") as f:
+            assert b"DECODE_TUNING=b" in f.read().split(b"\0")
+
+    again = deployment.cli("diff")
+    assert again.returncode == 0 and "no changes" in again.stdout, again.stdout + again.stderr
+
+
+def test_kill_9_shows_in_status_and_next_up_heals_fake_engine(deployment: Deployment) -> None:
+    deployment.up_ok()
+    before = deployment.pids()
+    os.kill(before["decode-0"], signal.SIGKILL)
+    assert not wait_gone([before["decode-0"]], 5)
+
+    code, doc = deployment.status_json()
+    assert code == 1 and doc["healthy"] is False
+    rows = {s["service"]: s for s in doc["services"]}
+    assert rows["decode-0"]["running"] is False and rows["decode-0"]["healthy"] is False
+    assert all(rows[s]["healthy"] for s in rows if s != "decode-0")
+    table = deployment.cli("status")
+    assert table.returncode == 1 and "NOT HEALTHY" in table.stdout
+
+    d = deployment.cli("diff")
+    assert d.returncode == 3 and "restart" in d.stdout and "not running" in d.stdout, d.stdout
+
+    r = deployment.up_ok()
+    assert "starting decode-0" in r.stderr and "decode-1" not in r.stderr
+    after = deployment.pids()
+    assert after["decode-0"] != before["decode-0"]
+    assert {s: p for s, p in after.items() if s != "decode-0"} == {
+        s: p for s, p in before.items() if s != "decode-0"}
+    code, doc = deployment.status_json()
+    assert code == 0 and doc["healthy"] is True
+
+
+def test_down_leaves_no_process_behind_fake_engine(deployment: Deployment) -> None:
+    deployment.up_ok()
+    pids = deployment.pids()
+    assert len(pids) == 5
+
+    r = deployment.cli("down")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped 5 service(s)" in r.stderr
+    assert not wait_gone(pids.values(), 5), "a service outlived `down`"
+    assert deployment.leftovers() == {}
+    for h in LAYOUT:
+        wd = deployment.workdir(h)
+        assert list((wd / "run").glob("*.pid")) == []
+        assert (wd / "state.json").exists() and (wd / "current").is_symlink()  # files stay without --purge
+        assert not (wd / "lock").exists()
+    status = deployment.cli("status")
+    assert status.returncode == 1
+
+    r = deployment.cli("down", "--purge")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped 0 service(s); files removed" in r.stderr
+    for h in LAYOUT:
+        left = sorted(os.listdir(deployment.workdir(h)))
+        assert left == [], f"{h}: --purge left {left}"
