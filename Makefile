@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: test demo demo-multihost demo-down lint typecheck system venv runtime clean
+.PHONY: test test-integration demo demo-multihost demo-down lint typecheck system venv runtime clean
 
 system:
 	bash scripts/install-system.sh
@@ -37,6 +37,10 @@ typecheck: venv
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
 test: system venv runtime lint typecheck
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest -q'
+
+# Only the integration tests, for a faster loop (needs `make venv runtime` once).
+test-integration: venv
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest tests/integration -q'
 
 demo: system venv
 	$(PRIMECTL) up $(DEMO)

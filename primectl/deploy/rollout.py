@@ -347,6 +347,8 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
         todo = [c for c in changes if c.action != "keep"]
         secrets_hash = hashlib.sha256((plan.name + secrets).encode()).hexdigest()[:16]
         stale_secrets = [h for h in hosts if (cluster.views[h].get("state") or {}).get("secrets_hash") != secrets_hash]
+        if stale_secrets and not todo and (cluster.views[stale_secrets[0]].get("state") or {}).get("secrets_hash"):
+            say("secrets changed: running services keep the values they started with until they restart")
         if not todo and not stale_secrets:
             say("no changes: every service is running its planned revision")
             return UpResult(changes, [], time.monotonic() - t0)

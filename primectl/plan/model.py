@@ -34,7 +34,7 @@ class Probe(Frozen):
     command: list[str] | None = None
     expect_status: int = 200
     timeout_s: float = Field(60, description="Give up after this long.")
-    interval_s: float = Field(0.5, description="First wait between tries; doubles up to 5 s.")
+    interval_s: float = Field(0.5, description="Cap on the first wait between tries (the agent starts at 0.05 s, doubling to 5 s).")
 
 
 class FileSpec(Frozen):
