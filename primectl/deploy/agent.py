@@ -115,7 +115,8 @@ def op_inspect(a: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"workdir {wd} is not writable: {exc.strerror}"}
     lock = _read_json(os.path.join(wd, "lock", "owner.json"))
     releases = sorted(os.listdir(os.path.join(wd, "releases"))) if os.path.isdir(os.path.join(wd, "releases")) else []
-    return {"ok": True, "state": state, "current": current, "services": services, "lock": lock,
+    taken = op_ports(a)["taken"] if a.get("ports") else []
+    return {"ok": True, "state": state, "current": current, "services": services, "lock": lock, "taken": taken,
             "releases": releases, "time": time.time()}
 
 
@@ -275,6 +276,12 @@ def op_start(a: dict[str, Any]) -> dict[str, Any]:
             _stop_process(wd, svc["name"], svc.get("stop_timeout", 30))
             started[svc["name"]] = _start_process(wd, svc["name"])
     return {"ok": True, "pids": started}
+
+
+def op_start_wait(a: dict[str, Any]) -> dict[str, Any]:
+    """Start services, then wait for their probes, in one round trip."""
+    started = op_start(a)
+    return op_wait(a) if started.get("ok") else started
 
 
 def op_stop(a: dict[str, Any]) -> dict[str, Any]:

@@ -107,7 +107,10 @@ def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accep
 
     def inspect(h: str) -> dict[str, Any]:
         units = {s.name: unit_name(plan, s) for s in plan.services_on(h)}
-        return cluster.call(h, "inspect", {"services": units}, timeout=60)
+        # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
+        ports = sorted({p for s in plan.services_on(h) for p in s.listens})
+        return cluster.call(h, "inspect", {"services": units, "ports": ports, "address": plan.host(h).address},
+                            timeout=60)
 
     views = parallel(inspect, hosts)
     try:
@@ -182,22 +185,14 @@ def check_ports(cluster: Cluster, changes: list[Change]) -> None:
         if c.action in ("add", "change", "restart"):
             for port in plan.service(c.service).listens:
                 need.setdefault(c.host, {})[port] = c.service
-    checks: dict[str, list[int]] = {}
+    problems = []
     for host, ports in need.items():
         recorded = (cluster.views[host].get("state") or {}).get("services", {})
         live = cluster.views[host].get("services", {})
         ours = {p for n, s in recorded.items() if live.get(n, {}).get("alive") for p in s.get("listens", [])}
-        if check := sorted(set(ports) - ours):
-            checks[host] = check
-    results = parallel(lambda h: cluster.call(h, "ports", {"address": plan.host(h).address, "ports": checks[h]}),
-                       checks)
-    problems = []
-    for host, r in results.items():
-        if isinstance(r, BaseException):
-            raise r
-        for port in r.get("taken", []):
+        for port in sorted((set(ports) - ours) & set(cluster.views[host].get("taken", []))):
             problems.append(f"port {port} on {host} ({plan.host(host).address}) is already in use; "
-                            f"{need[host][port]} needs it")
+                            f"{ports[port]} needs it")
     if problems:
         raise DeployError("ports are taken; nothing was changed:\n  " + "\n  ".join(problems))
 
@@ -281,13 +276,10 @@ def start_and_wait(cluster: Cluster, by_host: dict[str, list[str]], probes: dict
 
     def one(h: str) -> dict[str, Any]:
         names = by_host[h]
-        r = cluster.call(h, "start", {"services": _svc_args(plan, names)})
-        if not r.get("ok"):
-            return r
         waits: list[dict[str, Any]] = [{"name": n, "unit": unit_name(plan, plan.service(n)), "probe": probes[n]}
                                        for n in names]
-        timeout = max(w["probe"].get("timeout_s", 60) for w in waits) + 30
-        return cluster.call(h, "wait", {"waits": waits}, timeout=timeout)
+        timeout = max(w["probe"].get("timeout_s", 60) for w in waits) + 60
+        return cluster.call(h, "start_wait", {"services": _svc_args(plan, names), "waits": waits}, timeout=timeout)
 
     results = parallel(one, [h for h in by_host if by_host[h]])
     for h, r in results.items():
@@ -440,11 +432,8 @@ def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change]
         recorded = (cluster.views[h].get("state") or {}).get("services", {})
         svcs = [{"name": n, "unit": recorded[n]["unit"], "stop_timeout": recorded[n].get("stop_timeout", 30)}
                 for n in restore[h]]
-        r = cluster.call(h, "start", {"services": svcs})
-        if not r.get("ok"):
-            return r
         waits = [{"name": n, "unit": recorded[n]["unit"], "probe": probes[n]} for n in restore[h]]
-        return cluster.call(h, "wait", {"waits": waits})
+        return cluster.call(h, "start_wait", {"services": svcs, "waits": waits})
 
     results = parallel(one, restore)
     bad = [f"{h}: {r}" for h, r in results.items() if isinstance(r, BaseException) or not r.get("ok")]
