@@ -9,18 +9,26 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: test test-integration demo demo-multihost demo-down lint typecheck system venv runtime clean
+.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime clean
 
 system:
 	bash scripts/install-system.sh
 
 $(VENV)/.stamp: pyproject.toml kernels/requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev,smoke]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev,smoke,bench]'
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r kernels/requirements.txt
 	touch $@
 
+# AIPerf (the load generator behind `primectl bench`) lives in its own venv: its pins clash with primectl's.
+$(VENV)/.bench-stamp: $(VENV)/.stamp
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/pip install -q --disable-pip-version-check aiperf==0.13.0
+	touch $@
+
 venv: $(VENV)/.stamp
+
+bench-tools: $(VENV)/.bench-stamp
 
 # The Dynamo/Mooncake host runtime used by the demo integration tests (its own venv:
 # ai-dynamo-runtime pins pydantic<=2.13.5). Idempotent: skipped when the lock is unchanged.
@@ -35,14 +43,14 @@ typecheck: venv
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
-test: system venv runtime lint typecheck
+test: system venv bench-tools runtime lint typecheck
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest -q'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
 test-integration: venv
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest tests/integration -q'
 
-demo: system venv
+demo: system venv bench-tools
 	$(PRIMECTL) up $(DEMO)
 	@echo
 	@echo "Demo is up: http://127.0.0.1:8000/v1 (model: demo)"

@@ -172,16 +172,18 @@ def up(
         loaded, p = load_plan(recipe)
         secrets = resolve_secrets(p, dict(loaded.recipe.secrets), loaded.file)
         bundles = _bundles(loaded, p)
-        if not skip_preflight:
-            from primectl.checks.preflight import gate_up
-
-            gate_up(p, loaded.recipe, accept_new_host_keys=accept_new_host_keys, say=_say)
         after = None if no_smoke else _smoke_hook(loaded, p)
-        prepare = None
-        if not loaded.recipe.software.python:
-            from primectl.deploy.provision import provision
 
-            def prepare(cluster: Any) -> None:
+        def prepare(cluster: Any) -> None:
+            # Runs under the cluster lock, so a concurrent `up` is refused as locked,
+            # not mistaken for a host problem by preflight's port checks.
+            if not skip_preflight:
+                from primectl.checks.preflight import gate_up
+
+                gate_up(p, loaded.recipe, accept_new_host_keys=accept_new_host_keys, say=_say)
+            if not loaded.recipe.software.python:
+                from primectl.deploy.provision import provision
+
                 provision(cluster, wheelhouse=wheelhouse, say=_say)
 
         res = do_up(p, bundles, secrets=secrets, known_hosts=loaded.recipe.known_hosts,
@@ -478,6 +480,111 @@ def preflight(
         else:
             print_report(report, Console())
         return 0 if report.ok else EXIT_FAILURE
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def bench(
+    recipe: RecipeArg,
+    workload: Annotated[str | None, typer.Option(
+        "--workload", help="agentic or agentic-demo (default: agentic-demo for engine mocker, else agentic).")] = None,
+    duration: Annotated[float, typer.Option("--duration", help="Seconds of load per AIPerf run.")] = 60.0,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", min=1, help="Concurrent sessions (with --sla: the top of the search range).")] = 8,
+    sla: Annotated[str | None, typer.Option(
+        "--sla", help="Find the most concurrent sessions meeting it, e.g. 'tok_s_per_user>=100', 'ttft_p90_ms<=2000'.")] = None,
+    max_runs: Annotated[int, typer.Option("--max-runs", min=1, max=7, help="AIPerf runs the --sla search may use.")] = 7,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Replay this AIPerf mooncake_trace JSONL instead.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Workload and AIPerf seed.")] = 20260,
+    sessions: Annotated[int | None, typer.Option("--sessions", help="Sessions to generate (default: per preset x concurrency).")] = None,
+    max_error_rate: Annotated[float, typer.Option("--max-error-rate", help="Above this error fraction a run is INVALID.")] = 0.01,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Tokenizer dir or HF id (default: the recipe's model).")] = None,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+    output: OutputOpt = Output.table,
+) -> None:
+    """Agentic benchmark with AIPerf against a running deployment; exit 1 if the run is INVALID."""
+
+    def body() -> int:
+        import json
+
+        from primectl.bench.aiperf import AIPerfMissing
+        from primectl.bench.runner import BenchOptions, run_bench, run_knee
+        from primectl.bench.sla import parse_sla
+
+        try:
+            opts = BenchOptions(workload=workload, duration_s=duration, concurrency=concurrency, trace=trace, seed=seed,
+                                sessions=sessions, max_error_rate=max_error_rate, tokenizer=tokenizer)
+            if sla is None:
+                res = run_bench(recipe, opts, runs_root=runs_dir, say=_say)
+            else:
+                knee = run_knee(recipe, opts, parse_sla(sla), max_runs=max_runs, runs_root=runs_dir, say=_say)
+        except (AIPerfMissing, ValueError) as exc:
+            _say(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        if sla is None:
+            s = res.summary
+            if output is Output.json:
+                sys.stdout.write(json.dumps(s, indent=2, default=str) + "\n")
+            else:
+                f = s["figures"]
+                typer.echo(f"{s['status']}: {res.run_dir}")
+                for r in s["invalid_reasons"]:
+                    typer.echo(f"  INVALID: {r}")
+                if s["valid"]:
+                    for k in ("tok_s_per_user", "e2e_tok_s_per_user", "output_tok_s_per_gpu", "ttft_p50_ms", "ttft_p90_ms",
+                              "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "request_throughput_rps",
+                              "prefix_cache_hit_rate", "error_rate"):
+                        typer.echo(f"  {k:22} {f.get(k) if f.get(k) is None else round(f[k], 4)}")
+                    typer.echo(f"  gpu count              {s['gpu']['count']} ({s['gpu']['basis']})")
+                for w in s.get("warnings", []):
+                    typer.echo(f"  warning: {w}")
+            return 0 if s["valid"] else EXIT_FAILURE
+        rep = knee.report
+        if output is Output.json:
+            sys.stdout.write(json.dumps(rep, indent=2, default=str) + "\n")
+        else:
+            typer.echo(f"SLA {rep['sla']}: knee = {rep['knee'] if rep['knee'] is not None else 'none'} "
+                       f"({rep['runs']} runs, {'resolved' if rep['resolved'] else 'not resolved to one step'}): "
+                       f"{knee.run_dir}")
+        return 0 if knee.result.knee is not None else EXIT_FAILURE
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def ab(
+    a: Annotated[Path, typer.Argument(help="Recipe A.", show_default=False)],
+    b: Annotated[Path, typer.Argument(help="Recipe B (same hosts as A).", show_default=False)],
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Interleaved A,B rounds (>= 2 gives the spread).")] = 1,
+    duration: Annotated[float, typer.Option("--duration", help="Seconds of load per run.")] = 60.0,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Concurrent sessions.")] = 8,
+    workload: Annotated[str | None, typer.Option("--workload", help="agentic or agentic-demo (default: A's engine's).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Workload and AIPerf seed (the same for A and B).")] = 20260,
+    max_error_rate: Annotated[float, typer.Option("--max-error-rate", help="Above this error fraction a run is INVALID.")] = 0.01,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where run directories go.")] = Path("runs"),
+) -> None:
+    """Paired A/B trial: deploy A, bench, deploy B, bench (x --repeat), then report.md with deltas vs spread."""
+
+    def body() -> int:
+        from primectl.bench.aiperf import AIPerfMissing
+        from primectl.bench.runner import BenchOptions, run_ab
+
+        try:
+            opts = BenchOptions(workload=workload, duration_s=duration, concurrency=concurrency, seed=seed,
+                                max_error_rate=max_error_rate)
+            res = run_ab(a, b, opts, repeat=repeat, runs_root=runs_dir, say=_say)
+        except (AIPerfMissing, ValueError) as exc:
+            _say(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        typer.echo(f"report: {res.run_dir / 'report.md'}")
+        for r in res.rows:
+            typer.echo(f"  {r['metric']:22} delta {r['delta'] if r['delta'] is None else round(r['delta'], 4)}"
+                       f"  significant: {r['significant']}")
+        bad = [f"{lab}{i}" for lab, i, r in res.runs if not r.valid]
+        if bad:
+            typer.echo(f"INVALID runs (left out of the statistics): {', '.join(bad)}")
+        return 0 if res.valid else EXIT_FAILURE
 
     raise typer.Exit(_guard(body))
 

@@ -1,0 +1,162 @@
+"""`primectl bench` (plain and --sla) and `primectl ab` against a real demo (Dynamo frontend + mocker workers).
+
+Brings up its own copy of recipes/demo.yaml (own name, workdir and ports) once for the module,
+and brings it down at the end, checking no process is left in its workdir. Runs inside
+`unshare --net` like the rest of the integration suite; needs AIPerf (.venv-bench) and the
+runtime venv (PRIMECTL_RUNTIME_PYTHON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from primectl.bench.aiperf import AIPerfMissing, find_aiperf
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+FRONTEND_PORT = 18_480
+
+
+def processes_under(workdir: Path) -> list[tuple[int, str]]:
+    """(pid, cmdline) of processes whose cwd is inside `workdir`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(d / "cwd")
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd == str(workdir) or cwd.startswith(str(workdir) + "/"):
+            out.append((int(d.name), cmd))
+    return out
+
+
+def cli(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
+    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=env)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """recipes/demo.yaml copied to tmp (own workdir and ports) plus demo-variant.yaml next to it; up, then down."""
+    try:
+        find_aiperf()
+    except AIPerfMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    tmp = tmp_path_factory.mktemp("bench")
+    doc = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
+    workdir = tmp / "wd"
+    doc["name"] = doc["namespace"] = "benchdemo"
+    doc["hosts"][0]["workdir"] = str(workdir)
+    doc["frontend"]["port"] = FRONTEND_PORT
+    doc["ports"] = {"worker_system": 18_481, "mooncake_rpc": 18_490, "mooncake_metadata": 18_491,
+                    "mooncake_metrics": 18_492, "bootstrap": 18_493, "response_stream": 18_500, "tcp_rpc": 18_510,
+                    "kv_events": 18_520}
+    if os.environ.get("PRIMECTL_RUNTIME_PYTHON"):
+        doc.setdefault("software", {})["python"] = os.environ["PRIMECTL_RUNTIME_PYTHON"]
+    recipe = tmp / "demo.yaml"
+    recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
+    shutil.copyfile(REPO / "recipes" / "demo-variant.yaml", tmp / "demo-variant.yaml")  # extends: demo.yaml
+    up = cli("up", recipe, "--no-smoke")
+    try:
+        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+        yield recipe
+    finally:
+        down = cli("down", recipe)
+        deadline = time.monotonic() + 10
+        while processes_under(workdir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = processes_under(workdir)
+        for pid, _ in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
+        assert not left, f"processes left after down: {left}"
+
+
+def test_bench_writes_a_valid_summary_and_plots(demo: Path, tmp_path: Path) -> None:
+    r = cli("bench", demo, "--duration", "5", "--concurrency", "3", "--runs-dir", tmp_path, "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout)
+    run = Path(s["run_dir"])
+    assert s["valid"] and s["status"] == "VALID" and run.parent == tmp_path
+    assert run.name.endswith("-benchdemo")
+    assert json.loads((run / "summary.json").read_text())["status"] == "VALID"
+    f = s["figures"]
+    for k in ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "tok_s_per_user",
+              "output_tok_s_per_gpu", "request_throughput_rps"):
+        assert f[k] is not None and f[k] > 0, k
+    assert f["error_rate"] == 0 and f["output_tokens_total"] > 0
+    assert s["gpu"]["count"] == 3 and "GPU slot" in s["gpu"]["basis"]
+    assert 0 < s["prefix_cache"]["hit_rate"] <= 1 and s["prefix_cache"]["source"]
+    assert s["workload"]["preset"] == "agentic-demo"  # picked for engine mocker
+    assert s["sessions"]["session_id_stable_across_turns"] is True
+    for name in ("input.jsonl", "aiperf/profile_export_aiperf.json", "aiperf/profile_export_aiperf.csv",
+                 "aiperf/profile_export.jsonl", "metrics-before.txt", "metrics-after.txt", "plots/latency.png",
+                 "plots/turns.png"):
+        assert (run / name).stat().st_size > 0, name
+    assert (run / "plots" / "latency.png").read_bytes()[:4] == b"\x89PNG"
+
+    # Exact token counts: the server's prompt count minus our count is the same for every request
+    # at the same turn (only chat-template tokens differ), so every delta and reply arrived whole.
+    rows = [json.loads(x) for x in (run / "input.jsonl").read_text().splitlines()]
+    expected: dict[tuple[str, int], int] = {}
+    history: dict[str, int] = {}
+    turn: dict[str, int] = {}
+    for row in rows:
+        sid = row["session_id"]
+        t = turn.get(sid, 0)
+        expected[(sid, t)] = history.get(sid, 0) + row["input_length"]
+        history[sid] = expected[(sid, t)] + row["output_length"]
+        turn[sid] = t + 1
+    overhead: dict[int, set[int]] = {}
+    for line in (run / "aiperf" / "profile_export.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        meta, m = rec["metadata"], rec["metrics"]
+        key = (meta["conversation_id"], meta["turn_index"])
+        if key in expected and "input_sequence_length" in m and m.get("output_sequence_length", {}).get("value"):
+            overhead.setdefault(meta["turn_index"], set()).add(m["input_sequence_length"]["value"] - expected[key])
+    assert overhead and all(len(v) == 1 for v in overhead.values()), overhead
+    assert 0 < next(iter(overhead[0])) < 32
+
+
+def test_sla_search_finds_a_knee(demo: Path, tmp_path: Path) -> None:
+    r = cli("bench", demo, "--duration", "3", "--concurrency", "2", "--max-runs", "2",
+            "--sla", "ttft_p90_ms<=60000", "--runs-dir", tmp_path, "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["knee"] == 2 and rep["resolved"] and rep["runs"] == 2
+    assert [p["concurrency"] for p in rep["probes"]] == [1, 2] and all(p["passed"] for p in rep["probes"])
+    assert "probe concurrency" in r.stderr
+    knee_dir = Path(rep["probes"][0]["run_dir"]).parent
+    assert (knee_dir / "knee.json").exists() and (knee_dir / "knee.png").stat().st_size > 0
+
+
+def test_ab_demo_vs_variant_writes_the_report(demo: Path, tmp_path: Path) -> None:
+    variant = demo.with_name("demo-variant.yaml")
+    r = cli("ab", demo, variant, "--repeat", "1", "--duration", "3", "--concurrency", "2", "--runs-dir", tmp_path,
+            timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (ab_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("-ab")]
+    report = (ab_dir / "report.md").read_text()
+    assert "| tok_s_per_user |" in report and "unknown (needs --repeat >= 2)" in report
+    assert "A1 | VALID" in report and "B1 | VALID" in report
+    for png in ("ab.png", "pareto.png"):
+        assert (ab_dir / png).read_bytes()[:4] == b"\x89PNG"
+    assert "deploying B" in r.stderr

@@ -1,0 +1,136 @@
+"""The validity gate on constructed summaries, the AIPerf figure mapping, cache counters and A/B statistics."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from primectl.bench import summary as sm
+from primectl.bench.runner import compare, host_set, load_plan
+
+REPO = Path(__file__).resolve().parents[1]
+AIPERF = {  # shape of AIPerf 0.13.0's profile_export_aiperf.json (values trimmed)
+    "time_to_first_token": {"unit": "ms", "avg": 60.0, "p50": 56.5, "p90": 66.6, "p99": 86.6},
+    "inter_token_latency": {"unit": "ms", "avg": 0.66, "p50": 0.61, "p90": 0.75, "p99": 1.79},
+    "output_token_throughput_per_user": {"unit": "tokens/sec/user", "avg": 1641.6, "p50": 1631.5},
+    "e2e_output_token_throughput": {"unit": "tokens/sec/user", "avg": 412.7, "p50": 421.4},
+    "output_token_throughput": {"unit": "tokens/sec", "avg": 441.5},
+    "request_throughput": {"unit": "requests/sec", "avg": 13.8},
+    "request_count": {"unit": "requests", "avg": 138.0},
+    "completed_request_count": {"unit": "requests", "avg": 138.0},
+    "total_output_tokens": {"unit": "tokens", "avg": 4416.0},
+    "input_sequence_length": {"unit": "tokens", "avg": 2563.3, "p50": 2395.0},
+    "benchmark_duration": {"unit": "sec", "avg": 9.96},
+    "error_summary": [],
+}
+
+
+def summary(doc=None, *, hit=0.8, code=0, gpus=3):
+    doc = AIPERF if doc is None else doc
+    s = {"aiperf": {"exit_code": code}, "figures": sm.figures_from_aiperf(doc, gpus) if doc else {},
+         "prefix_cache": {"hit_rate": hit}}
+    return sm.finish(s)
+
+
+def test_figures_from_aiperf() -> None:
+    f = sm.figures_from_aiperf(AIPERF, 3)
+    assert f["ttft_p90_ms"] == 66.6 and f["itl_p99_ms"] == 1.79
+    assert f["tok_s_per_user"] == 1631.5 and f["e2e_tok_s_per_user"] == 421.4
+    assert f["output_tok_s_per_gpu"] == pytest.approx(441.5 / 3)
+    assert f["error_rate"] == 0 and f["requests_completed"] == 138
+
+
+def test_valid_summary() -> None:
+    s = summary()
+    assert s["valid"] and s["status"] == "VALID" and s["invalid_reasons"] == []
+
+
+def test_zero_output_tokens_is_invalid() -> None:
+    doc = copy.deepcopy(AIPERF)
+    doc["total_output_tokens"]["avg"] = 0
+    s = summary(doc)
+    assert not s["valid"] and s["status"] == "INVALID"
+    assert "zero output tokens" in s["invalid_reasons"]
+
+
+@pytest.mark.parametrize(("failed", "valid"), [(0, True), (1, True), (2, False), (50, False)])
+def test_error_threshold(failed: int, valid: bool) -> None:
+    doc = copy.deepcopy(AIPERF)
+    doc["completed_request_count"]["avg"] = 138.0
+    doc["request_count"]["avg"] = 138.0 - failed
+    doc["error_summary"] = [{"error_details": {"code": 503}, "count": failed}] if failed else []
+    s = summary(doc)  # 1 of 138 = 0.72% passes the 1% default; 2 of 138 = 1.45% does not
+    assert s["valid"] is valid
+    if not valid:
+        assert any("above the 1.00% threshold" in r for r in s["invalid_reasons"])
+    assert sm.finish(copy.deepcopy(s), max_error_rate=0.5)["valid"]
+
+
+def test_missing_metrics_are_invalid() -> None:
+    doc = copy.deepcopy(AIPERF)
+    del doc["inter_token_latency"]
+    s = summary(doc)
+    assert not s["valid"]
+    assert any(r.startswith("missing metrics:") and "itl_p50_ms" in r for r in s["invalid_reasons"])
+    assert not summary(hit=None)["valid"]
+
+
+def test_no_export_or_failed_aiperf_is_invalid() -> None:
+    assert summary({})["invalid_reasons"][0].startswith("no AIPerf results")
+    s = summary(code=1)
+    assert not s["valid"] and "aiperf exited with 1" in s["invalid_reasons"]
+
+
+METRICS_BEFORE = """# HELP dynamo_frontend_cached_tokens x
+dynamo_frontend_cached_tokens_sum{model="demo"} 0
+dynamo_frontend_input_sequence_tokens_sum{model="demo"} 100
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{phase="decode",worker_id="a"} 0
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{phase="prefill",worker_id="a"} 50
+dynamo_component_router_input_sequence_tokens_sum{phase="prefill",worker_id="a"} 100
+"""
+METRICS_AFTER = """dynamo_frontend_cached_tokens_sum{model="demo"} 0
+dynamo_frontend_input_sequence_tokens_sum{model="demo"} 1100
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{phase="decode",worker_id="a"} 0
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{phase="prefill",worker_id="a"} 650
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{phase="prefill",worker_id="b"} 200
+dynamo_component_router_input_sequence_tokens_sum{phase="prefill",worker_id="a"} 1100
+"""
+
+
+def test_prefix_cache_hits_from_counter_deltas() -> None:
+    before, after = sm.parse_prometheus(METRICS_BEFORE), sm.parse_prometheus(METRICS_AFTER)
+    got = sm.prefix_cache_hits(before, after)
+    assert got["hit_rate"] == pytest.approx(800 / 1000)  # (650 + 200 - 50) / (1100 - 100)
+    assert got["source"].startswith("router")
+    assert "did not move" in got["not_used"][0]
+    # An engine that reports cached tokens in usage wins.
+    after2 = sm.parse_prometheus(METRICS_AFTER.replace('cached_tokens_sum{model="demo"} 0', 'cached_tokens_sum{model="demo"} 900'))
+    got2 = sm.prefix_cache_hits(before, after2)
+    assert got2["hit_rate"] == pytest.approx(0.9) and got2["source"].startswith("frontend")
+    assert sm.prefix_cache_hits([], [])["hit_rate"] is None
+
+
+def test_ab_compare_spread_and_significance() -> None:
+    a = [{"tok_s_per_user": v} for v in (100.0, 102.0, 98.0)]
+    b = [{"tok_s_per_user": v} for v in (120.0, 121.0, 119.0)]
+    row = next(r for r in compare(a, b) if r["metric"] == "tok_s_per_user")
+    assert row["a_mean"] == pytest.approx(100) and row["b_mean"] == pytest.approx(120)
+    assert row["spread"] == pytest.approx(2.0) and row["significant"] == "yes"
+    close = [{"tok_s_per_user": v} for v in (101.0, 103.0, 99.0)]
+    assert next(r for r in compare(a, close) if r["metric"] == "tok_s_per_user")["significant"] == "no"
+    once = next(r for r in compare(a[:1], b[:1]) if r["metric"] == "tok_s_per_user")
+    assert once["significant"].startswith("unknown")
+
+
+def test_demo_variant_differs_only_in_the_prefill_budget_and_shares_hosts() -> None:
+    loaded_a, a = load_plan(REPO / "recipes" / "demo.yaml")
+    loaded_b, b = load_plan(REPO / "recipes" / "demo-variant.yaml")
+    da = loaded_a.recipe.model_dump()
+    db = loaded_b.recipe.model_dump()
+    assert da["prefill"].pop("token_budget_per_gpu") != db["prefill"].pop("token_budget_per_gpu")
+    da.pop("extends", None)
+    db.pop("extends", None)
+    assert da == db
+    assert host_set(a) == host_set(b)
