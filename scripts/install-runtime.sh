@@ -3,12 +3,15 @@
 # CPU hosts. Kept separate from primectl's own venv because ai-dynamo-runtime
 # pins pydantic<=2.13.5 and needs uvloop.
 #
-# Usage: scripts/install-runtime.sh VENV_DIR [--resolve]
+# Usage: scripts/install-runtime.sh VENV_DIR [--resolve | --cuda]
 #   default    install exactly scripts/runtime-requirements-cpu.txt with
 #              --no-deps (reproducible); skipped when VENV_DIR's stamp matches
 #              the lock's sha256 + python version.
 #   --resolve  ignore the lock, resolve from the top-level pins below and
 #              rewrite scripts/runtime-requirements-cpu.txt from `pip freeze`.
+#   --cuda     GPU hosts: ai-dynamo + runtime with --no-deps, then the top-level
+#              pins in runtime-requirements-cuda.in resolved by pip (no lock yet;
+#              never run here: no GPU host was available to build or test it).
 # Env: PYTHON (default python3.11, else python3), PIP_INDEX_URL etc. as usual.
 #
 # Packaging quirks handled here (see docs/runtime-notes.md):
@@ -69,6 +72,24 @@ pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 case "$pyver" in 3.10|3.11|3.12|3.13) ;; *) echo "install-runtime: unsupported python $pyver" >&2; exit 1;; esac
 
 STAMP="$VENV/.primectl-runtime.stamp"
+if [[ "$MODE" == "--cuda" ]]; then
+  CUDA_IN="$HERE/runtime-requirements-cuda.in"
+  want="$(sha256sum "$CUDA_IN" | cut -d' ' -f1) py$pyver"
+  if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/python" ]]; then
+    echo "install-runtime: $VENV up to date ($want)"
+    exit 0
+  fi
+  [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+  [[ -n "${PIP_NO_INDEX:-}" ]] || "${PIP[@]}" install --upgrade "pip>=24"
+  "${PIP[@]}" install --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1"
+  "${PIP[@]}" install -r "$CUDA_IN"
+  "$VENV/bin/python" -c 'import dynamo.vllm, dynamo.frontend, vllm, nixl._api, mooncake.store; print("runtime smoke ok")'
+  "$VENV/bin/python" -m pip freeze --all > "$VENV/pip-freeze.txt"
+  echo "$want" > "$STAMP"
+  exit 0
+fi
+
 if [[ "$MODE" == "lock" ]]; then
   [[ -f "$LOCK" ]] || { echo "install-runtime: $LOCK missing; run with --resolve" >&2; exit 1; }
   want="$(sha256sum "$LOCK" | cut -d' ' -f1) py$pyver"

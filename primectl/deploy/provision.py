@@ -30,10 +30,9 @@ def scripts_dir() -> Path:
 
 
 def lock_file(plan: Plan) -> Path:
-    """The pinned requirement set for the plan's runtime flavour."""
+    """The pinned requirement set for the plan's runtime flavour (CPU: a full lock; GPU: top-level pins)."""
     if plan.engine == "vllm":
-        raise DeployError("provisioning GPU hosts (engine vllm) needs a CUDA lock file that this release does not "
-                          "ship yet; install the runtime yourself and set software.python in the recipe")
+        return scripts_dir() / "runtime-requirements-cuda.in"
     return scripts_dir() / "runtime-requirements-cpu.txt"
 
 
@@ -85,7 +84,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
         stage = posixpath.join(plan.host(host).workdir, "runtime", f"{plan.runtime_key}.install")
         t.run(f"mkdir -p {shlex.quote(stage)}")
         t.put(script, posixpath.join(stage, "install-runtime.sh"), 0o755)
-        t.put(lock_bytes, posixpath.join(stage, "runtime-requirements-cpu.txt"))
+        t.put(lock_bytes, posixpath.join(stage, lock.name))
         env = ""
         if wheelhouse is not None:
             wh = posixpath.join(plan.host(host).workdir, "wheelhouse")
@@ -96,7 +95,8 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
                     t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
             env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
         say(f"{host}: installing runtime {plan.runtime_key} (pinned lock, {len(lock_bytes.splitlines())} lines)")
-        code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}",
+        flavour = " --cuda" if plan.engine == "vllm" else ""
+        code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour}",
                                timeout=INSTALL_TIMEOUT_S)
         if code != 0:
             raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
