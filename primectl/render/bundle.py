@@ -22,6 +22,7 @@ from primectl.plan.model import RELEASE, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
 
 MANIFEST = "manifest.json"
+MODEL_ROLES = ("prefill", "decode", "frontend")
 
 
 @dataclass(frozen=True)
@@ -117,11 +118,14 @@ def render_host(plan: Plan, host: HostPlan, *, model_files: dict[str, str] | Non
     files: dict[str, bytes] = {}
     modes: dict[str, int] = {}
     services: dict[str, object] = {}
+    model = model_files if model_files and any(s.role in MODEL_ROLES for s in plan.services_on(host.name)) else {}
     for svc in plan.services_on(host.name):
         rendered = render_service(plan, host, svc)
         own = dict(rendered)
         for spec in svc.files:
             own[spec.path] = spec.content
+        if svc.role in MODEL_ROLES:
+            own |= model  # a new tokenizer or config must restart the services that read it
         for path, text in own.items():
             if path in files and files[path] != text.encode():
                 raise ValueError(f"two services write different {path} on {host.name}")
@@ -134,10 +138,6 @@ def render_host(plan: Plan, host: HostPlan, *, model_files: dict[str, str] | Non
             "unit": unit_name(plan, svc), "files": sorted(own),
             "files_hash": _hash_files({p: files[p] for p in own}),
         }
-    if model_files and any(s.role in ("prefill", "decode", "frontend") for s in plan.services_on(host.name)):
-        for path, text in model_files.items():
-            files[path] = text.encode()
-            modes[path] = 0o644
     revision = _hash_files(files)[:16]
     manifest: dict[str, object] = {
         "deployment": plan.name, "namespace": plan.namespace, "host": host.name, "revision": revision,
