@@ -177,6 +177,21 @@ def _role_capacity(
     )
 
 
+def _fp8_ds_mla_note(recipe: Recipe, arch: Architecture, hw: Hardware) -> str:
+    """Sparse-MLA FP8 caches are stored as fp8_ds_mla rows; say what that does to the figure above."""
+    from kernels import mla_storage_row_bytes
+
+    par = parse_parallel(recipe.decode.parallel)
+    mem = role_memory(arch, hw, recipe.model.weights, par, "fp8", recipe.decode.gpu_memory_utilization,
+                      recipe.decode.reserve_gb)
+    indexer = (arch.indexer_head_dim + 4) * arch.indexer_layers
+    stored = mla_storage_row_bytes("fp8", arch.kv_lora_rank, arch.rope_dim) * arch.layers + indexer
+    tokens = int(mem.kv_budget_gb * GB // stored)
+    return (f"FP8 figures count 576-byte MLA rows (the reference deployment's basis); vLLM's sparse-MLA backend "
+            f"stores fp8 as fp8_ds_mla rows of {mla_storage_row_bytes('fp8')} bytes (FP32 scales, bf16 rope), "
+            f"which would hold {tokens / 1e6:.2f}M tokens per decoder on the same budget")
+
+
 def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostPlan], placement: Placement) -> Capacity:
     """KV capacity per role; on CPU profiles only the GPU count (there is no HBM to plan)."""
     total = sum(h.gpus for h in hosts)
@@ -198,6 +213,8 @@ def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostP
     notes = []
     if arch.attention == "mla":
         notes.append("MLA keeps one latent KV head: every TP rank holds a full copy of its requests' KV")
+    if arch.attention == "mla" and arch.index_topk and recipe.kv.dtype == "fp8":
+        notes.append(_fp8_ds_mla_note(recipe, arch, hw))
     return Capacity(
         session_context_tokens=SESSION_CONTEXT_TOKENS, kv_dtype=recipe.kv.dtype, kv_row_bytes=row,
         prefill=_role_capacity(recipe, arch, hw, recipe.prefill, recipe.prefill.groups, tier_tokens["prefill"]),
