@@ -7,12 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from primectl.recipe.load import _read
-
-jsonschema = pytest.importorskip("jsonschema")
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE_FILES = sorted(p for p in (REPO / "recipes").glob("*.yaml"))
