@@ -48,7 +48,8 @@ class Transport(Protocol):
 
 def agent_call(t: Transport, op: str, args: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
     """Run one agent operation on the host; returns its JSON result (ok=False on failure)."""
-    command = f"python3 -c {shlex.quote(agent_source())} {op} {shlex.quote(json.dumps(args))}"
+    # -I -S: the agent needs only the stdlib; ignore the host's PYTHON* env and site-packages (faster, safer).
+    command = f"python3 -I -S -c {shlex.quote(agent_source())} {op} {shlex.quote(json.dumps(args))}"
     code, out, err = t.run(command, timeout=timeout)
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
