@@ -397,9 +397,10 @@ def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
                                accept_new_host_keys=accept_new_host_keys, say=_say)
         bad = 0
         try:
+            own_python = loaded.recipe.software.python
             for h in hosts:
-                venv = venv_path(p, h)
-                freeze = _freeze(cluster, h, venv)
+                venv = own_python or venv_path(p, h)
+                freeze = _freeze(cluster, h, venv, python=own_python)
                 if not freeze:
                     typer.echo(f"{h}: no runtime at {venv} (run `primectl provision`)")
                     bad += 1

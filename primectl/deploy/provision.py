@@ -112,7 +112,11 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
     return out
 
 
-def _freeze(cluster: Cluster, host: str, venv: str) -> str:
+def _freeze(cluster: Cluster, host: str, venv: str, *, python: str | None = None) -> str:
+    """`pip freeze` of a host's runtime: recorded at install, or asked of a user-managed interpreter."""
+    if python:
+        _, out, _ = cluster.transports[host].run(f"{shlex.quote(python)} -m pip freeze --all 2>/dev/null")
+        return out
     _, out, _ = cluster.transports[host].run(f"cat {shlex.quote(posixpath.join(venv, 'pip-freeze.txt'))} 2>/dev/null")
     return out
 

@@ -110,6 +110,10 @@ def test_demo_up_serves_chat_then_down_leaves_nothing(local_demo: Path) -> None:
     check_serving(plan["endpoint"], _metrics(plan))
     again = run("up", str(local_demo), "--no-smoke")
     assert again.returncode == 0 and "no changes" in again.stderr
+    logs = run("logs", str(local_demo), "decode-0", "--tail", "2000")
+    assert logs.returncode == 0 and "primectl: starting decode-0" in logs.stdout
+    typo = run("logs", str(local_demo), "decode-9")
+    assert typo.returncode == 2 and "did you mean" in typo.stderr
 
 
 def test_demo_multihost_over_ssh_with_etcd(deployment: Deployment) -> None:
