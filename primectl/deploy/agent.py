@@ -199,6 +199,15 @@ def op_switch(a: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
+def op_activate(a: dict[str, Any]) -> dict[str, Any]:
+    """Write the secrets file and/or point `current` at a release, in one round trip."""
+    if "secrets" in a:
+        op_secrets(a | a["secrets"])
+    if "revision" in a:
+        return op_switch(a)
+    return {"ok": True}
+
+
 def _start_process(wd: str, name: str) -> int:
     script = os.path.join(wd, "current", "bin", f"{name}.sh")
     os.makedirs(os.path.join(wd, "logs"), exist_ok=True)

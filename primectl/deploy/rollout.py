@@ -217,9 +217,7 @@ def push(cluster: Cluster, bundles: dict[str, Bundle], hosts: list[str]) -> None
         b = bundles[h]
         if b.revision in cluster.views[h].get("releases", []):
             return {"ok": True, "existed": True}
-        wd = cluster.workdir(h)
-        cluster.transports[h].run(f"mkdir -p {shlex.quote(wd)}/incoming")
-        cluster.transports[h].put(_tar(b), f"{wd}/incoming/{b.revision}.tar")
+        cluster.transports[h].put(_tar(b), f"{cluster.workdir(h)}/incoming/{b.revision}.tar")
         return cluster.call(h, "stage", {"revision": b.revision})
 
     results = parallel(one, hosts)
@@ -347,13 +345,19 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
         check_ports(cluster, changes)
         push_hosts = [h for h in hosts if cluster.views[h].get("current") != bundles[h].revision]
         push(cluster, bundles, push_hosts)
-        if plan.secret_names or stale_secrets:
-            _fail_on_errors(parallel(lambda h: cluster.call(h, "secrets", {"deployment": plan.name, "content": secrets}),
-                                     hosts), "writing secrets")
+        write_secrets = bool(plan.secret_names or stale_secrets)
+
+        def activate(h: str) -> dict[str, Any]:
+            args: dict[str, Any] = {}
+            if write_secrets:
+                args["secrets"] = {"deployment": plan.name, "content": secrets}
+            if h in push_hosts:
+                args["revision"] = bundles[h].revision
+            return cluster.call(h, "activate", args)
+
         started: list[str] = []
         try:
-            _fail_on_errors(parallel(lambda h: cluster.call(h, "switch", {"revision": bundles[h].revision}),
-                                     push_hosts), "switching releases")
+            _fail_on_errors(parallel(activate, hosts if write_secrets else push_hosts), "switching releases")
             removed: dict[str, list[str]] = {}
             for c in changes:
                 if c.action == "remove":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import posixpath
 import shlex
 import threading
 from importlib.resources import files
@@ -151,6 +152,7 @@ class SSHTransport:
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
         try:
             sftp = self._conn.sftp()
+            _sftp_makedirs(sftp, posixpath.dirname(path))
             tmp = f"{path}.partial"
             sftp.putfo(io.BytesIO(data), tmp)
             sftp.chmod(tmp, mode)
@@ -160,6 +162,20 @@ class SSHTransport:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _sftp_makedirs(sftp: Any, path: str) -> None:
+    """mkdir -p over SFTP (no extra remote process)."""
+    missing = []
+    while path and path != "/":
+        try:
+            sftp.stat(path)
+            break
+        except OSError:
+            missing.append(path)
+            path = posixpath.dirname(path)
+    for d in reversed(missing):
+        sftp.mkdir(d)
 
 
 def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
