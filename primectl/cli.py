@@ -286,7 +286,7 @@ def status(
         else:
             t = Table(title=f"{p.name}: {'healthy' if healthy else 'NOT HEALTHY'}")
             for col in ("service", "host", "role", "running", "ready", "pid", "revision", "detail"):
-                t.add_column(col)
+                t.add_column(col, no_wrap=col != "detail", overflow="fold")
             for r in rows:
                 t.add_row(r.service, r.host, r.role, "yes" if r.running else "NO", "yes" if r.ready else "NO",
                           str(r.pid or "-"), r.revision or "-", r.detail)
