@@ -7,7 +7,8 @@ imported inside the commands so `primectl --help` stays fast.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -17,6 +18,7 @@ import typer
 from primectl.errors import EXIT_BAD_INPUT, EXIT_FAILURE, DeployError, RecipeError
 
 if TYPE_CHECKING:
+    from primectl.deploy.rollout import Cluster
     from primectl.plan.model import Plan
     from primectl.recipe.load import LoadedRecipe
 
@@ -148,6 +150,22 @@ def _bundles(loaded: LoadedRecipe, p: Plan) -> dict[str, Any]:
                        max_context=loaded.recipe.model.max_context or 32768)
 
 
+@contextmanager
+def connected(recipe: Path, accept_new_host_keys: bool, *, head_only: bool = False
+              ) -> Iterator[tuple[LoadedRecipe, Plan, Cluster]]:
+    """Load and plan a recipe, connect to its hosts (or only the frontend host), close them afterwards."""
+    from primectl.deploy.rollout import open_cluster
+
+    loaded, p = load_plan(recipe)
+    hosts = [p.service("frontend").host] if head_only else [h.name for h in p.hosts if p.services_on(h.name)]
+    cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
+                           accept_new_host_keys=accept_new_host_keys, say=_say)
+    try:
+        yield loaded, p, cluster
+    finally:
+        cluster.close()
+
+
 def _say(msg: str) -> None:
     from rich.console import Console
 
@@ -227,17 +245,9 @@ def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None
 
     def body() -> int:
         from primectl.deploy.observe import render_diff
-        from primectl.deploy.rollout import open_cluster
 
-        loaded, p = load_plan(recipe)
-        bundles = _bundles(loaded, p)
-        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
-        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
-                               accept_new_host_keys=accept_new_host_keys, say=_say)
-        try:
-            changes, details = render_diff(cluster, bundles)
-        finally:
-            cluster.close()
+        with connected(recipe, accept_new_host_keys) as (loaded, p, cluster):
+            changes, details = render_diff(cluster, _bundles(loaded, p))
         marks = {"add": "+", "change": "~", "restart": "!", "remove": "-", "keep": " "}
         pending = [c for c in changes if c.action != "keep"]
         for c in changes:
@@ -268,16 +278,9 @@ def status(
         from rich.table import Table
 
         from primectl.deploy.observe import collect_status
-        from primectl.deploy.rollout import open_cluster
 
-        loaded, p = load_plan(recipe)
-        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
-        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
-                               accept_new_host_keys=accept_new_host_keys, say=_say)
-        try:
+        with connected(recipe, accept_new_host_keys) as (_, p, cluster):
             rows, gate = collect_status(cluster)
-        finally:
-            cluster.close()
         healthy = all(r.healthy for r in rows) and bool(gate.get("ok"))
         if output is Output.json:
             doc = {"deployment": p.name, "healthy": healthy, "gate": gate,
@@ -344,16 +347,9 @@ def unlock(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
     """Break the cluster lock left by an interrupted run."""
 
     def body() -> None:
-        from primectl.deploy.rollout import open_cluster
-
-        loaded, p = load_plan(recipe)
-        head = p.service("frontend").host
-        cluster = open_cluster(p, [head], known_hosts=loaded.recipe.known_hosts,
-                               accept_new_host_keys=accept_new_host_keys, say=_say)
-        try:
+        with connected(recipe, accept_new_host_keys, head_only=True) as (_, p, cluster):
+            head = p.service("frontend").host
             cluster.call(head, "unlock", {"force": True})
-        finally:
-            cluster.close()
         _say(f"lock of {p.name} on {head} removed")
 
     _guard(body)
@@ -369,16 +365,9 @@ def provision(
 
     def body() -> None:
         from primectl.deploy.provision import provision as do_provision
-        from primectl.deploy.rollout import open_cluster
 
-        loaded, p = load_plan(recipe)
-        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
-        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
-                               accept_new_host_keys=accept_new_host_keys, say=_say)
-        try:
+        with connected(recipe, accept_new_host_keys) as (_, _, cluster):
             do_provision(cluster, wheelhouse=wheelhouse, say=_say)
-        finally:
-            cluster.close()
 
     _guard(body)
 
@@ -388,19 +377,14 @@ def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
     """Installed runtime versions per host against the recipe's pins; exit 1 on drift."""
 
     def body() -> int:
-        from primectl.deploy.provision import _freeze, drift, venv_path
-        from primectl.deploy.rollout import open_cluster
+        from primectl.deploy.provision import drift, installed_packages, venv_path
 
-        loaded, p = load_plan(recipe)
-        hosts = [h.name for h in p.hosts if p.services_on(h.name)]
-        cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
-                               accept_new_host_keys=accept_new_host_keys, say=_say)
         bad = 0
-        try:
+        with connected(recipe, accept_new_host_keys) as (loaded, p, cluster):
             own_python = loaded.recipe.software.python
-            for h in hosts:
+            for h in sorted(cluster.transports):
                 venv = own_python or venv_path(p, h)
-                freeze = _freeze(cluster, h, venv, python=own_python)
+                freeze = installed_packages(cluster, h, venv, python=own_python)
                 if not freeze:
                     typer.echo(f"{h}: no runtime at {venv} (run `primectl provision`)")
                     bad += 1
@@ -411,8 +395,6 @@ def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
                 if not d:
                     typer.echo(f"{h}: ok ({len(p.pins)} pins match)")
                 bad += bool(d)
-        finally:
-            cluster.close()
         return EXIT_FAILURE if bad else 0
 
     raise typer.Exit(_guard(body))

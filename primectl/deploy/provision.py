@@ -80,7 +80,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
         stamp = posixpath.join(venv, ".primectl-runtime.stamp")
         code, out, _ = t.run(f"cat {shlex.quote(stamp)} 2>/dev/null")
         if code == 0 and out.split()[:1] == [want]:
-            return HostRuntime(host, venv, "reused", _freeze(cluster, host, venv))
+            return HostRuntime(host, venv, "reused", installed_packages(cluster, host, venv))
         stage = posixpath.join(plan.host(host).workdir, "runtime", f"{plan.runtime_key}.install")
         t.run(f"mkdir -p {shlex.quote(stage)}")
         t.put(script, posixpath.join(stage, "install-runtime.sh"), 0o755)
@@ -100,7 +100,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
                                timeout=INSTALL_TIMEOUT_S)
         if code != 0:
             raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
-        return HostRuntime(host, venv, "installed", _freeze(cluster, host, venv))
+        return HostRuntime(host, venv, "installed", installed_packages(cluster, host, venv))
 
     results = parallel(one, sorted(cluster.transports))
     errors = [str(r) for r in results.values() if isinstance(r, BaseException)]
@@ -112,7 +112,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
     return out
 
 
-def _freeze(cluster: Cluster, host: str, venv: str, *, python: str | None = None) -> str:
+def installed_packages(cluster: Cluster, host: str, venv: str, *, python: str | None = None) -> str:
     """`pip freeze` of a host's runtime: recorded at install, or asked of a user-managed interpreter."""
     if python:
         _, out, _ = cluster.transports[host].run(f"{shlex.quote(python)} -m pip freeze --all 2>/dev/null")
