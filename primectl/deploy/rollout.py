@@ -331,8 +331,6 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
     cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say)
     try:
         lock(cluster, break_lock=break_lock, command="up")
-        if prepare:
-            prepare(cluster)
         changes = compute_changes(plan, bundles, cluster.views)
         todo = [c for c in changes if c.action != "keep"]
         secrets_hash = hashlib.sha256((plan.name + secrets).encode()).hexdigest()[:16]
@@ -342,6 +340,8 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
         if not todo and not stale_secrets:
             say("no changes: every service is running its planned revision")
             return UpResult(changes, [], time.monotonic() - t0)
+        if prepare:  # preflight and provisioning, only when something is about to change
+            prepare(cluster)
         check_ports(cluster, changes)
         push_hosts = [h for h in hosts if cluster.views[h].get("current") != bundles[h].revision]
         push(cluster, bundles, push_hosts)
