@@ -138,3 +138,14 @@ def test_port_already_taken_changes_nothing(deployment: Deployment) -> None:
         wd = deployment.workdir(h)
         for name in ("releases", "current", "state.json", "run", "lock", "incoming"):
             assert not (wd / name).exists(), f"{h}: {name} exists after a refused up"
+
+
+def test_failed_smoke_rolls_back_fake_engine(deployment: Deployment) -> None:
+    """`up` runs smoke last; the fake engine serves health only, so its chat checks fail and `up` rolls back."""
+    deployment.up_ok()
+    before = deployment.snapshot()
+    deployment.write({"decode": {"env": {"DECODE_TUNING": "smoke"}}})
+    r = deployment.cli("up", "--skip-preflight", timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "smoke" in r.stderr.lower() and "rolled back to the previous revision" in r.stderr
+    _assert_rolled_back(deployment, before)
