@@ -42,13 +42,19 @@ def parallel(fn: Callable[[T], R], items: Iterable[T]) -> dict[T, R | BaseExcept
     out: dict[T, R | BaseException] = {}
     if not items:
         return out
-    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(32, len(items)))
+    try:
         futures = {item: pool.submit(fn, item) for item in items}
         for item, fut in futures.items():
             try:
                 out[item] = fut.result()
+            except KeyboardInterrupt:
+                raise  # the operator's Ctrl-C, not a host's failure
             except BaseException as exc:  # collected and reported per host
                 out[item] = exc
+    finally:
+        # On Ctrl-C do not wait for calls still running on hosts: rollback starts at once.
+        pool.shutdown(wait=False, cancel_futures=True)
     return out
 
 
@@ -379,6 +385,11 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
             rollback(cluster, bundles, changes, started)
             raise DeployError(f"{exc} (rolled back to the previous revision)",
                               service=exc.service, log_tail=exc.log_tail) from None
+        except KeyboardInterrupt:
+            # Ctrl-C mid-rollout: put the previous revision back rather than leave a mix (a second Ctrl-C aborts).
+            say("interrupted: rolling back to the previous revision")
+            rollback(cluster, bundles, changes, started)
+            raise DeployError("interrupted by the operator (rolled back to the previous revision)") from None
         write_state(cluster, bundles, hosts, secrets_hash)
         say(f"ready: {plan.endpoint} ({len(to_start)} started, "
             f"{sum(c.action == 'keep' for c in changes)} unchanged)")

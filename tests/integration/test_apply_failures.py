@@ -149,3 +149,30 @@ def test_failed_smoke_rolls_back_fake_engine(deployment: Deployment) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     assert "smoke" in r.stderr.lower() and "rolled back to the previous revision" in r.stderr
     _assert_rolled_back(deployment, before)
+
+
+def test_ctrl_c_mid_rollout_rolls_back_fake_engine(deployment: Deployment) -> None:
+    """The operator presses Ctrl-C while new decode workers are still starting."""
+    import signal
+
+    deployment.up_ok()
+    before = deployment.snapshot()
+    deployment.write({"decode": {"env": {"FAKE_FAIL": "slow:20"}, "startup_timeout_s": 60}})
+    proc = deployment.popen("up", "--no-smoke", "--skip-preflight")
+    marker = deployment.workdir("h3") / "run"
+    deadline = time.monotonic() + 60
+    # wait until the new decode workers have been started (their pidfiles are rewritten)
+    old = {p.name: p.stat().st_mtime_ns for p in marker.glob("decode-*.pid")}
+    while time.monotonic() < deadline:
+        now = {p.name: p.stat().st_mtime_ns for p in marker.glob("decode-*.pid")}
+        if now and all(now.get(k) != v for k, v in old.items()):
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the new decode workers never started")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "interrupted: rolling back" in err and "previous revision is healthy again" in err
+    _assert_rolled_back(deployment, before)
