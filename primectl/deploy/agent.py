@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 KEEP_RELEASES = 5
@@ -435,17 +436,35 @@ def op_purge(a: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
-OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}
+OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    name[3:]: fn for name, fn in globals().items() if name.startswith("op_")
+}
+
+
+def _dispatch(op: str, args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return OPS[op](args)
+    except Exception as exc:  # report, never traceback, to the controller
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def serve() -> int:
+    """Session mode: one `{"op": ..., "args": ...}` JSON line in, one result line out, until EOF."""
+    for line in sys.stdin:
+        if line.strip():
+            request = json.loads(line)
+            result = _dispatch(request["op"], request["args"])
+            result.setdefault("code", 0 if result.get("ok") else 1)
+            sys.stdout.write(json.dumps(result) + "\n")
+            sys.stdout.flush()
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    """Dispatch `<op> <json>`; print one JSON result."""
-    op, raw = argv[1], argv[2]
-    args = json.loads(raw)
-    try:
-        result = OPS[op](args)
-    except Exception as exc:  # report, never traceback, to the controller
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    """Dispatch `<op> <json>` and print one JSON result, or `serve` a session."""
+    if argv[1] == "serve":
+        return serve()
+    result = _dispatch(argv[1], json.loads(argv[2]))
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     if result.get("ok"):

@@ -39,7 +39,11 @@ class Transport(Protocol):
         ...
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
-        """Write bytes to a file on the host (parent directory must exist)."""
+        """Write bytes to a file on the host (parent directory is created)."""
+        ...
+
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Run one host-agent operation; its JSON result."""
         ...
 
     def close(self) -> None:
@@ -47,10 +51,20 @@ class Transport(Protocol):
         ...
 
 
+def agent_command(*words: str) -> str:
+    """The shell command that runs the agent with these arguments."""
+    # -I -S: the agent needs only the stdlib; ignore the host's PYTHON* env and site-packages (faster, safer).
+    return " ".join(["python3 -I -S -c", shlex.quote(agent_source()), *map(shlex.quote, words)])
+
+
 def agent_call(t: Transport, op: str, args: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
     """Run one agent operation on the host; returns its JSON result (ok=False on failure)."""
-    # -I -S: the agent needs only the stdlib; ignore the host's PYTHON* env and site-packages (faster, safer).
-    command = f"python3 -I -S -c {shlex.quote(agent_source())} {op} {shlex.quote(json.dumps(args))}"
+    return t.agent(op, args, timeout)
+
+
+def agent_once(t: Transport, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """Start the agent for a single operation (one process per call)."""
+    command = agent_command(op, json.dumps(args))
     code, out, err = t.run(command, timeout=timeout)
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
@@ -81,6 +95,9 @@ class LocalTransport:
             f.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        return agent_once(self, op, args, timeout)
 
     def close(self) -> None:
         pass
@@ -115,6 +132,8 @@ class SSHTransport:
         from fabric import Connection
 
         self.host = host
+        self._agent: tuple[Any, Any, Any] | None = None
+        self._agent_lock = threading.Lock()
         kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
         if host.identity_file:
             kwargs |= {"key_filename": os.path.expanduser(host.identity_file), "look_for_keys": False, "allow_agent": False}
@@ -142,6 +161,41 @@ class SSHTransport:
         except (OSError, EOFError) as exc:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: {exc}") from None
 
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """One agent call over a long-lived `serve` channel: the agent starts once per connection."""
+        with self._agent_lock:
+            try:
+                if self._agent is None:
+                    chan = self._conn.client.get_transport().open_session()
+                    chan.set_combine_stderr(True)
+                    chan.exec_command(agent_command("serve"))
+                    self._agent = (chan, chan.makefile_stdin("wb"), chan.makefile("rb"))
+                chan, stdin, stdout = self._agent
+                chan.settimeout(timeout)
+                stdin.write((json.dumps({"op": op, "args": args}) + "\n").encode())
+                stdin.flush()
+                while True:
+                    line = stdout.readline()
+                    if not line:
+                        raise EOFError("agent session closed")
+                    if line.startswith(b"{"):
+                        result: dict[str, Any] = json.loads(line)
+                        return result
+            except TimeoutError:
+                self._close_agent()
+                return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
+            except Exception as exc:  # the link dropped: this host is unreachable now
+                self._close_agent()
+                raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
+
+    def _close_agent(self) -> None:
+        if self._agent is not None:
+            try:
+                self._agent[0].close()
+            except Exception:
+                pass
+            self._agent = None
+
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         try:
             r = self._conn.run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
@@ -161,6 +215,7 @@ class SSHTransport:
             raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
+        self._close_agent()
         self._conn.close()
 
 
