@@ -1,10 +1,11 @@
 """Host-side agent: every operation primectl performs on a host, in one stdlib-only script.
 
-primectl runs it as `python3 -c <this source> <op> <json-args>` over SSH (or
-locally), so nothing has to be installed on a host first and each operation
-is one round trip. It prints one JSON object on stdout. Exit codes: 0 ok,
-1 failed (message in the JSON), 3 a service exited while we waited, 4 timed
-out.
+primectl sends this source with the command, so nothing has to be installed on
+a host first. Over SSH it runs as `python3 -I -S -c <source> serve`, one session
+per connection: a JSON request line in, a JSON result line out, one round trip
+per operation. Locally it runs as `... <op> <json-args>` and prints one JSON
+result. Result codes: 0 ok, 1 failed (message in the JSON), 3 a service exited
+while we waited, 4 timed out.
 
 Layout under the workdir: releases/<revision>/, current -> releases/<revision>,
 state.json (written atomically), logs/<service>.log, run/<service>.pid
