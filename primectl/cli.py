@@ -166,6 +166,19 @@ def connected(recipe: Path, accept_new_host_keys: bool, *, head_only: bool = Fal
         cluster.close()
 
 
+def _emit_report(report: Any, output: Output, print_table: Callable[[Any, Any], None]) -> int:
+    """Print a check report (smoke, preflight) as JSON or a table; exit 1 when any check failed."""
+    import json
+
+    from rich.console import Console
+
+    if output is Output.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        print_table(report, Console())
+    return 0 if report.ok else EXIT_FAILURE
+
+
 def _say(msg: str) -> None:
     from rich.console import Console
 
@@ -411,9 +424,7 @@ def smoke(
     """Endpoint smoke tests (readiness, chat, streaming, disaggregation, errors, tools); exit 1 on any failure."""
 
     def body() -> int:
-        import json
 
-        from rich.console import Console
 
         from primectl.checks.smoke import print_report, run_smoke
 
@@ -428,11 +439,7 @@ def smoke(
                            p.engine if p else None)
         if junit is not None:
             junit.write_text(report.to_junit(), encoding="utf-8")
-        if output is Output.json:
-            sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-        else:
-            print_report(report, Console())
-        return 0 if report.ok else EXIT_FAILURE
+        return _emit_report(report, output, print_report)
 
     raise typer.Exit(_guard(body))
 
@@ -448,9 +455,7 @@ def preflight(
     """Host checks before a launch (SSH, disk, ports, clock, versions, GPUs, NIXL, Mooncake); exit 1 on any fail."""
 
     def body() -> int:
-        import json
 
-        from rich.console import Console
 
         from primectl.checks.preflight import print_report, run_preflight
 
@@ -458,11 +463,7 @@ def preflight(
         report = run_preflight(p, loaded.recipe, known_hosts=loaded.recipe.known_hosts,
                                accept_new_host_keys=accept_new_host_keys, say=_say,
                                selftest=not no_selftest, fabric=not no_fabric)
-        if output is Output.json:
-            sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-        else:
-            print_report(report, Console())
-        return 0 if report.ok else EXIT_FAILURE
+        return _emit_report(report, output, print_report)
 
     raise typer.Exit(_guard(body))
 

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -78,7 +78,6 @@ class Cluster:
     say: Callable[[str], None]
     lock_token: str | None = None
     lock_host: str | None = None
-    notes: list[str] = field(default_factory=list)
 
     def workdir(self, host: str) -> str:
         return self.plan.host(host).workdir
@@ -92,11 +91,13 @@ class Cluster:
             t.close()
 
 
-def _fail_on_errors(results: dict[str, Any], what: str) -> None:
+def _fail_on_errors(results: dict[str, Any], what: str, *, before_changes: bool = True) -> None:
+    """Raise one DeployError naming every host whose call failed; only early steps may say nothing changed."""
     errors = [f"{h}: {r}" for h, r in results.items() if isinstance(r, BaseException)]
     errors += [f"{h}: {r.get('error')}" for h, r in results.items() if isinstance(r, dict) and not r.get("ok")]
     if errors:
-        raise DeployError(f"{what} failed on {len(errors)} host(s); nothing was changed:\n  " + "\n  ".join(errors))
+        unchanged = "; nothing was changed" if before_changes else ""
+        raise DeployError(f"{what} failed on {len(errors)} host(s){unchanged}:\n  " + "\n  ".join(errors))
 
 
 def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accept_new_host_keys: bool,
@@ -363,13 +364,14 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
 
         started: list[str] = []
         try:
-            _fail_on_errors(parallel(activate, hosts if write_secrets else push_hosts), "switching releases")
+            _fail_on_errors(parallel(activate, hosts if write_secrets else push_hosts), "switching releases", before_changes=False)
             removed: dict[str, list[str]] = {}
             for c in changes:
                 if c.action == "remove":
                     removed.setdefault(c.host, []).append(c.service)
             for h, names in removed.items():
-                cluster.call(h, "stop", {"services": [{"name": n, "unit": f"primectl-{plan.name}-{n}"} for n in names],
+                recorded = (cluster.views[h].get("state") or {}).get("services", {})
+                cluster.call(h, "stop", {"services": [{"name": n, "unit": recorded[n]["unit"]} for n in names],
                                          "remove_units": True})
             to_start = {c.service for c in changes if c.action in ("add", "change", "restart")}
             probes = {s.name: s.ready.model_dump(mode="json") for s in plan.services}
@@ -414,7 +416,7 @@ def write_state(cluster: Cluster, bundles: dict[str, Bundle], hosts: list[str], 
         }
         return cluster.call(h, "write_state", {"state": state})
 
-    _fail_on_errors(parallel(one, hosts), "recording state")
+    _fail_on_errors(parallel(one, hosts), "recording state", before_changes=False)
 
 
 def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change], started: list[str]) -> None:
@@ -423,7 +425,6 @@ def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change]
     by_host_stop = _group(plan, [n for n in started if n in {s.name for s in plan.services}])
     parallel(lambda h: cluster.call(h, "stop", {"services": _svc_args(plan, by_host_stop[h])}), by_host_stop)
     restore: dict[str, list[str]] = {}
-    probes: dict[str, dict[str, Any]] = {}
     for h, view in cluster.views.items():
         prev = view.get("current")
         if prev and h in bundles and bundles[h].revision != prev:
@@ -438,7 +439,6 @@ def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change]
             if c.host == h and c.action in ("change", "remove") and c.service in recorded:
                 if c.action == "remove" or c.service in started:
                     restore.setdefault(h, []).append(c.service)
-                    probes[c.service] = recorded[c.service]["ready"]
     if not restore:
         return
     cluster.say(f"restoring {', '.join(n for names in restore.values() for n in names)} on the previous revision")
@@ -447,7 +447,7 @@ def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change]
         recorded = (cluster.views[h].get("state") or {}).get("services", {})
         svcs = [{"name": n, "unit": recorded[n]["unit"], "stop_timeout": recorded[n].get("stop_timeout", 30)}
                 for n in restore[h]]
-        waits = [{"name": n, "unit": recorded[n]["unit"], "probe": probes[n]} for n in restore[h]]
+        waits = [{"name": n, "unit": recorded[n]["unit"], "probe": recorded[n]["ready"]} for n in restore[h]]
         return cluster.call(h, "start_wait", {"services": svcs, "waits": waits})
 
     results = parallel(one, restore)
@@ -485,7 +485,7 @@ def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_
                 if isinstance(r, dict):
                     stopped += r.get("stopped", [])
         if purge:
-            _fail_on_errors(parallel(lambda h: cluster.call(h, "purge", {}), hosts), "purging")
+            _fail_on_errors(parallel(lambda h: cluster.call(h, "purge", {}), hosts), "purging", before_changes=False)
         say(f"stopped {len(stopped)} service(s)" + ("; files removed" if purge else ""))
         return stopped
     finally:
