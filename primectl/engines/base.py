@@ -71,4 +71,3 @@ class WorkerSlot:
     data_parallel: DataParallel | None
     group: str | None
     ports: dict[str, int] = field(default_factory=dict)
-    port_block: int = 16

@@ -15,7 +15,14 @@ from primectl.engines.frontend import frontend_service
 from primectl.engines.mocker_worker import mocker_worker_service
 from primectl.engines.mooncake import master_service
 from primectl.engines.vllm_worker import vllm_worker_service
-from primectl.plan.capacity import GB, kv_row_bytes, parse_parallel, role_memory
+from primectl.plan.capacity import (
+    GB,
+    indexer_bytes_per_token,
+    kv_bytes_per_token,
+    kv_row_bytes,
+    parse_parallel,
+    role_memory,
+)
 from primectl.plan.model import RELEASE, Capacity, HostPlan, Plan, Probe, RoleCapacity, Service
 from primectl.plan.placement import Placement, place_workers
 from primectl.recipe.catalog import MODELS, Architecture, Hardware
@@ -184,8 +191,7 @@ def _fp8_ds_mla_note(recipe: Recipe, arch: Architecture, hw: Hardware) -> str:
     par = parse_parallel(recipe.decode.parallel)
     mem = role_memory(arch, hw, recipe.model.weights, par, "fp8", recipe.decode.gpu_memory_utilization,
                       recipe.decode.reserve_gb)
-    indexer = (arch.indexer_head_dim + 4) * arch.indexer_layers
-    stored = mla_storage_row_bytes("fp8", arch.kv_lora_rank, arch.rope_dim) * arch.layers + indexer
+    stored = mla_storage_row_bytes("fp8", arch.kv_lora_rank, arch.rope_dim) * arch.layers + indexer_bytes_per_token(arch)
     tokens = int(mem.kv_budget_gb * GB // stored)
     return (f"FP8 figures count 576-byte MLA rows (the reference deployment's basis); vLLM's sparse-MLA backend "
             f"stores fp8 as fp8_ds_mla rows of {mla_storage_row_bytes('fp8')} bytes (FP32 scales, bf16 rope), "
@@ -203,13 +209,13 @@ def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostP
             notes=["hardware profile has no GPUs: capacity is simulated by the mocker"],
         )
     tier = recipe.host_tier if recipe.host_tier and recipe.host_tier.enabled else None
-    tier_tokens: dict[str, int] = {"prefill": 0, "decode": 0}
+    prefill_tier_tokens = 0
     if tier:
         # The tier serves prefill workers (MooncakeStoreConnector); decode reads via NIXL.
-        per_token = role_memory(arch, hw, recipe.model.weights, parse_parallel(recipe.prefill.parallel),
-                                recipe.kv.dtype, 1, 0).kv_bytes_per_token
-        hosts_per_instance = max(1, parse_parallel(recipe.prefill.parallel).size // max(hw.gpus_per_host, 1))
-        tier_tokens["prefill"] = int(tier.dram_gb_per_host * GB * hosts_per_instance // per_token)
+        par = parse_parallel(recipe.prefill.parallel)
+        per_token = kv_bytes_per_token(arch, recipe.kv.dtype, par.tp)
+        hosts_per_instance = max(1, par.size // max(hw.gpus_per_host, 1))
+        prefill_tier_tokens = int(tier.dram_gb_per_host * GB * hosts_per_instance // per_token)
     notes = []
     if arch.attention == "mla":
         notes.append("MLA keeps one latent KV head: every TP rank holds a full copy of its requests' KV")
@@ -217,7 +223,7 @@ def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostP
         notes.append(_fp8_ds_mla_note(recipe, arch, hw))
     return Capacity(
         session_context_tokens=SESSION_CONTEXT_TOKENS, kv_dtype=recipe.kv.dtype, kv_row_bytes=row,
-        prefill=_role_capacity(recipe, arch, hw, recipe.prefill, recipe.prefill.groups, tier_tokens["prefill"]),
-        decode=_role_capacity(recipe, arch, hw, recipe.decode, recipe.decode.workers, tier_tokens["decode"]),
+        prefill=_role_capacity(recipe, arch, hw, recipe.prefill, recipe.prefill.groups, prefill_tier_tokens),
+        decode=_role_capacity(recipe, arch, hw, recipe.decode, recipe.decode.workers, 0),
         gpus_used=placement.gpus_used, gpus_total=total, notes=notes,
     )

@@ -74,8 +74,12 @@ def kv_bytes_per_token(arch: Architecture, dtype: str, tp: int = 1) -> int:
     main = kv_row_bytes(arch, dtype) * arch.layers
     if arch.attention != "mla":
         main //= min(tp, arch.kv_heads)
-    indexer = (arch.indexer_head_dim + INDEXER_SCALE_BYTES) * arch.indexer_layers if arch.indexer_heads else 0
-    return main + indexer
+    return main + indexer_bytes_per_token(arch)
+
+
+def indexer_bytes_per_token(arch: Architecture) -> int:
+    """Sparse-attention indexer cache per token across its layers (0 without an indexer)."""
+    return (arch.indexer_head_dim + INDEXER_SCALE_BYTES) * arch.indexer_layers if arch.indexer_heads else 0
 
 
 def weights_gb_per_gpu(arch: Architecture, weights: Mapping[Any, str], par: Parallel) -> float:

@@ -120,7 +120,7 @@ def _place_cpu(
     k = target.workers
     target.workers += 1
     dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=target.plan.address) if par.dp > 1 else None
-    out.slots.append(WorkerSlot(_name(role, i, None), role, target.plan.name, (), par, dp, None, _ports(recipe, k, block), block))
+    out.slots.append(WorkerSlot(_name(role, i, None), role, target.plan.name, (), par, dp, None, _ports(recipe, k, block)))
 
 
 def _place_gpu(
@@ -133,7 +133,7 @@ def _place_gpu(
             k = h.workers
             h.workers += 1
             dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=h.plan.address) if par.dp > 1 else None
-            out.slots.append(WorkerSlot(_name(role, i, None), role, h.plan.name, gpus, par, dp, None, _ports(recipe, k, block), block))
+            out.slots.append(WorkerSlot(_name(role, i, None), role, h.plan.name, gpus, par, dp, None, _ports(recipe, k, block)))
             out.gpus_used += par.size
             return True
     per_host = max(h.plan.gpus for h in hosts)
@@ -157,7 +157,7 @@ def _place_gpu(
             h.workers += 1
             dp = DataParallel(size=par.dp, local=per_host, start_rank=part * per_host, address=head.plan.address)
             ports = _ports(recipe, k, block) | {"dp_rpc": dp_rpc}
-            out.slots.append(WorkerSlot(_name(role, i, part), role, h.plan.name, gpus, par, dp, _name(role, i, None), ports, block))
+            out.slots.append(WorkerSlot(_name(role, i, part), role, h.plan.name, gpus, par, dp, _name(role, i, None), ports))
         out.gpus_used += par.size
         return True
     return False
