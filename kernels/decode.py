@@ -26,6 +26,7 @@ of to the 512-wide rows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -114,6 +115,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
 ):
     t = tl.program_id(0)
     sp = tl.program_id(1)
@@ -143,7 +145,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
-        if tl.max(valid.to(tl.int32), axis=0) > 0:
+        if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
             row = cache_ptr + off
             v2 = valid[:, None]
             packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0).to(tl.int32)
@@ -190,6 +192,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
 ):
     t = tl.program_id(0)
     sp = tl.program_id(1)
@@ -221,7 +224,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
-        if tl.max(valid.to(tl.int32), axis=0) > 0:
+        if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
             row = cache_ptr + off
             v2 = valid[:, None]
             k0 = e4m3_decode(tl.load(row[:, None] + d[None, :], mask=v2, other=0)).to(tl.float16)
@@ -330,9 +333,7 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
     hi = e2m1_decode_f16(packed >> 4).to(tl.float32) * sf_b
     rope = e4m3_decode(tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0))
     s64 = slot.to(tl.int64)
-    fp8_quant_store(
-        stage_ptr + s64 * 656, stage_f32_ptr + s64 * 164, stage_i16_ptr + s64 * 328, lo, hi, rope, valid, BLOCK_T
-    )
+    fp8_quant_store(stage_ptr + s64 * 656, stage_f32_ptr + s64 * 164, stage_i16_ptr + s64 * 328, lo, hi, rope, valid, BLOCK_T)
 
 
 # ----------------------------------------------------------------------------
@@ -341,6 +342,46 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
 
 BLOCK_H = 16
 BLOCK_N = 32
+
+
+@dataclass(frozen=True)
+class DecodeTuning:
+    """Launch parameters of the decode kernels (they change speed, never the result beyond rounding).
+
+    ``block_n``: rows per tile (power of two, >= 16).  ``num_warps`` / ``num_stages``:
+    Triton launch options (``num_stages=None`` = Triton's default).  ``skip_empty_tiles``:
+    branch over tiles whose slots are all ``-1`` (saves work at low fill; the
+    branch also keeps Triton from pipelining the row gathers).
+    """
+
+    block_n: int = BLOCK_N
+    num_warps: int = 8
+    num_stages: int | None = None
+    skip_empty_tiles: bool = True
+
+    def launch_options(self) -> dict[str, int]:
+        """Keyword launch options for a Triton kernel call."""
+        opts = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            opts["num_stages"] = self.num_stages
+        return opts
+
+
+DEFAULT_TUNING = DecodeTuning()
+
+# what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
+TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
+    DecodeTuning(block_n=16, num_warps=4),
+    DecodeTuning(block_n=16, num_warps=8),
+    DecodeTuning(block_n=32, num_warps=4),
+    DEFAULT_TUNING,
+    DecodeTuning(block_n=64, num_warps=8),
+    # without the empty-tile branch Triton can pipeline the row gathers
+    DecodeTuning(block_n=32, num_warps=8, num_stages=2, skip_empty_tiles=False),
+    DecodeTuning(block_n=32, num_warps=8, num_stages=3, skip_empty_tiles=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=3, skip_empty_tiles=False),
+)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -365,9 +406,7 @@ def _check(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, row_byte
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last dimension")
     if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[-1] != row_bytes:
-        raise ValueError(
-            f"cache must be uint8 [num_blocks, block_size, {row_bytes}], got {cache.dtype} {tuple(cache.shape)}"
-        )
+        raise ValueError(f"cache must be uint8 [num_blocks, block_size, {row_bytes}], got {cache.dtype} {tuple(cache.shape)}")
     if cache.stride(2) != 1 or cache.stride(1) != row_bytes or cache.stride(0) % 16 != 0:
         raise ValueError("cache rows must be contiguous within a block and blocks 16-byte aligned")
     if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
@@ -381,9 +420,11 @@ def _run(
     indices: torch.Tensor,
     sm_scale: float,
     num_splits: int | None,
-    block_n: int,
+    tuning: DecodeTuning | None,
     return_lse: bool,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    tune = tuning or DEFAULT_TUNING
+    block_n = tune.block_n
     row_bytes = NVFP4_DS_MLA_ROW_BYTES if fmt == "nvfp4" else FP8_DS_MLA_ROW_BYTES
     _check(q, cache, indices, row_bytes)
     t, h, _ = q.shape
@@ -415,7 +456,16 @@ def _run(
     )
     if fmt == "nvfp4":
         _decode_nvfp4_kernel[grid](
-            q, cache, idx, o_part, lse_part, *common, BLOCK_H=BLOCK_H, BLOCK_N=block_n, num_warps=8
+            q,
+            cache,
+            idx,
+            o_part,
+            lse_part,
+            *common,
+            BLOCK_H=BLOCK_H,
+            BLOCK_N=block_n,
+            SKIP_EMPTY=tune.skip_empty_tiles,
+            **tune.launch_options(),
         )
     else:
         _decode_fp8_kernel[grid](
@@ -429,7 +479,8 @@ def _run(
             *common,
             BLOCK_H=BLOCK_H,
             BLOCK_N=block_n,
-            num_warps=8,
+            SKIP_EMPTY=tune.skip_empty_tiles,
+            **tune.launch_options(),
         )
     _merge_kernel[(t, h)](
         o_part,
@@ -450,7 +501,7 @@ def decode_nvfp4_native(
     indices: torch.Tensor,
     sm_scale: float,
     num_splits: int | None = None,
-    block_n: int = BLOCK_N,
+    tuning: DecodeTuning | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode reading nvfp4_ds_mla rows directly (dequantised in registers).
@@ -461,12 +512,12 @@ def decode_nvfp4_native(
         indices: ``[T, topk]`` global row ids (``block * block_size + offset``), ``-1`` = empty.
         sm_scale: softmax scale.
         num_splits: split-K factor (default: heuristic from the SM count).
-        block_n: rows per tile (power of two, >= 16).
+        tuning: tile size and launch options (default :data:`DEFAULT_TUNING`).
         return_lse: also return the natural-log LSE ``[T, H]``.
 
     Returns FP32 ``[T, H, 512]`` (and the LSE).
     """
-    return _run("nvfp4", q, cache, indices, sm_scale, num_splits, block_n, return_lse)
+    return _run("nvfp4", q, cache, indices, sm_scale, num_splits, tuning, return_lse)
 
 
 def decode_fp8(
@@ -475,19 +526,17 @@ def decode_fp8(
     indices: torch.Tensor,
     sm_scale: float,
     num_splits: int | None = None,
-    block_n: int = BLOCK_N,
+    tuning: DecodeTuning | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode over fp8_ds_mla rows (uint8 ``[num_blocks, block_size, 656]``).
 
     Same arguments and result as :func:`decode_nvfp4_native`.
     """
-    return _run("fp8", q, cache, indices, sm_scale, num_splits, block_n, return_lse)
+    return _run("fp8", q, cache, indices, sm_scale, num_splits, tuning, return_lse)
 
 
-def stage_nvfp4_to_fp8(
-    cache: torch.Tensor, indices: torch.Tensor, block_t: int = 8
-) -> tuple[torch.Tensor, torch.Tensor]:
+def stage_nvfp4_to_fp8(cache: torch.Tensor, indices: torch.Tensor, block_t: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Dequantise the rows selected by ``indices [T, topk]`` from an nvfp4 cache into a
     temporary fp8_ds_mla buffer ``[1, T*topk, 656]``; returns (buffer, remapped indices)."""
     if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[-1] != NVFP4_DS_MLA_ROW_BYTES:
@@ -521,7 +570,7 @@ def decode_nvfp4_staged(
     indices: torch.Tensor,
     sm_scale: float,
     num_splits: int | None = None,
-    block_n: int = BLOCK_N,
+    tuning: DecodeTuning | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Staged nvfp4 decode: :func:`stage_nvfp4_to_fp8` then :func:`decode_fp8`.
@@ -529,7 +578,7 @@ def decode_nvfp4_staged(
     Numerically this is the FP8 decode of the re-quantised rows (two rounding steps).
     """
     stage, new_idx = stage_nvfp4_to_fp8(cache, indices)
-    return decode_fp8(q, stage, new_idx, sm_scale, num_splits, block_n, return_lse)
+    return decode_fp8(q, stage, new_idx, sm_scale, num_splits, tuning, return_lse)
 
 
 def sparse_mla_decode(
@@ -540,13 +589,14 @@ def sparse_mla_decode(
     variant: str = "nvfp4",
     num_splits: int | None = None,
     return_lse: bool = False,
+    tuning: DecodeTuning | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on ``variant`` in {"nvfp4", "nvfp4_staged", "fp8"}; ``sm_scale`` defaults to 1/sqrt(576)."""
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(HEAD_DIM_QK)
     if variant == "nvfp4":
-        return decode_nvfp4_native(q, cache, indices, scale, num_splits, return_lse=return_lse)
+        return decode_nvfp4_native(q, cache, indices, scale, num_splits, tuning, return_lse)
     if variant == "nvfp4_staged":
-        return decode_nvfp4_staged(q, cache, indices, scale, num_splits, return_lse=return_lse)
+        return decode_nvfp4_staged(q, cache, indices, scale, num_splits, tuning, return_lse)
     if variant == "fp8":
-        return decode_fp8(q, cache, indices, scale, num_splits, return_lse=return_lse)
+        return decode_fp8(q, cache, indices, scale, num_splits, tuning, return_lse)
     raise ValueError(f"unknown decode variant {variant!r}")

@@ -42,9 +42,7 @@ def _make_indices(t: int, topk: int, num_rows: int, fill: float, seed: int) -> t
     return torch.where(keep, idx, torch.full_like(idx, -1))
 
 
-def _run(
-    variant: str, q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor, splits: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(variant: str, q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor, splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     out = decode.sparse_mla_decode(
         q.to(DEVICE), cache.to(DEVICE), idx.to(DEVICE), SM_SCALE, variant=variant, num_splits=splits, return_lse=True
     )
@@ -52,9 +50,7 @@ def _run(
     return out[0].cpu(), out[1].cpu()
 
 
-def _reference(
-    variant: str, q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(variant: str, q: torch.Tensor, cache: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if variant == "nvfp4_staged":
         staged = reference.restage_nvfp4_to_fp8_ref(cache)
         res = reference.sparse_mla_decode_ref(q, staged, idx, SM_SCALE, "fp8", return_lse=True)
@@ -83,9 +79,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("variant,t,h,topk,fill,splits,block_size", CASES)
-def test_decode_matches_reference(
-    variant: str, t: int, h: int, topk: int, fill: float, splits: int, block_size: int
-) -> None:
+def test_decode_matches_reference(variant: str, t: int, h: int, topk: int, fill: float, splits: int, block_size: int) -> None:
     fmt = "fp8" if variant == "fp8" else "nvfp4"
     cache = _make_cache(fmt, 8, block_size, seed=t * 100 + h)
     num_rows = cache.shape[0] * cache.shape[1]
@@ -194,3 +188,25 @@ def test_bad_shapes_raise() -> None:
         decode.decode_fp8(torch.randn(1, 16, 576), cache, torch.zeros(1, 4, dtype=torch.int32), SM_SCALE)
     with pytest.raises(ValueError):
         decode.sparse_mla_decode(torch.randn(1, 16, 576), cache, torch.zeros(1, 4, dtype=torch.int32), variant="int4")
+
+
+@pytest.mark.parametrize(
+    "tuning",
+    [
+        decode.DecodeTuning(block_n=16, num_warps=4),
+        decode.DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False),
+    ],
+    ids=["n16-skip", "n64-noskip"],
+)
+@pytest.mark.parametrize("variant", ["nvfp4", "fp8"])
+def test_tuning_changes_speed_not_result(variant: str, tuning: decode.DecodeTuning) -> None:
+    """Every tuning the benchmark may pick computes the same function (low fill: whole tiles are empty)."""
+    fmt = "fp8" if variant == "fp8" else "nvfp4"
+    cache = _make_cache(fmt, 8, 16, seed=21)
+    idx = _make_indices(2, 128, 128, 0.2, seed=22)
+    idx[0, :64] = -1  # the first tiles of token 0 hold no valid slot at all
+    q = (torch.randn(2, 16, 576, generator=torch.Generator().manual_seed(23)) * 2).to(torch.bfloat16)
+    got = decode.sparse_mla_decode(q.to(DEVICE), cache.to(DEVICE), idx.to(DEVICE), SM_SCALE, variant=variant, num_splits=2, tuning=tuning)
+    assert isinstance(got, torch.Tensor)
+    ref_out, _ = _reference(variant, q, cache, idx)
+    _assert_close(got.cpu(), ref_out)

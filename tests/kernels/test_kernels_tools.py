@@ -1,0 +1,62 @@
+"""The kernels' command-line tools as an operator runs them: the GPU compile check and the benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed; kernel tests need torch + triton")
+pytest.importorskip("triton", reason="triton is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], interpret: bool, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0", TRITON_DEFAULT_FP_FUSION="1")
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_every_kernel_compiles_for_hopper_and_blackwell_without_spills() -> None:
+    """The real Triton -> PTX -> ptxas pipeline (not the interpreter) for sm_90 and sm_100, no GPU needed."""
+    res = _run(["kernels.compile_check", "--arch", "90", "--arch", "100", "--no-spills", "--json"], interpret=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    labels = {(r["arch"], r["label"].split(" [")[0]) for r in report["results"]}
+    for arch in (90, 100):
+        for kernel in ("decode_nvfp4", "decode_fp8", "merge", "stage_nvfp4_to_fp8", "quantize_nvfp4", "dequantize_fp8"):
+            assert (arch, kernel) in labels
+    for r in report["results"]:
+        assert r["ok"] and r["registers"] > 0 and r["local_bytes"] == 0 and r["stack_bytes"] == 0, r
+
+
+def test_compile_check_refuses_to_run_under_the_interpreter() -> None:
+    res = _run(["kernels.compile_check", "--arch", "90"], interpret=True)
+    assert res.returncode == 3
+    assert "TRITON_INTERPRET" in res.stderr
+
+
+def test_bench_runs_every_code_path_on_cpu(tmp_path: Path) -> None:
+    """`kernels.bench --allow-cpu`: tuning, the T sweep with errors against the reference, the codec table."""
+    out = tmp_path / "bench.json"
+    res = _run(["kernels.bench", "--allow-cpu", "--tune", "--sweep", "2", "--json-out", str(out)], interpret=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["tune"], "the tuning search recorded nothing"
+    rows = [r for r in report["decode"] if r["T"] == 2]
+    assert {r["variant"] for r in rows} == {"nvfp4_native", "nvfp4_staged", "fp8"}
+    for r in rows:
+        assert "error" not in r, r
+        assert r["max_err"] < 4e-3 and r["us"] > 0
+    assert {c["op"] for c in report["codec"]} == {"quantize_nvfp4", "quantize_fp8", "dequantize_nvfp4", "dequantize_fp8"}
+    assert "meaningless" in report["device"]  # a CPU run never passes itself off as a speed figure
+
+
+def test_bench_without_gpu_exits_3() -> None:
+    res = _run(["kernels.bench"], interpret=True)
+    assert res.returncode == 3
+    assert "no GPU" in res.stderr
