@@ -231,6 +231,8 @@ def tune(
     log: Callable[[str], None],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Search tuning x splits at ``t`` for the nvfp4 and fp8 kernels; returns the winners and every row."""
+    from kernels import decode
+
     case = bench.case(t, fill)
     rows: list[dict[str, Any]] = []
     best: dict[str, Any] = {}
@@ -245,6 +247,10 @@ def tune(
                 rows.append({"variant": variant, "tuning": dataclasses.asdict(tuning), "splits": splits, "us": us})
                 if variant not in best or us < best[variant][2]:
                     best[variant] = (tuning, splits, us)
+        if variant not in best:
+            log(f"  tune {variant}: every candidate failed; keeping the default tuning")
+            best[variant] = (decode.DEFAULT_TUNING, None, float("nan"))
+            continue
         tuning, splits, us = best[variant]
         log(f"  tune {variant}: best {tuning} splits={splits or 'auto'} {us:.1f} us")
     winners = {"nvfp4_native": best["nvfp4_native"][0], "fp8": best["fp8"][0], "nvfp4_staged": best["fp8"][0]}

@@ -110,8 +110,16 @@ def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
     }
     specs: list[KernelSpec] = []
     for tune in decode.TUNING_CANDIDATES if all_tunings else (decode.DEFAULT_TUNING,):
-        consts = {"BLOCK_H": decode.BLOCK_H, "BLOCK_N": tune.block_n, "SKIP_EMPTY": tune.skip_empty_tiles}
-        tag = f"n{tune.block_n} w{tune.num_warps} s{tune.num_stages or '-'} {'skip' if tune.skip_empty_tiles else 'noskip'}"
+        consts = {
+            "BLOCK_H": decode.BLOCK_H,
+            "BLOCK_N": tune.block_n,
+            "SKIP_EMPTY": tune.skip_empty_tiles,
+            "PREFETCH": tune.prefetch,
+        }
+        tag = (
+            f"n{tune.block_n} w{tune.num_warps} s{tune.num_stages or '-'}"
+            f" {'skip' if tune.skip_empty_tiles else 'noskip'}{' pf' if tune.prefetch else ''}"
+        )
         for name, fn in (
             ("decode_nvfp4", lambda: decode._decode_nvfp4_kernel),
             ("decode_fp8", lambda: decode._decode_fp8_kernel),
@@ -122,7 +130,7 @@ def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
             "merge",
             lambda: decode._merge_kernel,
             {"o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "out_ptr": "*fp32", "lse_out_ptr": "*fp32"},
-            {"BLOCK_S": 64, "BLOCK_D": 512},
+            {"BLOCK_S": 64, "BLOCK_D": decode.MERGE_BLOCK_D},
         )
     )
     specs.append(

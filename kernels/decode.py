@@ -91,6 +91,37 @@ def _scaled_pv(p, sc, k, acc):  # type: ignore[no-untyped-def]
     return acc + tl.dot(pf, k) * smax
 
 
+@jit
+def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block, j, r, sc_off):  # type: ignore[no-untyped-def]
+    """Gather the raw bytes of one tile of nvfp4 rows: (valid, packed latent, scale codes, rope codes)."""
+    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
+    row = cache_ptr + off
+    v2 = valid[:, None]
+    packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0)
+    sc = tl.load(row[:, None] + sc_off[None, :], mask=v2, other=0)
+    pe = tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0)
+    return valid, packed, sc, pe
+
+
+@jit
+def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block, d, r):  # type: ignore[no-untyped-def]
+    """Gather the raw bytes of one tile of fp8 rows: (valid, 4 latent chunks, 4 scales, rope bits)."""
+    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
+    row = cache_ptr + off
+    v2 = valid[:, None]
+    c0 = tl.load(row[:, None] + d[None, :], mask=v2, other=0)
+    c1 = tl.load(row[:, None] + 128 + d[None, :], mask=v2, other=0)
+    c2 = tl.load(row[:, None] + 256 + d[None, :], mask=v2, other=0)
+    c3 = tl.load(row[:, None] + 384 + d[None, :], mask=v2, other=0)
+    srow = cache_f32_ptr + off // 4 + 128
+    sc0 = tl.load(srow, mask=valid, other=0.0)
+    sc1 = tl.load(srow + 1, mask=valid, other=0.0)
+    sc2 = tl.load(srow + 2, mask=valid, other=0.0)
+    sc3 = tl.load(srow + 3, mask=valid, other=0.0)
+    pe_bits = tl.load(cache_i16_ptr + (off // 2 + 264)[:, None] + r[None, :], mask=v2, other=0)
+    return valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits
+
+
 # ----------------------------------------------------------------------------
 # main kernels
 # ----------------------------------------------------------------------------
@@ -116,6 +147,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SKIP_EMPTY: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     t = tl.program_id(0)
     sp = tl.program_id(1)
@@ -142,18 +174,22 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     start = sp * rows_per_split
     end = tl.minimum(start + rows_per_split, TOPK)
     idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    nb = tl.arange(0, BLOCK_N)
+    valid, packed, sc, pe = _load_nvfp4_tile(
+        cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block, j, r, sc_off
+    )
     for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
+        if PREFETCH:  # issue the next tile's gathers before this tile's math
+            valid_nx, packed_nx, sc_nx, pe_nx = _load_nvfp4_tile(
+                cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, j, r, sc_off
+            )
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            row = cache_ptr + off
-            v2 = valid[:, None]
-            packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0).to(tl.int32)
-            sf = e4m3_decode(tl.load(row[:, None] + sc_off[None, :], mask=v2, other=0)).to(tl.float16)
+            p32 = packed.to(tl.int32)
+            sf = e4m3_decode(sc).to(tl.float16)
             sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (BLOCK_N, 32, 8)), (BLOCK_N, 256))
-            k_lo = e2m1_decode_f16(packed & 15) * sf_b
-            k_hi = e2m1_decode_f16(packed >> 4) * sf_b
-            k_pe = e4m3_decode(tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0)).to(tl.float16)
+            k_lo = e2m1_decode_f16(p32 & 15) * sf_b
+            k_hi = e2m1_decode_f16(p32 >> 4) * sf_b
+            k_pe = e4m3_decode(pe).to(tl.float16)
             s = tl.dot(q_lo, tl.trans(k_lo))
             s = tl.dot(q_hi, tl.trans(k_hi), s)
             s = tl.dot(q_pe, tl.trans(k_pe), s)
@@ -161,6 +197,11 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
             pf = p.to(tl.float16)
             acc_lo = tl.dot(pf, k_lo, acc_lo * alpha[:, None])
             acc_hi = tl.dot(pf, k_hi, acc_hi * alpha[:, None])
+        if not PREFETCH:
+            valid_nx, packed_nx, sc_nx, pe_nx = _load_nvfp4_tile(
+                cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, j, r, sc_off
+            )
+        valid, packed, sc, pe = valid_nx, packed_nx, sc_nx, pe_nx
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = tl.reshape(tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_H, 512))
@@ -193,6 +234,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SKIP_EMPTY: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     t = tl.program_id(0)
     sp = tl.program_id(1)
@@ -221,22 +263,30 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     start = sp * rows_per_split
     end = tl.minimum(start + rows_per_split, TOPK)
     idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    nb = tl.arange(0, BLOCK_N)
+    valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = _load_fp8_tile(
+        cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block, d, r
+    )
     for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
+        if PREFETCH:  # issue the next tile's gathers before this tile's math
+            nxt = _load_fp8_tile(
+                cache_ptr,
+                cache_f32_ptr,
+                cache_i16_ptr,
+                idx_row,
+                n0 + BLOCK_N + nb,
+                end,
+                num_rows,
+                block_size,
+                stride_block,
+                d,
+                r,
+            )
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            row = cache_ptr + off
-            v2 = valid[:, None]
-            k0 = e4m3_decode(tl.load(row[:, None] + d[None, :], mask=v2, other=0)).to(tl.float16)
-            k1 = e4m3_decode(tl.load(row[:, None] + 128 + d[None, :], mask=v2, other=0)).to(tl.float16)
-            k2 = e4m3_decode(tl.load(row[:, None] + 256 + d[None, :], mask=v2, other=0)).to(tl.float16)
-            k3 = e4m3_decode(tl.load(row[:, None] + 384 + d[None, :], mask=v2, other=0)).to(tl.float16)
-            srow = cache_f32_ptr + off // 4 + 128
-            sc0 = tl.load(srow, mask=valid, other=0.0)
-            sc1 = tl.load(srow + 1, mask=valid, other=0.0)
-            sc2 = tl.load(srow + 2, mask=valid, other=0.0)
-            sc3 = tl.load(srow + 3, mask=valid, other=0.0)
-            pe_bits = tl.load(cache_i16_ptr + (off // 2 + 264)[:, None] + r[None, :], mask=v2, other=0)
+            k0 = e4m3_decode(c0).to(tl.float16)
+            k1 = e4m3_decode(c1).to(tl.float16)
+            k2 = e4m3_decode(c2).to(tl.float16)
+            k3 = e4m3_decode(c3).to(tl.float16)
             k_pe = bf16_bits_to_f32(pe_bits).to(tl.float16)
             s = tl.dot(q0, tl.trans(k0)) * sc0[None, :]
             s += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
@@ -249,6 +299,21 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
             acc1 = _scaled_pv(p, sc1, k1, acc1 * a2)
             acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
             acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
+        if not PREFETCH:
+            nxt = _load_fp8_tile(
+                cache_ptr,
+                cache_f32_ptr,
+                cache_i16_ptr,
+                idx_row,
+                n0 + BLOCK_N + nb,
+                end,
+                num_rows,
+                block_size,
+                stride_block,
+                d,
+                r,
+            )
+        valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = nxt
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     inv = (1.0 / l_safe)[:, None]
@@ -273,29 +338,33 @@ def _merge_kernel(  # type: ignore[no-untyped-def]
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Combine split partials of one (token, head) by log-sum-exp weights."""
+    """Combine split partials of one (token, head, BLOCK_D-chunk) by log-sum-exp weights.
+
+    All partials of the chunk are gathered in one masked load (splits without a
+    valid row, weight 0, are not read), so the merge costs one memory round trip
+    whatever the split count.
+    """
     t = tl.program_id(0)
     h = tl.program_id(1)
+    dc = tl.program_id(2)
     sidx = tl.arange(0, BLOCK_S)
     smask = sidx < NUM_SPLITS
-    lse = tl.load(lse_part_ptr + (t * NUM_SPLITS + sidx) * H + h, mask=smask, other=float("-inf"))
+    part = (t * NUM_SPLITS + sidx) * H + h
+    lse = tl.load(lse_part_ptr + part, mask=smask, other=float("-inf"))
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m_safe)
     w_sum = tl.sum(w, axis=0)
     inv = tl.where(w_sum > 0, 1.0 / tl.where(w_sum > 0, w_sum, 1.0), 0.0)
-    d = tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for sp in range(0, NUM_SPLITS):
-        lse_s = tl.load(lse_part_ptr + (t * NUM_SPLITS + sp) * H + h)
-        w_s = tl.exp2(lse_s - m_safe)
-        if w_s > 0:
-            o = tl.load(o_part_ptr + ((t * NUM_SPLITS + sp) * H + h).to(tl.int64) * BLOCK_D + d)
-            acc += o * w_s
-    tl.store(out_ptr + (t * H + h).to(tl.int64) * BLOCK_D + d, acc * inv)
+    d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
+    o = tl.load(
+        o_part_ptr + part.to(tl.int64)[:, None] * 512 + d[None, :], mask=(smask & (w > 0))[:, None], other=0.0
+    )
+    acc = tl.sum(o * w[:, None], axis=0)
+    tl.store(out_ptr + (t * H + h).to(tl.int64) * 512 + d, acc * inv)
     log2_sum = tl.log2(tl.where(w_sum > 0, w_sum, 1.0))
     lse_nat = tl.where(w_sum > 0, (m_safe + log2_sum) * 0.6931471805599453, float("-inf"))
-    tl.store(lse_out_ptr + t * H + h, lse_nat)
+    tl.store(lse_out_ptr + t * H + h, lse_nat, mask=dc == 0)
 
 
 @jit
@@ -342,6 +411,7 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
 
 BLOCK_H = 16
 BLOCK_N = 32
+MERGE_BLOCK_D = 128
 
 
 @dataclass(frozen=True)
@@ -351,13 +421,16 @@ class DecodeTuning:
     ``block_n``: rows per tile (power of two, >= 16).  ``num_warps`` / ``num_stages``:
     Triton launch options (``num_stages=None`` = Triton's default).  ``skip_empty_tiles``:
     branch over tiles whose slots are all ``-1`` (saves work at low fill; the
-    branch also keeps Triton from pipelining the row gathers).
+    branch also keeps Triton from pipelining the row gathers).  ``prefetch``: gather
+    the next tile's rows before this tile's math, so the memory latency overlaps
+    the compute (a register double buffer of the raw bytes).
     """
 
     block_n: int = BLOCK_N
     num_warps: int = 8
     num_stages: int | None = None
     skip_empty_tiles: bool = True
+    prefetch: bool = True
 
     def launch_options(self) -> dict[str, int]:
         """Keyword launch options for a Triton kernel call."""
@@ -372,15 +445,17 @@ DEFAULT_TUNING = DecodeTuning()
 # what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
     DecodeTuning(block_n=16, num_warps=4),
-    DecodeTuning(block_n=16, num_warps=8),
     DecodeTuning(block_n=32, num_warps=4),
     DEFAULT_TUNING,
+    DecodeTuning(block_n=64, num_warps=4),
     DecodeTuning(block_n=64, num_warps=8),
-    # without the empty-tile branch Triton can pipeline the row gathers
+    # without the empty-tile branch Triton can pipeline the loop
+    DecodeTuning(block_n=32, num_warps=4, num_stages=2, skip_empty_tiles=False),
     DecodeTuning(block_n=32, num_warps=8, num_stages=2, skip_empty_tiles=False),
-    DecodeTuning(block_n=32, num_warps=8, num_stages=3, skip_empty_tiles=False),
     DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False),
-    DecodeTuning(block_n=64, num_warps=8, num_stages=3, skip_empty_tiles=False),
+    # the first GPU run's winners, which gathered each tile only after the previous tile's math
+    DecodeTuning(block_n=32, num_warps=4, prefetch=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False),
 )
 
 
@@ -465,6 +540,7 @@ def _run(
             BLOCK_H=BLOCK_H,
             BLOCK_N=block_n,
             SKIP_EMPTY=tune.skip_empty_tiles,
+            PREFETCH=tune.prefetch,
             **tune.launch_options(),
         )
     else:
@@ -480,9 +556,10 @@ def _run(
             BLOCK_H=BLOCK_H,
             BLOCK_N=block_n,
             SKIP_EMPTY=tune.skip_empty_tiles,
+            PREFETCH=tune.prefetch,
             **tune.launch_options(),
         )
-    _merge_kernel[(t, h)](
+    _merge_kernel[(t, h, KV_LORA_RANK // MERGE_BLOCK_D)](
         o_part,
         lse_part,
         out,
@@ -490,7 +567,7 @@ def _run(
         h,
         splits,
         BLOCK_S=triton.next_power_of_2(splits),
-        BLOCK_D=KV_LORA_RANK,
+        BLOCK_D=MERGE_BLOCK_D,
     )
     return (out, lse) if return_lse else out
 
