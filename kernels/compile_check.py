@@ -75,6 +75,7 @@ class KernelSpec:
     constexprs: dict[str, Any]
     num_warps: int = 4
     num_stages: int | None = None
+    max_registers: int | None = None
 
 
 @dataclass
@@ -119,12 +120,15 @@ def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
         tag = (
             f"n{tune.block_n} w{tune.num_warps} s{tune.num_stages or '-'}"
             f" {'skip' if tune.skip_empty_tiles else 'noskip'}{' pf' if tune.prefetch else ''}"
+            f"{f' r{tune.max_registers}' if tune.max_registers else ''}"
         )
         for name, fn in (
             ("decode_nvfp4", lambda: decode._decode_nvfp4_kernel),
             ("decode_fp8", lambda: decode._decode_fp8_kernel),
         ):
-            specs.append(KernelSpec(f"{name} [{tag}]", fn, dec_types, consts, tune.num_warps, tune.num_stages))
+            specs.append(
+                KernelSpec(f"{name} [{tag}]", fn, dec_types, consts, tune.num_warps, tune.num_stages, tune.max_registers)
+            )
     specs.append(
         KernelSpec(
             "merge",
@@ -204,6 +208,8 @@ def compile_one(spec: KernelSpec, arch: int) -> CompileResult:
     options: dict[str, Any] = {"num_warps": spec.num_warps}
     if spec.num_stages is not None:
         options["num_stages"] = spec.num_stages
+    if spec.max_registers is not None:
+        options["maxnreg"] = spec.max_registers
     res = CompileResult(arch=arch, label=spec.label, ok=False)
     t0 = time.perf_counter()
     try:

@@ -423,7 +423,8 @@ class DecodeTuning:
     branch over tiles whose slots are all ``-1`` (saves work at low fill; the
     branch also keeps Triton from pipelining the row gathers).  ``prefetch``: gather
     the next tile's rows before this tile's math, so the memory latency overlaps
-    the compute (a register double buffer of the raw bytes).
+    the compute (a register double buffer of the raw bytes).  ``max_registers``:
+    cap registers per thread (ptxas ``maxnreg``) so more programs fit on an SM.
     """
 
     block_n: int = BLOCK_N
@@ -431,12 +432,15 @@ class DecodeTuning:
     num_stages: int | None = None
     skip_empty_tiles: bool = True
     prefetch: bool = True
+    max_registers: int | None = None
 
     def launch_options(self) -> dict[str, int]:
         """Keyword launch options for a Triton kernel call."""
         opts = {"num_warps": self.num_warps}
         if self.num_stages is not None:
             opts["num_stages"] = self.num_stages
+        if self.max_registers is not None:
+            opts["maxnreg"] = self.max_registers
         return opts
 
 
@@ -444,18 +448,20 @@ DEFAULT_TUNING = DecodeTuning()
 
 # what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
-    DecodeTuning(block_n=16, num_warps=4),
-    DecodeTuning(block_n=32, num_warps=4),
-    DEFAULT_TUNING,
-    DecodeTuning(block_n=64, num_warps=4),
-    DecodeTuning(block_n=64, num_warps=8),
-    # without the empty-tile branch Triton can pipeline the loop
-    DecodeTuning(block_n=32, num_warps=4, num_stages=2, skip_empty_tiles=False),
-    DecodeTuning(block_n=32, num_warps=8, num_stages=2, skip_empty_tiles=False),
-    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False),
-    # the first GPU run's winners, which gathered each tile only after the previous tile's math
+    # the two winners of the previous H200 runs (fp8, nvfp4)
     DecodeTuning(block_n=32, num_warps=4, prefetch=False),
-    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=True),
+    DecodeTuning(block_n=16, num_warps=4, prefetch=False),
+    # capped registers: two 8-warp or three 4-warp programs per SM (small spills, see compile_check)
+    DecodeTuning(block_n=16, num_warps=8, prefetch=False, max_registers=128),
+    DecodeTuning(block_n=16, num_warps=8, prefetch=True, max_registers=128),
+    DecodeTuning(block_n=16, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=128),
+    DecodeTuning(block_n=32, num_warps=8, prefetch=False, max_registers=128),
+    DecodeTuning(block_n=32, num_warps=8, prefetch=True, max_registers=128),
+    DecodeTuning(block_n=32, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=128),
+    DecodeTuning(block_n=16, num_warps=4, prefetch=False, max_registers=168),
+    DecodeTuning(block_n=16, num_warps=4, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=168),
+    DecodeTuning(block_n=32, num_warps=4, prefetch=False, max_registers=168),
 )
 
 
