@@ -53,6 +53,13 @@ def hbm_peak_bytes_per_s(name: str) -> float | None:
     return None
 
 
+def default_tuning(variant: str) -> Any:
+    """The decode module's default launch for a benchmark variant (staged runs the fp8 kernel)."""
+    from kernels import decode
+
+    return decode.DEFAULT_TUNINGS["nvfp4" if variant == "nvfp4_native" else "fp8"]
+
+
 def decode_bytes(t: int, h: int, valid_rows: int, row_bytes: int, staged: bool) -> int:
     """Bytes a decode launch must move at minimum: q, indices, selected rows, FP32 output.
 
@@ -231,7 +238,6 @@ def tune(
     log: Callable[[str], None],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Search tuning x splits at ``t`` for the nvfp4 and fp8 kernels; returns the winners and every row."""
-    from kernels import decode
 
     case = bench.case(t, fill)
     rows: list[dict[str, Any]] = []
@@ -249,7 +255,7 @@ def tune(
                     best[variant] = (tuning, splits, us)
         if variant not in best:
             log(f"  tune {variant}: every candidate failed; keeping the default tuning")
-            best[variant] = (decode.DEFAULT_TUNING, None, float("nan"))
+            best[variant] = (default_tuning(variant), None, float("nan"))
             continue
         tuning, splits, us = best[variant]
         log(f"  tune {variant}: best {tuning} splits={splits or 'auto'} {us:.1f} us")
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         f"HBM datasheet {peak / 1e12 if peak else float('nan'):.2f} TB/s; measured copy {copy_bw / 1e12:.2f} TB/s"
     )
     bench = Bench(args.heads, topk, cache_tokens, block_size, device)
-    tunings: dict[str, Any] = {v: decode.DEFAULT_TUNING for v in VARIANTS}
+    tunings: dict[str, Any] = {v: default_tuning(v) for v in VARIANTS}
     try:
         if args.tune:
             log(f"tuning at T={t_tune} (median device time per call):")

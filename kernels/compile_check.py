@@ -95,8 +95,8 @@ class CompileResult:
 
 
 def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
-    """Every kernel specialisation the codec and decode wrappers launch (decode at the
-    default tuning, or at every candidate ``kernels.bench --tune`` tries)."""
+    """Every kernel specialisation the codec and decode wrappers launch (decode at each
+    format's default tuning, or at every candidate ``kernels.bench --tune`` tries)."""
     from kernels import codec, decode
 
     dec_types = {
@@ -110,7 +110,13 @@ def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
         "qk_scale": "fp32",
     }
     specs: list[KernelSpec] = []
-    for tune in decode.TUNING_CANDIDATES if all_tunings else (decode.DEFAULT_TUNING,):
+    kernels = {"nvfp4": lambda: decode._decode_nvfp4_kernel, "fp8": lambda: decode._decode_fp8_kernel}
+    pairs = (
+        [(fmt, tune) for tune in decode.TUNING_CANDIDATES for fmt in kernels]
+        if all_tunings
+        else list(decode.DEFAULT_TUNINGS.items())
+    )
+    for fmt, tune in pairs:
         consts = {
             "BLOCK_H": decode.BLOCK_H,
             "BLOCK_N": tune.block_n,
@@ -122,13 +128,11 @@ def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
             f" {'skip' if tune.skip_empty_tiles else 'noskip'}{' pf' if tune.prefetch else ''}"
             f"{f' r{tune.max_registers}' if tune.max_registers else ''}"
         )
-        for name, fn in (
-            ("decode_nvfp4", lambda: decode._decode_nvfp4_kernel),
-            ("decode_fp8", lambda: decode._decode_fp8_kernel),
-        ):
-            specs.append(
-                KernelSpec(f"{name} [{tag}]", fn, dec_types, consts, tune.num_warps, tune.num_stages, tune.max_registers)
+        specs.append(
+            KernelSpec(
+                f"decode_{fmt} [{tag}]", kernels[fmt], dec_types, consts, tune.num_warps, tune.num_stages, tune.max_registers
             )
+        )
     specs.append(
         KernelSpec(
             "merge",

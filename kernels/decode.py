@@ -425,6 +425,9 @@ class DecodeTuning:
     the next tile's rows before this tile's math, so the memory latency overlaps
     the compute (a register double buffer of the raw bytes).  ``max_registers``:
     cap registers per thread (ptxas ``maxnreg``) so more programs fit on an SM.
+    ``programs_per_sm``: how many programs of this launch an SM holds at once
+    (registers / shared memory, see ``kernels.compile_check``); the split
+    heuristic fills exactly one wave of them.
     """
 
     block_n: int = BLOCK_N
@@ -433,6 +436,7 @@ class DecodeTuning:
     skip_empty_tiles: bool = True
     prefetch: bool = True
     max_registers: int | None = None
+    programs_per_sm: int = 1
 
     def launch_options(self) -> dict[str, int]:
         """Keyword launch options for a Triton kernel call."""
@@ -444,7 +448,11 @@ class DecodeTuning:
         return opts
 
 
-DEFAULT_TUNING = DecodeTuning()
+# the fastest launches at T=15 x 2,048 x 16 heads on an H200 (kernels/RESULTS.md)
+DEFAULT_TUNINGS: dict[str, DecodeTuning] = {
+    "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=True),
+    "fp8": DecodeTuning(block_n=32, num_warps=4, prefetch=False, programs_per_sm=2),
+}
 
 # what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
@@ -471,13 +479,14 @@ def _num_sms(device: torch.device) -> int:
     return 1
 
 
-def choose_num_splits(t: int, h: int, topk: int, device: torch.device, block_n: int = BLOCK_N) -> int:
-    """Heuristic split count: about two programs per SM, at least one tile per split."""
+def choose_num_splits(t: int, h: int, topk: int, device: torch.device, tuning: DecodeTuning) -> int:
+    """Split count that fills exactly one wave of programs (a second, part-empty wave
+    cost up to 40% on the H200), with at least one tile per split."""
     if topk <= 0:
         return 1
     programs = t * triton.cdiv(h, BLOCK_H)
-    max_splits = triton.cdiv(topk, block_n)
-    want = triton.cdiv(2 * _num_sms(device), max(programs, 1))
+    max_splits = triton.cdiv(topk, tuning.block_n)
+    want = (tuning.programs_per_sm * _num_sms(device)) // max(programs, 1)
     return int(max(1, min(max_splits, want, 64)))
 
 
@@ -504,14 +513,14 @@ def _run(
     tuning: DecodeTuning | None,
     return_lse: bool,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    tune = tuning or DEFAULT_TUNING
+    tune = tuning or DEFAULT_TUNINGS[fmt]
     block_n = tune.block_n
     row_bytes = NVFP4_DS_MLA_ROW_BYTES if fmt == "nvfp4" else FP8_DS_MLA_ROW_BYTES
     _check(q, cache, indices, row_bytes)
     t, h, _ = q.shape
     topk = indices.shape[1]
     idx = indices.to(torch.int32).contiguous()
-    splits = num_splits or choose_num_splits(t, h, topk, q.device, block_n)
+    splits = num_splits or choose_num_splits(t, h, topk, q.device, tune)
     splits = max(1, min(splits, max(1, triton.cdiv(topk, block_n))))
     rows_per_split = triton.cdiv(triton.cdiv(max(topk, 1), splits), block_n) * block_n
     splits = max(1, triton.cdiv(max(topk, 1), rows_per_split))
@@ -595,7 +604,7 @@ def decode_nvfp4_native(
         indices: ``[T, topk]`` global row ids (``block * block_size + offset``), ``-1`` = empty.
         sm_scale: softmax scale.
         num_splits: split-K factor (default: heuristic from the SM count).
-        tuning: tile size and launch options (default :data:`DEFAULT_TUNING`).
+        tuning: tile size and launch options (default :data:`DEFAULT_TUNINGS` for the format).
         return_lse: also return the natural-log LSE ``[T, H]``.
 
     Returns FP32 ``[T, H, 512]`` (and the LSE).

@@ -3,6 +3,7 @@
 # then the benchmark with tuning.  Every step writes into $OUT (default ./kernels-gpu-out)
 # as it goes, so a step that times out still leaves the earlier ones' results.
 #   OUT=/tmp/k scripts/kernels-gpu-run.sh          # uses python3 (torch + triton with CUDA)
+#   BENCH_ARGS="--sweep 1,15,64" SKIP_PYTEST=1 ... # a shorter pass
 set -u
 OUT=${OUT:-kernels-gpu-out}
 PY=${PYTHON:-python3}
@@ -23,9 +24,11 @@ timeout "${SELFTEST_TIMEOUT:-150}" $PY -m kernels.selftest 2>&1 | tee "$OUT/self
 echo "selftest exit: ${PIPESTATUS[0]}" | tee -a "$OUT/selftest.txt"
 
 step bench
-timeout "${BENCH_TIMEOUT:-300}" $PY -m kernels.bench --tune --fill 1.0 --fill 0.5 --json-out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+# shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose
+timeout "${BENCH_TIMEOUT:-300}" $PY -m kernels.bench ${BENCH_ARGS:---tune --fill 1.0 --fill 0.5} --json-out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
 echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
 
+[ -n "${SKIP_PYTEST:-}" ] && { step done; exit 0; }
 step pytest-gpu
 timeout "${PYTEST_TIMEOUT:-120}" $PY -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 step done
