@@ -21,6 +21,8 @@ Options: --sizes 1,6,18  --repeat 3 (best of)  --profile (per-operation timings 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -79,6 +81,13 @@ def load(doc: dict[str, Any], path: Path) -> tuple[Any, Any, dict[str, Any], str
     loaded, plan = load_plan(path)
     secrets = resolve_secrets(plan, dict(loaded.recipe.secrets), loaded.file)
     return loaded, plan, _bundles(loaded, plan), secrets
+
+
+def cpu_busy_s() -> float:
+    """Seconds of CPU time this machine has spent busy (all cores, /proc/stat), to compare with wall time."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -179,16 +188,23 @@ def main() -> int:
                     profile.calls.clear()
                     undo = profile.install() if profiled else None
                     profile.t0 = time.perf_counter()
+                    busy0, self0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF)
                     try:
                         secs, res = timed(partial(up, plan, bundles, **kw))
                     finally:
                         if undo:
                             undo()
+                    busy = cpu_busy_s() - busy0
+                    self1 = resource.getrusage(resource.RUSAGE_SELF)
+                    controller = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)
                     assert len(res.started) == len(plan.services), res
                     times.append(secs)
                     print(f"  up on {n:2} host(s), {len(plan.services):2} services: {secs:.3f}s")
                     if profiled:
                         print(profile.report(secs))
+                        cores = os.cpu_count() or 1
+                        print(f"  machine CPU busy during this up: {busy:.2f}s of {secs * cores:.2f}s ({cores} cores x wall); "
+                              f"the controller (primectl) used {controller:.2f}s of it, the simulated hosts the rest")
                     if last:
                         for _ in range(opts.repeat):
                             s, r = timed(partial(up, plan, bundles, **kw))

@@ -102,25 +102,27 @@ def _fail_on_errors(results: dict[str, Any], what: str, *, before_changes: bool 
 
 def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accept_new_host_keys: bool,
                  say: Callable[[str], None]) -> Cluster:
-    """Connect to every host in parallel and inspect it; any failure changes nothing."""
-    conns = parallel(lambda h: connect(plan.host(h), known_hosts=known_hosts,
-                                       accept_new_host_keys=accept_new_host_keys), hosts)
-    transports = {h: t for h, t in conns.items() if not isinstance(t, BaseException)}
-    cluster = Cluster(plan, transports, {}, say)
-    failed = {h: e for h, e in conns.items() if isinstance(e, BaseException)}
-    if failed:
-        cluster.close()
-        _fail_on_errors(failed, "connecting")
+    """Connect to every host in parallel and inspect it; any failure changes nothing.
 
-    def inspect(h: str) -> dict[str, Any]:
+    Each host is inspected as soon as its own connection is up (no barrier between
+    the two steps): inspecting only reads, so nothing changes before every host
+    has answered.
+    """
+    cluster = Cluster(plan, {}, {}, say)
+
+    def connect_and_inspect(h: str) -> dict[str, Any]:
+        cluster.transports[h] = connect(plan.host(h), known_hosts=known_hosts,
+                                        accept_new_host_keys=accept_new_host_keys)
         units = {s.name: unit_name(plan, s) for s in plan.services_on(h)}
         # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
         ports = sorted({p for s in plan.services_on(h) for p in s.listens})
         return cluster.call(h, "inspect", {"services": units, "ports": ports, "address": plan.host(h).address},
                             timeout=60)
 
-    views = parallel(inspect, hosts)
+    views = parallel(connect_and_inspect, hosts)
+    unreachable = {h: v for h, v in views.items() if h not in cluster.transports}
     try:
+        _fail_on_errors(unreachable, "connecting")
         _fail_on_errors(views, "inspecting")
     except DeployError:
         cluster.close()

@@ -34,7 +34,9 @@ class Probe(Frozen):
     command: list[str] | None = None
     expect_status: int = 200
     timeout_s: float = Field(60, description="Give up after this long.")
-    interval_s: float = Field(0.5, description="Cap on the first wait between tries (the agent starts at 0.05 s, doubling to 5 s).")
+    interval_s: float = Field(
+        0.5, description="Longest wait between tries (the agent retries after 0.05 s, growing 1.5x per miss up to this)."
+    )
 
 
 class FileSpec(Frozen):
