@@ -151,15 +151,16 @@ def _bundles(loaded: LoadedRecipe, p: Plan) -> dict[str, Any]:
 
 
 @contextmanager
-def connected(recipe: Path, accept_new_host_keys: bool, *, head_only: bool = False
+def connected(recipe: Path, accept_new_host_keys: bool, *, head_only: bool = False, include_dropped: bool = False
               ) -> Iterator[tuple[LoadedRecipe, Plan, Cluster]]:
-    """Load and plan a recipe, connect to its hosts (or only the frontend host), close them afterwards."""
+    """Load and plan a recipe, connect to its hosts (or only the frontend host; or also the hosts
+    the recipe dropped since the last `up`), close them afterwards."""
     from primectl.deploy.rollout import open_cluster
 
     loaded, p = load_plan(recipe)
     hosts = [p.service("frontend").host] if head_only else [h.name for h in p.hosts if p.services_on(h.name)]
     cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
-                           accept_new_host_keys=accept_new_host_keys, say=_say)
+                           accept_new_host_keys=accept_new_host_keys, say=_say, include_dropped=include_dropped)
     try:
         yield loaded, p, cluster
     finally:
@@ -259,7 +260,7 @@ def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None
     def body() -> int:
         from primectl.deploy.observe import render_diff
 
-        with connected(recipe, accept_new_host_keys) as (loaded, p, cluster):
+        with connected(recipe, accept_new_host_keys, include_dropped=True) as (loaded, p, cluster):
             changes, details = render_diff(cluster, _bundles(loaded, p))
         marks = {"add": "+", "change": "~", "restart": "!", "remove": "-", "keep": " "}
         pending = [c for c in changes if c.action != "keep"]

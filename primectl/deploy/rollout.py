@@ -1,6 +1,7 @@
 """`up`, `diff` and `down`: take a rendered plan to its hosts, safely.
 
-Read top to bottom, `up` is: connect to every host -> inspect -> lock ->
+Read top to bottom, `up` is: connect to every host (and to hosts the last
+`up` deployed to that the recipe no longer names) -> inspect -> lock ->
 compute changes -> check ports -> push -> switch -> start wave by wave and
 wait -> gate -> record state -> unlock. Any failure before the switch changes
 nothing; any failure after it rolls the changed services back to the previous
@@ -20,13 +21,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
 from primectl.deploy.transport import Transport, agent_call, connect
 from primectl.errors import DeployError, Problem, RecipeError
-from primectl.plan.model import Plan, Service
+from primectl.plan.model import HostPlan, Plan, Service
 from primectl.render.bundle import Bundle, unit_name
 
 T = TypeVar("T")
@@ -78,8 +79,15 @@ class Cluster:
     say: Callable[[str], None]
     lock_token: str | None = None
     lock_host: str | None = None
+    # hosts the last `up` deployed to that the recipe no longer names: reachable ones are
+    # inspected like the others (their services show up as removals), unreachable ones
+    # stay in the roster so the next `up` tries again
+    dropped: dict[str, HostPlan] = field(default_factory=dict)
+    unreachable_dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def workdir(self, host: str) -> str:
+        if host in self.dropped:
+            return self.dropped[host].workdir
         return self.plan.host(host).workdir
 
     def call(self, host: str, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
@@ -101,12 +109,13 @@ def _fail_on_errors(results: dict[str, Any], what: str, *, before_changes: bool 
 
 
 def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accept_new_host_keys: bool,
-                 say: Callable[[str], None]) -> Cluster:
+                 say: Callable[[str], None], include_dropped: bool = False) -> Cluster:
     """Connect to every host in parallel and inspect it; any failure changes nothing.
 
     Each host is inspected as soon as its own connection is up (no barrier between
     the two steps): inspecting only reads, so nothing changes before every host
-    has answered.
+    has answered. With ``include_dropped``, hosts that the last `up` recorded in
+    its roster but the recipe no longer gives services are inspected too.
     """
     cluster = Cluster(plan, {}, {}, say)
 
@@ -134,7 +143,49 @@ def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accep
             cluster.close()
             raise DeployError(f"{h}: workdir {cluster.workdir(h)} holds deployment {owner!r}, not {plan.name!r}; "
                               "give each deployment its own workdir")
+    if include_dropped:
+        _join_dropped_hosts(cluster, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
     return cluster
+
+
+def _roster(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """The hosts the newest recorded state of this deployment lists (name -> HostPlan fields)."""
+    states = [v.get("state") or {} for v in cluster.views.values()]
+    states = [s for s in states if s.get("deployment") == cluster.plan.name and s.get("roster")]
+    if not states:
+        return {}
+    roster: dict[str, dict[str, Any]] = max(states, key=lambda s: s.get("updated", 0))["roster"]
+    return roster
+
+
+def _join_dropped_hosts(cluster: Cluster, *, known_hosts: str | None, accept_new_host_keys: bool) -> None:
+    """Connect to and inspect the hosts the recipe dropped; a dropped host that cannot be
+    reached is reported and left alone (it is often why it was dropped)."""
+    plan = cluster.plan
+    planned = {h.name for h in plan.hosts if plan.services_on(h.name)}
+    dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster).items() if n not in planned}
+
+    def one(name: str) -> dict[str, Any]:
+        hp = dropped[name]
+        t = connect(hp, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+        cluster.transports[name] = t
+        return agent_call(t, "inspect", {"workdir": hp.workdir, "supervisor": plan.supervisor}, timeout=60)
+
+    for name, view in parallel(one, dropped).items():
+        hp = dropped[name]
+        if isinstance(view, dict) and view.get("ok"):
+            if (view.get("state") or {}).get("deployment") == plan.name:
+                cluster.dropped[name] = hp
+                cluster.views[name] = view
+            elif name in cluster.transports:
+                cluster.transports.pop(name).close()
+            continue
+        if name in cluster.transports:
+            cluster.transports.pop(name).close()
+        error = view.get("error") if isinstance(view, dict) else str(view)
+        cluster.unreachable_dropped[name] = hp.model_dump(mode="json")
+        cluster.say(f"WARNING: {name} ({hp.address}) was dropped from the recipe but cannot be inspected ({error}); "
+                    "its services, if any, are still running there and the next `up` will try again")
 
 
 def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
@@ -181,8 +232,9 @@ def compute_changes(plan: Plan, bundles: dict[str, Bundle], views: dict[str, dic
                 out.append(Change(host, name, "restart", "not running"))
             else:
                 out.append(Change(host, name, "keep", "unchanged and running"))
+        gone = "host dropped from the recipe" if host not in bundles else "no longer in the plan"
         for name in sorted(set(recorded) - set(desired)):
-            out.append(Change(host, name, "remove", "no longer in the plan"))
+            out.append(Change(host, name, "remove", gone))
     return out
 
 
@@ -337,7 +389,8 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
     """Bring the cluster to the plan; roll back changed services on failure (DeployError)."""
     t0 = time.monotonic()
     hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
-    cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say)
+    cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say,
+                           include_dropped=True)
     try:
         lock(cluster, break_lock=break_lock, command="up")
         changes = compute_changes(plan, bundles, cluster.views)
@@ -395,6 +448,7 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
             rollback(cluster, bundles, changes, started)
             raise DeployError("interrupted by the operator (rolled back to the previous revision)") from None
         write_state(cluster, bundles, hosts, secrets_hash)
+        retire_dropped(cluster)
         say(f"ready: {plan.endpoint} ({len(to_start)} started, "
             f"{sum(c.action == 'keep' for c in changes)} unchanged)")
         return UpResult(changes, started, time.monotonic() - t0)
@@ -415,10 +469,29 @@ def write_state(cluster: Cluster, bundles: dict[str, Bundle], hosts: list[str], 
             "previous_revision": prev if prev != bundles[h].revision else old.get("previous_revision"),
             "supervisor": plan.supervisor, "secrets_hash": secrets_hash, "updated": time.time(),
             "services": {s.name: _record(plan, s, bundles[h]) for s in plan.services_on(h)},
+            "roster": roster,
         }
         return cluster.call(h, "write_state", {"state": state})
 
+    # every host of the deployment, so a later `up` finds the ones its recipe drops
+    roster = {n: plan.host(n).model_dump(mode="json") for n in hosts} | cluster.unreachable_dropped
     _fail_on_errors(parallel(one, hosts), "recording state", before_changes=False)
+
+
+def retire_dropped(cluster: Cluster) -> None:
+    """Record on each dropped host that it no longer runs anything of this deployment."""
+
+    def one(h: str) -> dict[str, Any]:
+        old = cluster.views[h].get("state") or {}
+        state: dict[str, Any] = {"deployment": cluster.plan.name, "revision": old.get("revision"), "retired": True,
+                                 "supervisor": cluster.plan.supervisor, "updated": time.time(), "services": {}}
+        return cluster.call(h, "write_state", {"state": state})
+
+    for h, r in parallel(one, cluster.dropped).items():
+        if isinstance(r, BaseException) or not r.get("ok"):
+            cluster.say(f"WARNING: could not record on {h} that it left the deployment: {r}")
+        else:
+            cluster.say(f"{h} left the deployment (dropped from the recipe)")
 
 
 def rollback(cluster: Cluster, bundles: dict[str, Bundle], changes: list[Change], started: list[str]) -> None:
@@ -466,9 +539,10 @@ def _stop_on(cluster: Cluster, groups: dict[str, list[dict[str, Any]]], host: st
 
 def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_host_keys: bool = False,
          break_lock: bool = False, say: Callable[[str], None] = print) -> list[str]:
-    """Stop every service in reverse start order; `purge` removes primectl's files too."""
+    """Stop every service in reverse start order (on hosts the recipe dropped too); `purge` removes primectl's files."""
     hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
-    cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say)
+    cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say,
+                           include_dropped=True)
     stopped: list[str] = []
     try:
         lock(cluster, break_lock=break_lock, command="down")
@@ -487,7 +561,8 @@ def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_
                 if isinstance(r, dict):
                     stopped += r.get("stopped", [])
         if purge:
-            _fail_on_errors(parallel(lambda h: cluster.call(h, "purge", {}), hosts), "purging", before_changes=False)
+            _fail_on_errors(parallel(lambda h: cluster.call(h, "purge", {}), [*hosts, *cluster.dropped]), "purging",
+                            before_changes=False)
         say(f"stopped {len(stopped)} service(s)" + ("; files removed" if purge else ""))
         return stopped
     finally:

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from .conftest import ETCD, LAYOUT, Deployment
-from .sshhosts import pid_alive, processes_under, wait_gone
+from .sshhosts import pid_alive, processes_under, recorded_pids, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +152,60 @@ def test_down_leaves_no_process_behind_fake_engine(deployment: Deployment) -> No
     for h in LAYOUT:
         left = sorted(os.listdir(deployment.workdir(h)))
         assert left == [], f"{h}: --purge left {left}"
+
+
+def _without_h3(deployment: Deployment) -> None:
+    """The recipe with h3 gone: its two decode workers move to h2."""
+    deployment.write({"hosts": deployment.base["hosts"][:2], "decode": {"hosts": ["h2"]}})
+
+
+def test_dropping_a_host_from_the_recipe_stops_its_services_fake_engine(deployment: Deployment) -> None:
+    """A host left out of the recipe is not forgotten: `diff` lists its services as removals, `up` stops
+    them and records on the host that it left, and later `up`s do not touch it again."""
+    deployment.up_ok()
+    on_h3 = recorded_pids(deployment.workdir("h3"))
+    assert set(on_h3) == {"decode-0", "decode-1"}
+    assert set(deployment.state("h1")["roster"]) == {"h1", "h2", "h3"}
+
+    _without_h3(deployment)
+    d = deployment.cli("diff")
+    assert d.returncode == 3, d.stdout + d.stderr
+    marked = {(m[1], m[2]): m[3] for m in re.finditer(r"^[~+!\- ] (h\d)\s+(\S+)\s+(\S+)", d.stdout, re.M)}
+    assert marked[("h3", "decode-0")] == marked[("h3", "decode-1")] == "remove", d.stdout
+    assert marked[("h2", "decode-0")] == marked[("h2", "decode-1")] == "add", d.stdout
+    assert "host dropped from the recipe" in d.stdout
+    assert all(pid_alive(p) for p in on_h3.values()), "diff must not stop anything"
+
+    r = deployment.up_ok()
+    assert "h3 left the deployment" in r.stderr, r.stderr
+    assert wait_gone(on_h3.values(), 10) == [], "h3's decode workers still run"
+    assert processes_under(deployment.workdir("h3")) == []
+    h3 = deployment.state("h3")
+    assert h3 is not None and h3["services"] == {} and h3["retired"] is True
+    assert set(deployment.state("h1")["roster"]) == {"h1", "h2"}
+    assert set(recorded_pids(deployment.workdir("h2"))) == {"prefill-0", "decode-0", "decode-1"}
+
+    touched = (deployment.workdir("h3") / "state.json").stat().st_mtime_ns
+    again = deployment.up_ok()
+    assert "no changes" in again.stderr, again.stderr
+    assert (deployment.workdir("h3") / "state.json").stat().st_mtime_ns == touched, "h3 was touched again"
+
+
+def test_a_dropped_host_that_is_down_is_retried_by_the_next_up_fake_engine(deployment: Deployment) -> None:
+    """Dropping a host because it is unreachable must not block `up`; its services are stopped once it is back."""
+    deployment.up_ok()
+    on_h3 = recorded_pids(deployment.workdir("h3"))
+    _without_h3(deployment)
+    h3 = deployment.cluster.hosts[2]
+    h3.stop()
+    try:
+        r = deployment.up_ok()
+        assert "h3" in r.stderr and "cannot be inspected" in r.stderr and "will try again" in r.stderr, r.stderr
+        assert all(pid_alive(p) for p in on_h3.values()), "nothing could have reached h3"
+        assert "h3" in deployment.state("h1")["roster"], "the unreachable host must stay on the roster"
+    finally:
+        h3.start()
+    r = deployment.up_ok()
+    assert "h3 left the deployment" in r.stderr, r.stderr
+    assert wait_gone(on_h3.values(), 10) == []
+    assert set(deployment.state("h1")["roster"]) == {"h1", "h2"}
