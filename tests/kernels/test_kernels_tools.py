@@ -69,3 +69,20 @@ def test_bench_without_gpu_exits_3() -> None:
     res = _run(["kernels.bench"], interpret=True)
     assert res.returncode == 3
     assert "no GPU" in res.stderr
+
+
+def test_gather_probe_reads_exactly_the_selected_rows() -> None:
+    """The ablation's memory-only kernel must read what the decode reads: every valid selected row, once."""
+    import torch
+
+    from kernels.gather_probe import gather_only
+
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
+    g = torch.Generator().manual_seed(5)
+    cache = torch.randint(0, 256, (4, 16, 352), generator=g, dtype=torch.uint8)
+    idx = torch.stack([torch.randperm(64, generator=g)[:40] for _ in range(2)]).to(torch.int32)
+    idx[0, ::3] = -1
+    sums = gather_only(cache.to(device), idx.to(device), 352, splits=2, block_n=16, num_warps=4).cpu()
+    flat = cache.view(-1, 352).to(torch.int64)
+    want = [int(flat[row[row >= 0].long()].sum()) for row in idx]
+    assert sums.view(2, -1).sum(dim=1).tolist() == want
