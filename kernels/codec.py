@@ -84,6 +84,32 @@ def e2m1_decode_f16(n):  # type: ignore[no-untyped-def]
 
 
 @jit
+def nvfp4_gather(row, mask):  # type: ignore[no-untyped-def]
+    """Raw bytes of the nvfp4_ds_mla rows at byte pointers ``row [R]`` (rows where ``mask`` is
+    false are not read): (packed latent [R, 256], scale codes [R, 32] in block order, rope codes [R, 64])."""
+    j = tl.arange(0, 256)
+    r = tl.arange(0, 64)
+    s = tl.arange(0, 32)
+    m2 = mask[:, None]
+    packed = tl.load(row[:, None] + j[None, :], mask=m2, other=0)
+    sc = tl.load(row[:, None] + (320 + 8 * (s & 3) + (s >> 2))[None, :], mask=m2, other=0)
+    pe = tl.load(row[:, None] + 256 + r[None, :], mask=m2, other=0)
+    return packed, sc, pe
+
+
+@jit
+def nvfp4_dequant_halves(packed, sc, ROWS: tl.constexpr, DTYPE: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Even/odd latent halves ``[ROWS, 256]`` in ``DTYPE`` from packed E2M1 bytes and e4m3 block-scale
+    codes (E2M1 x e4m3 products are exact in FP16 as well as FP32)."""
+    p32 = packed.to(tl.int32)
+    sf = e4m3_decode(sc).to(DTYPE)
+    sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (ROWS, 32, 8)), (ROWS, 256))
+    lo = e2m1_decode_f16(p32 & 15).to(DTYPE) * sf_b
+    hi = e2m1_decode_f16(p32 >> 4).to(DTYPE) * sf_b
+    return lo, hi
+
+
+@jit
 def bf16_rne_bits(x):  # type: ignore[no-untyped-def]
     """FP32 -> bf16 bit pattern (int32 in [0, 65536)), round-to-nearest-even."""
     u = x.to(tl.int32, bitcast=True)
@@ -203,22 +229,14 @@ def _dequant_nvfp4_kernel(rows_ptr, out_ptr, N, BLOCK_T: tl.constexpr):  # type:
     mask = tok < N
     m2 = mask[:, None]
     tok64 = tok.to(tl.int64)
-    row = rows_ptr + tok64 * 352
-    j = tl.arange(0, 256)
-    r = tl.arange(0, 64)
-    s = tl.arange(0, 32)
-    packed = tl.load(row[:, None] + j[None, :], mask=m2, other=0).to(tl.int32)
-    sc = tl.load(row[:, None] + (320 + 8 * (s & 3) + (s >> 2))[None, :], mask=m2, other=0)
-    sf = e4m3_decode(sc)
-    sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (BLOCK_T, 32, 8)), (BLOCK_T, 256))
-    v_lo = e2m1_decode_f16(packed & 15).to(tl.float32) * sf_b
-    v_hi = e2m1_decode_f16(packed >> 4).to(tl.float32) * sf_b
+    packed, sc, pe = nvfp4_gather(rows_ptr + tok64 * 352, mask)
+    v_lo, v_hi = nvfp4_dequant_halves(packed, sc, BLOCK_T, tl.float32)
     lat = tl.reshape(tl.join(v_lo, v_hi), (BLOCK_T, 512))
     out_row = out_ptr + tok64 * 576
     d = tl.arange(0, 512)
+    r = tl.arange(0, 64)
     tl.store(out_row[:, None] + d[None, :], lat, mask=m2)
-    rope = e4m3_decode(tl.load(row[:, None] + 256 + r[None, :], mask=m2, other=0))
-    tl.store(out_row[:, None] + 512 + r[None, :], rope, mask=m2)
+    tl.store(out_row[:, None] + 512 + r[None, :], e4m3_decode(pe), mask=m2)
 
 
 @jit

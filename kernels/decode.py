@@ -34,10 +34,11 @@ import triton.language as tl
 
 from kernels.codec import (
     bf16_bits_to_f32,
-    e2m1_decode_f16,
     e4m3_decode,
     fp8_quant_store,
     jit,
+    nvfp4_dequant_halves,
+    nvfp4_gather,
 )
 from kernels.layout import (
     FP8_DS_MLA_ROW_BYTES,
@@ -63,6 +64,32 @@ def _row_offsets(idx_ptr, n, end, num_rows, block_size, stride_block, ROW_BYTES:
     idx64 = tl.where(valid, idx, 0).to(tl.int64)
     off = (idx64 // block_size) * stride_block + (idx64 % block_size) * ROW_BYTES
     return valid, off
+
+
+@jit
+def _program_heads(H, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
+    """This program's (token, split, split count, head ids [BLOCK_H], head mask)."""
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    hb = tl.program_id(2)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    return t, sp, tl.num_programs(1), heads, heads < H
+
+
+@jit
+def _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it):  # type: ignore[no-untyped-def]
+    """This split's [start, end) of the token's top-k slots and the token's row of indices."""
+    start = sp * rows_per_split
+    end = tl.minimum(start + rows_per_split, TOPK)
+    return start, end, idx_ptr + t.to(tl.int64) * stride_it
+
+
+@jit
+def _split_result(m_i, l_i, t, sp, num_splits, H, heads):  # type: ignore[no-untyped-def]
+    """(partial-row index per head, l with empty splits as 1, log2-sum-exp) at the end of a split."""
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    return (t * num_splits + sp) * H + heads, l_safe, lse
 
 
 @jit
@@ -92,21 +119,19 @@ def _scaled_pv(p, sc, k, acc):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block, j, r, sc_off):  # type: ignore[no-untyped-def]
+def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block):  # type: ignore[no-untyped-def]
     """Gather the raw bytes of one tile of nvfp4 rows: (valid, packed latent, scale codes, rope codes)."""
     valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
-    row = cache_ptr + off
-    v2 = valid[:, None]
-    packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0)
-    sc = tl.load(row[:, None] + sc_off[None, :], mask=v2, other=0)
-    pe = tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0)
+    packed, sc, pe = nvfp4_gather(cache_ptr + off, valid)
     return valid, packed, sc, pe
 
 
 @jit
-def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block, d, r):  # type: ignore[no-untyped-def]
+def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block):  # type: ignore[no-untyped-def]
     """Gather the raw bytes of one tile of fp8 rows: (valid, 4 latent chunks, 4 scales, rope bits)."""
     valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
+    d = tl.arange(0, 128)
+    r = tl.arange(0, 64)
     row = cache_ptr + off
     v2 = valid[:, None]
     c0 = tl.load(row[:, None] + d[None, :], mask=v2, other=0)
@@ -149,16 +174,9 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    sp = tl.program_id(1)
-    hb = tl.program_id(2)
-    num_splits = tl.num_programs(1)
-    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = heads < H
+    t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
     j = tl.arange(0, 256)
     r = tl.arange(0, 64)
-    sidx = tl.arange(0, 32)
-    sc_off = 320 + 8 * (sidx & 3) + (sidx >> 2)
 
     q_row = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
     hm2 = hmask[:, None]
@@ -171,24 +189,14 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     acc_lo = tl.zeros([BLOCK_H, 256], tl.float32)
     acc_hi = tl.zeros([BLOCK_H, 256], tl.float32)
 
-    start = sp * rows_per_split
-    end = tl.minimum(start + rows_per_split, TOPK)
-    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
     nb = tl.arange(0, BLOCK_N)
-    valid, packed, sc, pe = _load_nvfp4_tile(
-        cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block, j, r, sc_off
-    )
+    valid, packed, sc, pe = _load_nvfp4_tile(cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block)
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            valid_nx, packed_nx, sc_nx, pe_nx = _load_nvfp4_tile(
-                cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, j, r, sc_off
-            )
+            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            p32 = packed.to(tl.int32)
-            sf = e4m3_decode(sc).to(tl.float16)
-            sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (BLOCK_N, 32, 8)), (BLOCK_N, 256))
-            k_lo = e2m1_decode_f16(p32 & 15) * sf_b
-            k_hi = e2m1_decode_f16(p32 >> 4) * sf_b
+            k_lo, k_hi = nvfp4_dequant_halves(packed, sc, BLOCK_N, tl.float16)
             k_pe = e4m3_decode(pe).to(tl.float16)
             s = tl.dot(q_lo, tl.trans(k_lo))
             s = tl.dot(q_hi, tl.trans(k_hi), s)
@@ -198,15 +206,11 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
             acc_lo = tl.dot(pf, k_lo, acc_lo * alpha[:, None])
             acc_hi = tl.dot(pf, k_hi, acc_hi * alpha[:, None])
         if not PREFETCH:
-            valid_nx, packed_nx, sc_nx, pe_nx = _load_nvfp4_tile(
-                cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, j, r, sc_off
-            )
-        valid, packed, sc, pe = valid_nx, packed_nx, sc_nx, pe_nx
+            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+        valid, packed, sc, pe = nxt
 
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
     out = tl.reshape(tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_H, 512))
-    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    part = (t * num_splits + sp) * H + heads  # [BLOCK_H]
     d = tl.arange(0, 512)
     tl.store(o_ptr + part.to(tl.int64)[:, None] * 512 + d[None, :], out, mask=hm2)
     tl.store(lse_ptr + part, lse, mask=hmask)
@@ -236,12 +240,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    sp = tl.program_id(1)
-    hb = tl.program_id(2)
-    num_splits = tl.num_programs(1)
-    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = heads < H
+    t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
     d = tl.arange(0, 128)
     r = tl.arange(0, 64)
 
@@ -260,28 +259,15 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
 
-    start = sp * rows_per_split
-    end = tl.minimum(start + rows_per_split, TOPK)
-    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
     nb = tl.arange(0, BLOCK_N)
+    cache = (cache_ptr, cache_f32_ptr, cache_i16_ptr)
     valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = _load_fp8_tile(
-        cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block, d, r
+        *cache, idx_row, start + nb, end, num_rows, block_size, stride_block
     )
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_fp8_tile(
-                cache_ptr,
-                cache_f32_ptr,
-                cache_i16_ptr,
-                idx_row,
-                n0 + BLOCK_N + nb,
-                end,
-                num_rows,
-                block_size,
-                stride_block,
-                d,
-                r,
-            )
+            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
             k0 = e4m3_decode(c0).to(tl.float16)
             k1 = e4m3_decode(c1).to(tl.float16)
@@ -300,25 +286,11 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
             acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
             acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
         if not PREFETCH:
-            nxt = _load_fp8_tile(
-                cache_ptr,
-                cache_f32_ptr,
-                cache_i16_ptr,
-                idx_row,
-                n0 + BLOCK_N + nb,
-                end,
-                num_rows,
-                block_size,
-                stride_block,
-                d,
-                r,
-            )
+            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
         valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = nxt
 
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
     inv = (1.0 / l_safe)[:, None]
-    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    part = (t * num_splits + sp) * H + heads
     o_row = o_ptr + part.to(tl.int64)[:, None] * 512
     tl.store(o_row + d[None, :], acc0 * inv, mask=hm2)
     tl.store(o_row + 128 + d[None, :], acc1 * inv, mask=hm2)
@@ -390,17 +362,9 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
     tl.store(new_idx_ptr + slot, tl.where(valid, slot, -1), mask=inb)
     idx64 = tl.where(valid, idx, 0).to(tl.int64)
     row = cache_ptr + (idx64 // block_size) * stride_block + (idx64 % block_size) * 352
-    j = tl.arange(0, 256)
-    r = tl.arange(0, 64)
-    sidx = tl.arange(0, 32)
-    v2 = valid[:, None]
-    packed = tl.load(row[:, None] + j[None, :], mask=v2, other=0).to(tl.int32)
-    sc = tl.load(row[:, None] + (320 + 8 * (sidx & 3) + (sidx >> 2))[None, :], mask=v2, other=0)
-    sf = e4m3_decode(sc)
-    sf_b = tl.reshape(tl.broadcast_to(sf[:, :, None], (BLOCK_T, 32, 8)), (BLOCK_T, 256))
-    lo = e2m1_decode_f16(packed & 15).to(tl.float32) * sf_b
-    hi = e2m1_decode_f16(packed >> 4).to(tl.float32) * sf_b
-    rope = e4m3_decode(tl.load(row[:, None] + 256 + r[None, :], mask=v2, other=0))
+    packed, sc, pe = nvfp4_gather(row, valid)
+    lo, hi = nvfp4_dequant_halves(packed, sc, BLOCK_T, tl.float32)
+    rope = e4m3_decode(pe)
     s64 = slot.to(tl.int64)
     fp8_quant_store(stage_ptr + s64 * 656, stage_f32_ptr + s64 * 164, stage_i16_ptr + s64 * 328, lo, hi, rope, valid, BLOCK_T)
 
