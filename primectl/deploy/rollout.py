@@ -118,17 +118,15 @@ def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accep
     its roster but the recipe no longer gives services are inspected too.
     """
     cluster = Cluster(plan, {}, {}, say)
+    reach = partial(_connect_and_inspect, cluster, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
 
-    def connect_and_inspect(h: str) -> dict[str, Any]:
-        cluster.transports[h] = connect(plan.host(h), known_hosts=known_hosts,
-                                        accept_new_host_keys=accept_new_host_keys)
+    def one(h: str) -> dict[str, Any]:
         units = {s.name: unit_name(plan, s) for s in plan.services_on(h)}
         # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
         ports = sorted({p for s in plan.services_on(h) for p in s.listens})
-        return cluster.call(h, "inspect", {"services": units, "ports": ports, "address": plan.host(h).address},
-                            timeout=60)
+        return reach(h, plan.host(h), {"services": units, "ports": ports, "address": plan.host(h).address})
 
-    views = parallel(connect_and_inspect, hosts)
+    views = parallel(one, hosts)
     unreachable = {h: v for h, v in views.items() if h not in cluster.transports}
     try:
         _fail_on_errors(unreachable, "connecting")
@@ -144,8 +142,15 @@ def open_cluster(plan: Plan, hosts: list[str], *, known_hosts: str | None, accep
             raise DeployError(f"{h}: workdir {cluster.workdir(h)} holds deployment {owner!r}, not {plan.name!r}; "
                               "give each deployment its own workdir")
     if include_dropped:
-        _join_dropped_hosts(cluster, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+        _join_dropped_hosts(cluster, reach)
     return cluster
+
+
+def _connect_and_inspect(cluster: Cluster, name: str, host: HostPlan, args: dict[str, Any], *,
+                         known_hosts: str | None, accept_new_host_keys: bool) -> dict[str, Any]:
+    """Open a host's transport (kept in the cluster) and inspect its workdir."""
+    cluster.transports[name] = connect(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+    return cluster.call(name, "inspect", args, timeout=60)
 
 
 def _roster(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -158,28 +163,24 @@ def _roster(cluster: Cluster) -> dict[str, dict[str, Any]]:
     return roster
 
 
-def _join_dropped_hosts(cluster: Cluster, *, known_hosts: str | None, accept_new_host_keys: bool) -> None:
+def _join_dropped_hosts(cluster: Cluster, reach: Callable[[str, HostPlan, dict[str, Any]], dict[str, Any]]) -> None:
     """Connect to and inspect the hosts the recipe dropped; a dropped host that cannot be
     reached is reported and left alone (it is often why it was dropped)."""
     plan = cluster.plan
     planned = {h.name for h in plan.hosts if plan.services_on(h.name)}
     dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster).items() if n not in planned}
+    cluster.dropped = dict(dropped)  # so cluster.call finds their workdirs; those that do not answer leave again
 
-    def one(name: str) -> dict[str, Any]:
-        hp = dropped[name]
-        t = connect(hp, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
-        cluster.transports[name] = t
-        return agent_call(t, "inspect", {"workdir": hp.workdir, "supervisor": plan.supervisor}, timeout=60)
-
-    for name, view in parallel(one, dropped).items():
+    for name, view in parallel(lambda n: reach(n, dropped[n], {}), dropped).items():
         hp = dropped[name]
         if isinstance(view, dict) and view.get("ok"):
             if (view.get("state") or {}).get("deployment") == plan.name:
-                cluster.dropped[name] = hp
                 cluster.views[name] = view
-            elif name in cluster.transports:
+            else:
+                del cluster.dropped[name]
                 cluster.transports.pop(name).close()
             continue
+        del cluster.dropped[name]
         if name in cluster.transports:
             cluster.transports.pop(name).close()
         error = view.get("error") if isinstance(view, dict) else str(view)
