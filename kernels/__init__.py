@@ -6,6 +6,8 @@ torch/triton parts live in ``kernels.reference``, ``kernels.codec`` and
 ``kernels.decode`` and are imported only on demand.
 """
 
+import os
+
 from kernels.layout import (
     BF16_MLA_TOKEN_BYTES,
     FP8_DS_MLA_ROW_BYTES,
@@ -73,9 +75,22 @@ __all__ = [
     "NVFP4_SCALE_OFFSET",
     "ROPE_DIM",
     "SUPPORTED_DTYPES",
+    "compiled_gpu",
     "decode_read_bytes",
     "mla_row_bytes",
     "mla_storage_row_bytes",
     "nvfp4_scale_block",
     "nvfp4_scale_offset",
 ]
+
+
+def compiled_gpu() -> bool:
+    """True when the Triton kernels will be compiled for a CUDA GPU: torch is installed and sees
+    one, and ``TRITON_INTERPRET=1`` does not send them to the interpreter."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

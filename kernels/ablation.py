@@ -14,6 +14,8 @@ import functools
 import os
 import sys
 
+from kernels import compiled_gpu
+
 EXIT_NO_GPU = 3
 
 
@@ -25,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    gpu = compiled_gpu()
     if not gpu and not args.allow_cpu:
         print("kernels ablation: no GPU present (pass --allow-cpu for a toy run)", file=sys.stderr)
         return EXIT_NO_GPU

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernels import compiled_gpu
+
 EXIT_NO_GPU = 3
 SWEEP_T = (1, 2, 4, 8, 15, 20, 32, 35, 64)
 SPLIT_CANDIDATES: tuple[int | None, ...] = (None, 4, 8, 16, 32, 64)
@@ -87,7 +89,7 @@ def graph_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> float:
     """Median device microseconds per call: one CUDA graph runs every call once per replay."""
     import torch
 
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+    if not compiled_gpu():
         return wall_us(calls)
 
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -119,10 +121,9 @@ def graph_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> float:
 
 def eager_us(fn: Callable[[], Any], rep_ms: int = 100) -> float:
     """Median microseconds per eager call (``do_bench``: L2 flushed, host launch included)."""
-    import torch
     import triton.testing
 
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+    if not compiled_gpu():
         return wall_us([fn])
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")) * 1e3
 
@@ -290,13 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-cpu", action="store_true", help="without a GPU, run every code path at toy sizes (no speed figures)")
     args = ap.parse_args(argv)
 
-    interpret_env = os.environ.get("TRITON_INTERPRET", "0") == "1"
     try:
         import torch
     except ImportError:
         print("kernels bench: torch is not installed", file=sys.stderr)
         return EXIT_NO_GPU
-    gpu = torch.cuda.is_available() and not interpret_env
+    gpu = compiled_gpu()
     if not gpu and not args.allow_cpu:
         print(
             "kernels bench: no GPU present; the benchmark needs CUDA (use `python -m kernels.selftest "

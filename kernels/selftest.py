@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kernels import compiled_gpu
+
 EXIT_OK = 0
 EXIT_NUMERICS = 1
 EXIT_NO_GPU = 3
@@ -32,14 +34,6 @@ class Check:
     tol: float
     seconds: float
     detail: str = ""
-
-
-def _gpu_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 def _run_checks(device: str, small: bool) -> list[Check]:
@@ -139,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     interpret_env = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    gpu = _gpu_available() and not interpret_env
+    gpu = compiled_gpu()
     if not gpu and not args.allow_cpu:
         msg = "no GPU present: kernels selftest needs CUDA (pass --allow-cpu to run under the Triton interpreter)"
         if args.json:
