@@ -158,7 +158,7 @@ def connected(recipe: Path, accept_new_host_keys: bool, *, head_only: bool = Fal
     from primectl.deploy.rollout import open_cluster
 
     loaded, p = load_plan(recipe)
-    hosts = [p.service("frontend").host] if head_only else [h.name for h in p.hosts if p.services_on(h.name)]
+    hosts = [p.service("frontend").host] if head_only else p.deployed_hosts()
     cluster = open_cluster(p, hosts, known_hosts=loaded.recipe.known_hosts,
                            accept_new_host_keys=accept_new_host_keys, say=_say, include_dropped=include_dropped)
     try:

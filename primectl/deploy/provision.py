@@ -102,7 +102,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
             raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
         return HostRuntime(host, venv, "installed", installed_packages(cluster, host, venv))
 
-    results = parallel(one, sorted(h for h in cluster.transports if h not in cluster.dropped))
+    results = parallel(one, sorted(plan.deployed_hosts()))
     errors = [str(r) for r in results.values() if isinstance(r, BaseException)]
     if errors:
         raise DeployError("provision failed:\n  " + "\n  ".join(errors))

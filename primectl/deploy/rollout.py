@@ -167,7 +167,7 @@ def _join_dropped_hosts(cluster: Cluster, reach: Callable[[str, HostPlan, dict[s
     """Connect to and inspect the hosts the recipe dropped; a dropped host that cannot be
     reached is reported and left alone (it is often why it was dropped)."""
     plan = cluster.plan
-    planned = {h.name for h in plan.hosts if plan.services_on(h.name)}
+    planned = set(plan.deployed_hosts())
     dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster).items() if n not in planned}
     cluster.dropped = dict(dropped)  # so cluster.call finds their workdirs; those that do not answer leave again
 
@@ -389,7 +389,7 @@ def up(plan: Plan, bundles: dict[str, Bundle], *, secrets: str, known_hosts: str
        after_ready: Callable[[], None] | None = None, prepare: Callable[[Cluster], None] | None = None) -> UpResult:
     """Bring the cluster to the plan; roll back changed services on failure (DeployError)."""
     t0 = time.monotonic()
-    hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
+    hosts = plan.deployed_hosts()
     cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say,
                            include_dropped=True)
     try:
@@ -541,7 +541,7 @@ def _stop_on(cluster: Cluster, groups: dict[str, list[dict[str, Any]]], host: st
 def down(plan: Plan, *, purge: bool, known_hosts: str | None = None, accept_new_host_keys: bool = False,
          break_lock: bool = False, say: Callable[[str], None] = print) -> list[str]:
     """Stop every service in reverse start order (on hosts the recipe dropped too); `purge` removes primectl's files."""
-    hosts = [h.name for h in plan.hosts if plan.services_on(h.name)]
+    hosts = plan.deployed_hosts()
     cluster = open_cluster(plan, hosts, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys, say=say,
                            include_dropped=True)
     stopped: list[str] = []

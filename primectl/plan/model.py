@@ -180,6 +180,11 @@ class Plan(Frozen):
         """Services placed on `host`, in plan order."""
         return [s for s in self.services if s.host == host]
 
+    def deployed_hosts(self) -> list[str]:
+        """Names of the hosts that run at least one service, in recipe order."""
+        used = {s.host for s in self.services}
+        return [h.name for h in self.hosts if h.name in used]
+
     def start_waves(self) -> list[list[str]]:
         """Services grouped so each group depends only on earlier groups."""
         done: set[str] = set()
