@@ -508,36 +508,24 @@ def _run(
         idx.stride(0),
         sm_scale * LOG2E,
     )
+    caches: tuple[torch.Tensor, ...]
     if fmt == "nvfp4":
-        _decode_nvfp4_kernel[grid](
-            q,
-            cache,
-            idx,
-            o_part,
-            lse_part,
-            *common,
-            BLOCK_H=BLOCK_H,
-            BLOCK_N=block_n,
-            SKIP_EMPTY=tune.skip_empty_tiles,
-            PREFETCH=tune.prefetch,
-            **tune.launch_options(),
-        )
-    else:
-        _decode_fp8_kernel[grid](
-            q,
-            cache,
-            cache.view(torch.float32),
-            cache.view(torch.int16),
-            idx,
-            o_part,
-            lse_part,
-            *common,
-            BLOCK_H=BLOCK_H,
-            BLOCK_N=block_n,
-            SKIP_EMPTY=tune.skip_empty_tiles,
-            PREFETCH=tune.prefetch,
-            **tune.launch_options(),
-        )
+        kernel, caches = _decode_nvfp4_kernel, (cache,)
+    else:  # the fp8 kernel also reads the scales and rope through float32 / int16 views of the rows
+        kernel, caches = _decode_fp8_kernel, (cache, cache.view(torch.float32), cache.view(torch.int16))
+    kernel[grid](
+        q,
+        *caches,
+        idx,
+        o_part,
+        lse_part,
+        *common,
+        BLOCK_H=BLOCK_H,
+        BLOCK_N=block_n,
+        SKIP_EMPTY=tune.skip_empty_tiles,
+        PREFETCH=tune.prefetch,
+        **tune.launch_options(),
+    )
     _merge_kernel[(t, h, KV_LORA_RANK // MERGE_BLOCK_D)](
         o_part,
         lse_part,
