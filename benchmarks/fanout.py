@@ -1,7 +1,7 @@
 """Fan-out benchmark for `up`: how the apply layer scales from 1 to 18 SSH hosts.
 
 Starts 18 real OpenSSH servers on 127.0.0.2-19 (tests/integration/sshhosts.py) and
-times `primectl.deploy.rollout.up` in-process (so CLI start-up and recipe
+times `primectl.deploy.pipeline.up` in-process (so CLI start-up and recipe
 loading/rendering are NOT counted) for a deployment on 1, 6 and 18 hosts, then a
 zero-change `up` on 18 hosts. Services are the FAKE engine runtime
 (tests/fakes/fake_python: instantly-ready HTTP servers); etcd (the real
@@ -70,17 +70,14 @@ def recipe(name: str, cluster: SSHHosts, n: int, port_base: int) -> dict[str, An
     }
 
 
-def load(doc: dict[str, Any], path: Path) -> tuple[Any, Any, dict[str, Any], str]:
-    """Recipe file -> (loaded, plan, bundles, secrets), as `primectl up` prepares them."""
+def load(doc: dict[str, Any], path: Path) -> Any:
+    """Recipe file -> Plan, as `primectl up` prepares it."""
     import yaml
 
-    from primectl.cli import _bundles, load_plan
-    from primectl.deploy.rollout import resolve_secrets
+    from primectl.plan.build import plan_recipe
 
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    loaded, plan = load_plan(path)
-    secrets = resolve_secrets(plan, dict(loaded.recipe.secrets), loaded.file)
-    return loaded, plan, _bundles(loaded, plan), secrets
+    return plan_recipe(path)[1]
 
 
 def cpu_busy_s() -> float:
@@ -108,32 +105,31 @@ class StepTimer:
         self.t0 = 0.0
 
     def install(self) -> Callable[[], None]:
-        import primectl.deploy.rollout as rollout
-        import primectl.deploy.transport as transport
+        from primectl.deploy.client import HostClient
+        from primectl.deploy.cluster import ConnectionPolicy
 
-        orig_call, orig_connect = rollout.Cluster.call, rollout.connect
+        orig_call, orig_connect = HostClient.call, ConnectionPolicy.connect
         timer = self
 
-        def call(self: Any, host: str, op: str, args: dict[str, Any], timeout: float | None = None) -> Any:
+        def call(self: Any, op: str, args: dict[str, Any] | None = None, **kw: Any) -> Any:
             s = time.perf_counter()
             try:
-                return orig_call(self, host, op, args, timeout)
+                return orig_call(self, op, args, **kw)
             finally:
-                timer.calls.append((op, host, s - timer.t0, time.perf_counter() - s))
+                timer.calls.append((op, self.name, s - timer.t0, time.perf_counter() - s))
 
-        def connect(host: Any, **kw: Any) -> Any:
+        def connect(self: Any, host: Any) -> Any:
             s = time.perf_counter()
             try:
-                return orig_connect(host, **kw)
+                return orig_connect(self, host)
             finally:
                 timer.calls.append(("connect", host.name, s - timer.t0, time.perf_counter() - s))
 
-        rollout.Cluster.call, rollout.connect = call, connect  # type: ignore[method-assign]
+        HostClient.call, ConnectionPolicy.connect = call, connect  # type: ignore[method-assign]
 
         def undo() -> None:
-            rollout.Cluster.call, rollout.connect = orig_call, orig_connect  # type: ignore[method-assign]
+            HostClient.call, ConnectionPolicy.connect = orig_call, orig_connect  # type: ignore[method-assign]
 
-        del transport
         return undo
 
     def report(self, total: float) -> str:
@@ -162,13 +158,15 @@ def main() -> int:
     sizes = [int(s) for s in opts.sizes.split(",")]
     biggest = max(sizes)
 
-    from primectl.deploy.rollout import down, up
+    from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.deploy.pipeline import UpOptions, up
+    from primectl.targets.ssh import SSHTarget
 
     with tempfile.TemporaryDirectory(prefix="primectl-fanout-") as tmp:
         base = Path(tmp)
         t_start, cluster = timed(lambda: start_hosts(base / "hosts", biggest))
         cluster.known_hosts(cluster.base / "known_hosts")
-        print(f"started {biggest} sshd hosts in {t_start:.2f}s; timing rollout.up in-process "
+        print(f"started {biggest} sshd hosts in {t_start:.2f}s; timing pipeline.up in-process "
               f"(CLI start-up, recipe loading and rendering not counted); best of {opts.repeat}")
         results: dict[int, float] = {}
         noop: list[float] = []
@@ -180,9 +178,10 @@ def main() -> int:
                 for rep in range(opts.repeat):
                     run += 1
                     name = f"fan{n}-r{rep}"
-                    loaded, plan, bundles, secrets = load(recipe(name, cluster, n, 10_000 + 100 * run),
-                                                          base / f"{name}.yaml")
-                    kw = {"secrets": secrets, "known_hosts": loaded.recipe.known_hosts, "say": quiet}
+                    plan = load(recipe(name, cluster, n, 10_000 + 100 * run), base / f"{name}.yaml")
+                    # what `up --skip-preflight --no-smoke` does: the apply steps alone
+                    options = UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
+                                        smoke=False)
                     last = n == biggest and rep == opts.repeat - 1
                     profiled = opts.profile and rep == opts.repeat - 1
                     profile.calls.clear()
@@ -190,7 +189,7 @@ def main() -> int:
                     profile.t0 = time.perf_counter()
                     busy0, self0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF)
                     try:
-                        secs, res = timed(partial(up, plan, bundles, **kw))
+                        secs, res = timed(partial(up, plan, options, quiet))
                     finally:
                         if undo:
                             undo()
@@ -207,11 +206,11 @@ def main() -> int:
                               f"the controller (primectl) used {controller:.2f}s of it, the simulated hosts the rest")
                     if last:
                         for _ in range(opts.repeat):
-                            s, r = timed(partial(up, plan, bundles, **kw))
+                            s, r = timed(partial(up, plan, options, quiet))
                             assert not r.started, r
                             noop.append(s)
                             print(f"  zero-change up on {n:2} host(s): {s:.3f}s")
-                    down(plan, purge=True, known_hosts=loaded.recipe.known_hosts, say=quiet)
+                    SSHTarget().down(plan, options.connection, quiet, purge=True, break_lock=False)
                 results[n] = min(times)
         finally:
             left = kill_leftovers(cluster.base)

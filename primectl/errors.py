@@ -7,6 +7,10 @@ from dataclasses import dataclass
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+EXIT_CHANGES = 3  # `diff`: the deployment differs from the recipe
+
+# A path into the recipe document: keys and list indices, e.g. ("prefill", "extra_args", 2).
+RecipePath = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -25,12 +29,32 @@ class Problem:
         return f"{where}:{field} {self.message}"
 
 
+@dataclass(frozen=True)
+class Finding:
+    """A semantic problem found after parsing: a recipe path and what is wrong there.
+
+    Rules, engines and the planner return findings; the loader pins them to the
+    YAML line the user must edit (`LoadedRecipe.problem`).
+    """
+
+    path: RecipePath
+    message: str
+
+
 class RecipeError(Exception):
     """Bad input: one or more problems, all reported together (exit code 2)."""
 
     def __init__(self, problems: list[Problem]):
         self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.column, p.field))
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class PlanError(Exception):
+    """The recipe parsed but cannot be planned; carries findings to pin to YAML lines."""
+
+    def __init__(self, findings: list[Finding]):
+        self.findings = findings
+        super().__init__("; ".join(f.message for f in findings))
 
 
 class DeployError(Exception):

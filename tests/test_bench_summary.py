@@ -125,10 +125,12 @@ def test_ab_compare_spread_and_significance() -> None:
 
 
 def test_demo_variant_differs_only_in_the_prefill_budget_and_shares_hosts() -> None:
-    loaded_a, a = load_plan(REPO / "recipes" / "demo.yaml")
-    loaded_b, b = load_plan(REPO / "recipes" / "demo-variant.yaml")
-    da = loaded_a.recipe.model_dump()
-    db = loaded_b.recipe.model_dump()
+    from primectl.recipe.load import load_recipe
+
+    a = load_plan(REPO / "recipes" / "demo.yaml")
+    b = load_plan(REPO / "recipes" / "demo-variant.yaml")
+    da = load_recipe(REPO / "recipes" / "demo.yaml").recipe.model_dump()
+    db = load_recipe(REPO / "recipes" / "demo-variant.yaml").recipe.model_dump()
     assert da["prefill"].pop("token_budget_per_gpu") != db["prefill"].pop("token_budget_per_gpu")
     da.pop("extends", None)
     db.pop("extends", None)

@@ -255,8 +255,8 @@ def test_pairs_and_rounds(tmp_path: Path) -> None:
 
 
 def test_host_needs_from_the_demo_recipe(tmp_path: Path) -> None:
-    plan, recipe = plan_from(tmp_path)
-    n = host_needs(plan, recipe)["local"]
+    plan, _ = plan_from(tmp_path)
+    n = host_needs(plan)["local"]
     assert n.provisioned and n.expected_stamp and n.runtime_python.endswith(f"runtime/{plan.runtime_key}/bin/python")
     assert n.tier_dram_gb == 1 and n.generated_model and n.gpus == 0
     assert set(n.ports) == {p for s in plan.services for p in s.listens}

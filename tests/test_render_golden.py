@@ -37,10 +37,8 @@ RECIPES = {"glm53": "glm53.yaml", "demo": "demo.yaml"}
 
 def render(recipe_file: str) -> tuple[Plan, dict[str, Bundle]]:
     """What `primectl render` produces, in-process."""
-    recipe = load_recipe(REPO / "recipes" / recipe_file).recipe
-    plan = build_plan(recipe)
-    return plan, render_plan(plan, generate_model=bool(recipe.model.generate),
-                             max_context=recipe.model.max_context or 32768)
+    plan = build_plan(load_recipe(REPO / "recipes" / recipe_file).recipe)
+    return plan, render_plan(plan)
 
 
 def flat(bundles: dict[str, Bundle]) -> dict[str, bytes]:
@@ -155,7 +153,7 @@ def test_changing_one_decode_worker_changes_only_its_host_revision_and_service_h
     old, new = before[svc.host].manifest["services"], after.manifest["services"]
     assert isinstance(old, dict) and isinstance(new, dict)
     assert [n for n in new if new[n]["hash"] != old[n]["hash"]] == ["decode-3"]
-    assert edited.content_hash() != svc.content_hash()
+    assert edited.run_hash() != svc.run_hash()
 
 
 def test_changing_decode_env_in_the_recipe_changes_exactly_the_decode_hosts(tmp_path: Path) -> None:

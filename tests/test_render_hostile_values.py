@@ -61,7 +61,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         exe = bindir / program
         exe.write_text(DUMPER.format(python=sys.executable, out=str(dump)))
         exe.chmod(0o755)
-    served = f"glm's \"5.3\" $(touch {marker}) `touch {marker}`; touch {marker}\nsecond line"
+    served = "zai-org/GLM-5.3@nvfp4+v1:tp4_a.b"  # every character a served name may hold (quotes etc. are refused)
     recipe = {
         "name": "hostile",
         "model": {"served_name": served, "path": f"/models/it's here; touch {marker}", "arch": "demo-tiny"},
@@ -96,7 +96,7 @@ def run_script(script: Path, dump: Path, home: Path) -> dict[str, Any]:
 
 
 def test_hostile_values_reach_the_process_byte_exact_and_inject_nothing(setup: dict[str, Any]) -> None:
-    from primectl.deploy.rollout import resolve_secrets
+    from primectl.deploy.pipeline import resolve_secrets
 
     tmp: Path = setup["tmp"]
     loaded = load_recipe(setup["recipe"])
@@ -107,7 +107,7 @@ def test_hostile_values_reach_the_process_byte_exact_and_inject_nothing(setup: d
     # What apply writes: the secrets env file the run scripts source.
     secrets_file = Path(secrets_path(plan, plan.host("local")))
     secrets_file.parent.mkdir(parents=True)
-    secrets_file.write_text(resolve_secrets(plan, dict(loaded.recipe.secrets), str(setup["recipe"])))
+    secrets_file.write_text(resolve_secrets(plan, str(setup["recipe"])))
 
     release = (out / "local").resolve()
     ran = []
@@ -127,3 +127,15 @@ def test_hostile_values_reach_the_process_byte_exact_and_inject_nothing(setup: d
         assert prefill.env[key] == value
     assert setup["served"] in prefill.argv
     assert not setup["marker"].exists()
+
+
+def test_a_served_name_the_api_paths_cannot_carry_is_refused_at_validate(setup: dict[str, Any], cli: Any) -> None:
+    doc = yaml.safe_load(setup["recipe"].read_text())
+    marker = setup["marker"]
+    for bad in (f"glm's \"5.3\" $(touch {marker}); touch {marker}\nsecond line", "my model", "a%20b", "x?y", "#z"):
+        doc["model"]["served_name"] = bad
+        setup["recipe"].write_text(yaml.safe_dump(doc, allow_unicode=True))
+        r = cli("validate", setup["recipe"])
+        assert r.exit_code == 2, bad
+        assert "model.served_name" in r.stderr and "allowed: letters, digits and . _ : / @ + -" in r.stderr
+    assert not marker.exists()

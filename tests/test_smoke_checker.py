@@ -15,7 +15,6 @@ from primectl.checks.smoke import (
     CheckResult,
     SmokeReport,
     _gate_detail,
-    argv_value,
     counter_sum,
     max_context,
     prefill_budget,
@@ -295,10 +294,13 @@ def test_counter_sum_picks_the_generate_series_of_the_role():
     assert counter_sum(METRICS, "dynamo_component_requests_total", {"dynamo_component": "decode"}) == 0
 
 
-def test_argv_value_both_spellings():
-    assert argv_value(["x", "--max-model-len", "32768"], "--max-model-len") == "32768"
-    assert argv_value(["--max-model-len=8192"], "--max-model-len") == "8192"
-    assert argv_value(["--max-model-len"], "--max-model-len") is None
+def test_budget_and_context_come_from_the_plan_not_from_argv():
+    from primectl.plan.build import plan_recipe
+
+    _, plan = plan_recipe(REPO / "recipes" / "glm53.yaml")
+    assert (prefill_budget(plan), max_context(plan)) == (4096, 202752)
+    # the serving block is the source: a worker's argv is output only
+    assert (plan.serving.prefill_budget, plan.serving.context_limit) == (4096, 202752)
 
 
 def test_budget_and_context_from_the_demo_plan():
@@ -360,8 +362,9 @@ def test_cli_recipe_unreachable_table(cli):
 @pytest.mark.parametrize("name", ["auto", "none"])
 def test_tool_checks_are_na_on_mocker(name):
     from primectl.checks.smoke import Runner
+    from primectl.plan.build import plan_recipe
 
-    r = Runner("http://127.0.0.1:9", "m", None, "mocker")
+    r = Runner("http://127.0.0.1:9", "m", plan_recipe(REPO / "recipes" / "demo.yaml")[1])
     sc = next(s for s in tool_scenarios() if s.name == name)
     res = r.check(f"tools: {name}", lambda: r.tool_scenario(sc))
-    assert (res.status, res.evidence) == ("n/a", "n/a (engine: mocker)")
+    assert (res.status, res.evidence) == ("n/a", "n/a (engine mocker serves no tool calls)")

@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,39 @@ def find_aiperf() -> str:
             return str(cand)
     raise AIPerfMissing(f"aiperf {AIPERF_VERSION} not found (PRIMECTL_AIPERF, PATH, .venv-bench/bin/aiperf); "
                         f"install with: {INSTALL_HINT}")
+
+
+def bench_venv() -> Path:
+    """Where `bench` installs AIPerf when none is found: $PRIMECTL_BENCH_VENV, the checkout's .venv-bench,
+    else ~/.cache/primectl/venv-bench (an installed primectl has no checkout)."""
+    env = os.environ.get("PRIMECTL_BENCH_VENV")
+    if env:
+        return Path(env)
+    if (_REPO / "pyproject.toml").exists():
+        return _REPO / ".venv-bench"
+    return Path.home() / ".cache" / "primectl" / "venv-bench"
+
+
+def ensure_aiperf(say: Callable[[str], None]) -> str:
+    """The aiperf executable; installed into `bench_venv()` on first use (said once), since `make demo` skips it."""
+    try:
+        return find_aiperf()
+    except AIPerfMissing:
+        if os.environ.get("PRIMECTL_AIPERF"):
+            raise
+    venv = bench_venv()
+    exe = venv / "bin" / "aiperf"
+    say(f"bench: AIPerf {AIPERF_VERSION} is not installed; installing it once into {venv} "
+        "(its own venv, about 1.2 GB; later runs reuse it)")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                        f"aiperf=={AIPERF_VERSION}"], check=True, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        raise AIPerfMissing(f"installing AIPerf into {venv} failed: {detail.strip()[-500:]}; install with: "
+                            f"{INSTALL_HINT}") from None
+    return str(exe)
 
 
 def aiperf_version(exe: str) -> str | None:

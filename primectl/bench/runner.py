@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from primectl.bench import aiperf as ap
 from primectl.bench import summary as sm
 from primectl.bench.sla import SLA, KneeResult, knee_search
-from primectl.bench.workload import default_preset, generate, inspect_trace, preset
+from primectl.bench.workload import generate, inspect_trace, preset
 
 if TYPE_CHECKING:
+    from primectl.deploy.pipeline import UpOptions
     from primectl.plan.model import Plan
-    from primectl.recipe.load import LoadedRecipe
 
 Say = Callable[[str], None]
 DEFAULT_SEED = 20260
@@ -73,12 +73,11 @@ def new_run_dir(root: Path, label: str) -> Path:
     return path
 
 
-def load_plan(recipe: Path) -> tuple[LoadedRecipe, Plan]:
-    from primectl.plan.build import build_plan
-    from primectl.recipe.load import load_recipe
+def load_plan(recipe: Path) -> Plan:
+    """Validate and plan a recipe (RecipeError on bad input)."""
+    from primectl.plan.build import plan_recipe
 
-    loaded = load_recipe(recipe)
-    return loaded, build_plan(loaded.recipe)
+    return plan_recipe(recipe)[1]
 
 
 def gpu_slots(plan: Plan) -> tuple[int, str]:
@@ -101,21 +100,23 @@ def scrape(url: str | None, timeout: float = 10.0) -> tuple[str, str | None]:
         return "", f"{url}: {exc}"
 
 
-def _tokenizer(loaded: LoadedRecipe, run_dir: Path, override: str | None) -> ap.Tokenizer:
+def _tokenizer(plan: Plan, run_dir: Path, override: str | None) -> ap.Tokenizer:
     """The tokenizer AIPerf synthesises prompts with: the served model's own."""
-    model = loaded.recipe.model
+    model = plan.serving.model
     cache = run_dir / "hf-cache"
     if override:
         if Path(override).is_dir():
             return ap.Tokenizer(ap.cache_tokenizer(Path(override), cache), cache)
         return ap.Tokenizer(override, None)
     if model.generate:
-        from primectl.demo_model import write_demo_model
+        from primectl.render.bundle import model_files
 
         src = run_dir / "tokenizer"
-        write_demo_model(src, model.served_name, model.max_context or 32768)
+        for rel, data in model_files(plan).items():
+            (src / rel.removeprefix("model/")).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel.removeprefix("model/")).write_bytes(data)
         return ap.Tokenizer(ap.cache_tokenizer(src, cache, "primectl/demo"), cache)
-    path = getattr(model, "path", None)
+    path = model.path
     if path and Path(path).is_dir():
         return ap.Tokenizer(ap.cache_tokenizer(Path(path), cache), cache)
     if path:
@@ -166,20 +167,19 @@ def session_checks(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_bench(recipe: Path, opts: BenchOptions, *, runs_root: Path = Path("runs"), run_dir: Path | None = None,
-              say: Say = print, plots: bool = True) -> BenchResult:
-    """One benchmark run against the deployment of `recipe` (which must be up)."""
-    exe = ap.find_aiperf()
-    loaded, plan = load_plan(recipe)
+def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Path = Path("runs"),
+              run_dir: Path | None = None, say: Say = print, plots: bool = True) -> BenchResult:
+    """One benchmark run against the deployment of `plan` (which must be up)."""
+    exe = ap.ensure_aiperf(say)
     spec = None
     if opts.trace is None:
-        spec = preset(opts.workload or default_preset(plan.engine))
+        spec = preset(opts.workload or plan.serving.capabilities.workload)
     elif not opts.trace.is_file():
         raise ValueError(f"trace {opts.trace}: no such file")
     run_dir = run_dir or new_run_dir(runs_root, plan.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     input_file = run_dir / "input.jsonl"
-    block = loaded.recipe.kv.block_size
+    block = plan.serving.block_size
     if spec is not None:
         n_sessions = opts.sessions or max(4, spec.sessions_per_slot * opts.concurrency)
         wl = generate(spec, seed=opts.seed, block_size=block, sessions=n_sessions)
@@ -193,7 +193,7 @@ def run_bench(recipe: Path, opts: BenchOptions, *, runs_root: Path = Path("runs"
         workload_doc = {"source": str(opts.trace), "format": "aiperf mooncake_trace (user file)", "rows": info.rows,
                         "sessions": info.sessions, "has_hash_ids": info.has_hash_ids, "seed": opts.seed}
     (run_dir / "workload.json").write_text(json.dumps(workload_doc, indent=2) + "\n")
-    tok = _tokenizer(loaded, run_dir, opts.tokenizer)
+    tok = _tokenizer(plan, run_dir, opts.tokenizer)
     slots, slot_basis = gpu_slots(plan)
     metrics_url = plan.service("frontend").metrics_url
     artifacts = run_dir / "aiperf"
@@ -225,7 +225,7 @@ def run_bench(recipe: Path, opts: BenchOptions, *, runs_root: Path = Path("runs"
     if figures:
         figures["prefix_cache_hit_rate"] = cache["hit_rate"]
     summary: dict[str, Any] = {
-        "recipe": str(recipe), "deployment": plan.name, "engine": plan.engine, "endpoint": plan.endpoint,
+        "recipe": recipe, "deployment": plan.name, "engine": plan.engine, "endpoint": plan.endpoint,
         "model": plan.served_model, "run_dir": str(run_dir), "started_utc": run_dir.name[:16],
         "concurrency": opts.concurrency, "duration_s": opts.duration_s, "seed": opts.seed,
         "workload": workload_doc,
@@ -272,17 +272,16 @@ class KneeRun:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def run_knee(recipe: Path, opts: BenchOptions, sla: SLA, *, low: int = 1, max_runs: int = 7,
+def run_knee(plan: Plan, opts: BenchOptions, sla: SLA, *, recipe: str = "", low: int = 1, max_runs: int = 7,
              runs_root: Path = Path("runs"), say: Say = print) -> KneeRun:
     """Bisect concurrency in [low, opts.concurrency] for the most sessions meeting `sla` (<= max_runs runs)."""
-    _, plan = load_plan(recipe)
     root = new_run_dir(runs_root, f"{plan.name}-knee")
     runs: dict[int, BenchResult] = {}
 
     def measure(c: int) -> tuple[float | None, str]:
         n = len(runs) + 1
-        res = run_bench(recipe, BenchOptions(**{**opts.__dict__, "concurrency": c}), run_dir=root / f"probe{n}-c{c}",
-                        say=say, plots=False)
+        res = run_bench(plan, BenchOptions(**{**opts.__dict__, "concurrency": c}), recipe=recipe,
+                        run_dir=root / f"probe{n}-c{c}", say=say, plots=False)
         runs[c] = res
         if not res.valid:
             return None, "INVALID: " + "; ".join(res.summary["invalid_reasons"])
@@ -316,31 +315,18 @@ def host_set(plan: Plan) -> set[str]:
     return {plan.host(h).address for h in {s.host for s in plan.services}}
 
 
-def deploy(recipe: Path, say: Say) -> Plan:
-    """`primectl up RECIPE` through the Python API (no smoke tests: the bench validates the run)."""
-    from primectl.deploy.rollout import resolve_secrets, up
-    from primectl.render.bundle import render_plan
+def deploy(plan: Plan, up_options: UpOptions, say: Say) -> None:
+    """`primectl up` for one side of an A/B: the same pipeline, preflight and smoke included unless turned off."""
+    from primectl.deploy.pipeline import up
 
-    loaded, plan = load_plan(recipe)
-    secrets = resolve_secrets(plan, dict(loaded.recipe.secrets), loaded.file)
-    bundles = render_plan(plan, generate_model=bool(loaded.recipe.model.generate),
-                          max_context=loaded.recipe.model.max_context or 32768)
-    prepare = None
-    if not loaded.recipe.software.python:
-        from primectl.deploy.provision import provision
-
-        def prepare(cluster: Any) -> None:
-            provision(cluster, say=say)
-
-    up(plan, bundles, secrets=secrets, known_hosts=loaded.recipe.known_hosts, say=say, prepare=prepare)
-    return plan
+    up(plan, up_options, say)
 
 
-def undeploy(recipe: Path, say: Say) -> None:
-    from primectl.deploy.rollout import down
+def undeploy(plan: Plan, up_options: UpOptions, say: Say) -> None:
+    """`primectl down` of one side."""
+    from primectl.targets.base import get as get_target
 
-    loaded, plan = load_plan(recipe)
-    down(plan, purge=False, known_hosts=loaded.recipe.known_hosts, say=say)
+    get_target(plan.target.kind).down(plan, up_options.connection, say, purge=False, break_lock=False)
 
 
 def spread_stats(values: list[float]) -> tuple[float | None, float | None]:
@@ -419,19 +405,19 @@ class ABRun:
         return all(r.valid for _, _, r in self.runs)
 
 
-def run_ab(a: Path, b: Path, opts: BenchOptions, *, repeat: int = 1, runs_root: Path = Path("runs"),
-           say: Say = print) -> ABRun:
-    """Deploy A, bench, deploy B, bench, ... `repeat` times, then write report.md and the plots."""
+def run_ab(a: Path, b: Path, opts: BenchOptions, up_options: UpOptions, *, repeat: int = 1,
+           runs_root: Path = Path("runs"), say: Say = print) -> ABRun:
+    """Deploy A, bench, deploy B, bench, ... `repeat` times (through `up`), then write report.md and the plots."""
     if repeat < 1:
         raise ValueError("--repeat must be at least 1")
-    _, plan_a = load_plan(a)
-    _, plan_b = load_plan(b)
+    plan_a = load_plan(a)
+    plan_b = load_plan(b)
     if host_set(plan_a) != host_set(plan_b):
         raise ValueError(f"A and B run on different hosts ({sorted(host_set(plan_a))} vs {sorted(host_set(plan_b))}); "
                          "an A/B needs the same hosts")
     # Same workload for both: the preset follows A's engine unless one was given.
     opts = BenchOptions(**{**opts.__dict__, "workload": opts.workload or (None if opts.trace else
-                                                                           default_preset(plan_a.engine))})
+                                                                           plan_a.serving.capabilities.workload)})
     root = new_run_dir(runs_root, "ab")
     runs: list[tuple[str, int, BenchResult]] = []
     current: Plan | None = None
@@ -439,10 +425,11 @@ def run_ab(a: Path, b: Path, opts: BenchOptions, *, repeat: int = 1, runs_root: 
         for label, recipe, plan in (("A", a, plan_a), ("B", b, plan_b)):
             if current is not None and current.name != plan.name:
                 say(f"ab: stopping {current.name} (A and B have different deployment names)")
-                undeploy(a if current.name == plan_a.name else b, say)
+                undeploy(current, up_options, say)
             say(f"ab: deploying {label} ({recipe})")
-            current = deploy(recipe, say)
-            res = run_bench(recipe, opts, run_dir=root / f"{label}{i}", say=say, plots=False)
+            deploy(plan, up_options, say)
+            current = plan
+            res = run_bench(plan, opts, recipe=str(recipe), run_dir=root / f"{label}{i}", say=say, plots=False)
             say(f"ab: {label}{i} {res.summary['status']}")
             runs.append((label, i, res))
     figs_a = [r.summary["figures"] for lab, _, r in runs if lab == "A" and r.valid]

@@ -24,26 +24,26 @@ import json
 import posixpath
 import shlex
 import statistics
+import sys
 import tarfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TextIO
 
 from primectl.checks import preflight_rules as rules
 from primectl.checks.preflight_rules import HostNeeds, Result, Transfer, fail, na, ok
-from primectl.deploy.rollout import parallel
-from primectl.deploy.transport import HostUnreachable, Transport, agent_call, connect
+from primectl.deploy.client import HostClient
+from primectl.deploy.cluster import Cluster, ConnectionPolicy, Say, open_cluster
+from primectl.deploy.fanout import parallel
+from primectl.deploy.protocol import Layout
+from primectl.deploy.transport import Transport
+from primectl.engines.mooncake import master_argv
 from primectl.errors import DeployError
+from primectl.output import print_table
 from primectl.plan.model import Plan
-from primectl.recipe.model import Recipe, hardware_profile
-from primectl.render.bundle import unit_name
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 CHECK_ORDER = ("ssh", "workdir", "access", "os", "disk_workdir", "disk_model", "model", "ports", "clock", "host_dram",
                "runtime", *rules.GPU_CHECKS, "nixl", "mooncake")
@@ -96,36 +96,33 @@ class Report:
 
 # -- what the plan asks of each host ----------------------------------------------------------------
 
-def host_needs(plan: Plan, recipe: Recipe) -> dict[str, HostNeeds]:
+def host_needs(plan: Plan) -> dict[str, HostNeeds]:
     """Per host with services: roles, ports, runtime, model, GPUs, tier memory (no I/O)."""
-    from primectl.deploy.provision import lock_file, venv_path
+    from primectl.deploy.provision import lock_file
 
-    hw = hardware_profile(recipe)
-    tier = recipe.host_tier if recipe.host_tier and recipe.host_tier.enabled else None
-    expected_stamp: str | None = None
-    if not recipe.software.python:
-        try:
-            expected_stamp = hashlib.sha256(lock_file(plan).read_bytes()).hexdigest()
-        except (DeployError, OSError):
-            expected_stamp = None
+    hw = plan.hardware
+    tier = plan.serving.tier
+    model = plan.serving.model
     hosts = [h for h in plan.hosts if plan.services_on(h.name)]
     out = {}
     for h in hosts:
         svcs = plan.services_on(h.name)
-        if recipe.software.python:
-            py, rdir = recipe.software.python, posixpath.dirname(posixpath.dirname(recipe.software.python))
-        else:
-            rdir = venv_path(plan, h.name)
-            py = posixpath.join(rdir, "bin", "python")
+        rt = plan.serving.runtime[h.name]
+        expected_stamp: str | None = None
+        if rt.provisioned:
+            try:
+                expected_stamp = hashlib.sha256(lock_file(rt).read_bytes()).hexdigest()
+            except OSError:
+                expected_stamp = None
         ports: dict[int, str] = {}
         for s in svcs:
             for p in s.listens:
                 ports.setdefault(p, s.name)
         out[h.name] = HostNeeds(
             name=h.name, address=h.address, workdir=h.workdir, roles=frozenset(s.role for s in svcs), ports=ports,
-            runtime_python=py, runtime_dir=rdir, provisioned=not recipe.software.python, expected_stamp=expected_stamp,
-            model_path="" if recipe.model.generate else recipe.model.path, weights_gb=recipe.model.weights_gb,
-            generated_model=bool(recipe.model.generate), gpus=h.gpus if (hw.gpus_per_host or hw.gpu) else 0,
+            runtime_python=rt.python, runtime_dir=rt.dir, provisioned=rt.provisioned, expected_stamp=expected_stamp,
+            model_path="" if model.generate else model.path, weights_gb=model.weights_gb,
+            generated_model=bool(model.generate), gpus=h.gpus if (hw.gpus_per_host or hw.gpu) else 0,
             gpu_name=hw.gpu, sm=hw.sm, tier_dram_gb=tier.dram_gb_per_host if tier else None,
             supervisor=plan.supervisor, multi_host=len(hosts) > 1,
             nvlink_expected=hw.hosts_per_nvlink_domain > 1 or hw.gpus_per_host > 1,
@@ -133,9 +130,9 @@ def host_needs(plan: Plan, recipe: Recipe) -> dict[str, HostNeeds]:
     return out
 
 
-def is_gpu_profile(recipe: Recipe) -> bool:
-    hw = hardware_profile(recipe)
-    return bool(hw.gpu) or hw.gpus_per_host > 0
+def is_gpu_profile(plan: Plan) -> bool:
+    """Whether the plan's hardware profile has GPUs."""
+    return bool(plan.hardware.gpu) or plan.hardware.gpus_per_host > 0
 
 
 # -- talking to hosts ------------------------------------------------------------------------------
@@ -182,37 +179,31 @@ def measure_clock(t: Transport, tries: int = 3) -> tuple[float | None, float]:
     return best
 
 
-def _kill_cmd(pid: int, marker: str) -> str:
-    """Stop one process we started, by pid, only if it still is ours (its command line has the marker)."""
-    return (f"if grep -qa {shlex.quote(marker)} /proc/{pid}/cmdline 2>/dev/null; then kill {pid}; "
-            f"for i in $(seq 50); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -9 {pid} 2>/dev/null; fi; true")
-
-
-def _background(t: Transport, cwd: str, command: str, log: str) -> int | None:
-    """Start a detached process (own session, no tty, output to a file); its pid."""
-    # `cd X || exit` first: backgrounding `cd X && cmd` would fork a subshell that keeps our stdout open
-    # (the call would never return) and whose pid is not the program's.
-    _, out, _ = t.run(f"cd {shlex.quote(cwd)} || exit 1; setsid nohup {command} > {shlex.quote(log)} 2>&1 < /dev/null & echo $!")
-    try:
-        return int(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-
-
 class Session:
-    """Open transports plus a scratch directory per host for probes; closes and cleans up."""
+    """The open cluster's hosts plus a scratch directory per host for probes; cleans up afterwards."""
 
-    def __init__(self, plan: Plan, needs: dict[str, HostNeeds], transports: dict[str, Transport]):
+    def __init__(self, plan: Plan, needs: dict[str, HostNeeds], clients: dict[str, HostClient]):
         self.plan = plan
         self.needs = needs
-        self.t = transports
+        self.clients = clients
+        self.t: dict[str, Transport] = {h: c.transport for h, c in clients.items()}
         self.run_id = uuid.uuid4().hex[:10]
         self._scratch: dict[str, str] = {}
 
+    def spawn(self, host: str, argv: list[str], log: str) -> int | None:
+        """Start a probe process in the host's scratch directory through the agent; its pid."""
+        try:
+            return self.clients[host].spawn(argv, cwd=self.scratch(host), log=log)
+        except DeployError:
+            return None
+
+    def kill(self, host: str, pid: int, marker: str) -> None:
+        """Stop a probe started by `spawn`, by pid (only if it is still ours)."""
+        self.clients[host].kill(pid, marker)
+
     def scratch(self, host: str) -> str:
         if host not in self._scratch:
-            d = posixpath.join(self.needs[host].workdir, "preflight", self.run_id)
+            d = Layout(self.needs[host].workdir).scratch(self.run_id)
             code, _, err = self.t[host].run(f"mkdir -p {shlex.quote(d)}")
             if code != 0:
                 raise DeployError(f"{host}: cannot create {d}: {err.strip()}")
@@ -230,8 +221,6 @@ class Session:
                 self.t[host].run(f"rm -rf {shlex.quote(d)}; rmdir {shlex.quote(posixpath.dirname(d))} 2>/dev/null; true")
             except DeployError:
                 pass
-        for t in self.t.values():
-            t.close()
 
 
 # -- GPU self-test ---------------------------------------------------------------------------------
@@ -304,9 +293,8 @@ def nixl_transfer(s: Session, src: str, dst: str, mem: str) -> Transfer:
     dsrc, ddst = s.scratch(src), s.scratch(dst)
     meta = posixpath.join(dsrc, f"nixl-{tag}.json")
     log = posixpath.join(dsrc, f"nixl-{tag}.log")
-    cmd = (f"{shlex.quote(ns.runtime_python)} {shlex.quote(probe_src)} serve --meta {shlex.quote(meta)} --mem {mem} "
-           f"--timeout {NIXL_TIMEOUT_S}")
-    pid = _background(s.t[src], dsrc, cmd, log)
+    argv = [ns.runtime_python, probe_src, "serve", "--meta", meta, "--mem", mem, "--timeout", str(NIXL_TIMEOUT_S)]
+    pid = s.spawn(src, argv, log)
     if pid is None:
         return Transfer(src, dst, mem, False, error="could not start the NIXL target")
     try:
@@ -327,7 +315,7 @@ def nixl_transfer(s: Session, src: str, dst: str, mem: str) -> Transfer:
             return Transfer(src, dst, mem, False, error=str(doc.get("error"))[:300])
         return Transfer(src, dst, mem, True, gb_s=float(doc["gb_s"]), extra=doc)
     finally:
-        s.t[src].run(_kill_cmd(pid, "nixl_probe"))
+        s.kill(src, pid, "nixl_probe")
 
 
 # -- Mooncake --------------------------------------------------------------------------------------
@@ -339,17 +327,17 @@ WAIT_HTTP = ("import sys,time,urllib.request\nend=time.time()+float(sys.argv[2])
              " except Exception: time.sleep(0.2)\nelse: print('timeout')")
 
 
-def mooncake_check(s: Session, recipe: Recipe, views: dict[str, dict[str, Any]], clients: list[str]) -> dict[str, Result]:
+def mooncake_check(s: Session, views: dict[str, Any], clients: list[str]) -> dict[str, Result]:
     """Put/get through the master from every worker host: the running master, or a temporary one."""
-    tier = recipe.host_tier
+    tier = s.plan.serving.tier
     assert tier is not None
     mh = tier.master_host
     n = s.needs[mh]
     t = s.t[mh]
     running = (views.get(mh) or {}).get("services", {}).get("mooncake-master", {}).get("alive")
     pid = None
-    p = recipe.ports
-    rpc, meta, metrics = p.mooncake_rpc, p.mooncake_metadata, p.mooncake_metrics
+    ports = s.plan.service("mooncake-master").ports
+    rpc, meta, metrics = ports["rpc"], ports["metadata"], ports["metrics"]
     where = "the deployment's master"
     try:
         if not running:
@@ -357,10 +345,7 @@ def mooncake_check(s: Session, recipe: Recipe, views: dict[str, dict[str, Any]],
             rpc, meta, metrics = (int(x) for x in out.split()[-3:])
             binary = posixpath.join(posixpath.dirname(n.runtime_python), "mooncake_master")
             d = s.scratch(mh)
-            pid = _background(t, d, " ".join(shlex.quote(a) for a in [
-                binary, f"--rpc_address={n.address}", f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
-                f"--http_metadata_server_host={n.address}", f"--http_metadata_server_port={meta}",
-                f"--metrics_host={n.address}", f"--metrics_port={metrics}"]), posixpath.join(d, "mooncake-master.log"))
+            pid = s.spawn(mh, master_argv(binary, n.address, rpc, meta, metrics), posixpath.join(d, "mooncake-master.log"))
             _, out, _ = t.run(f"python3 -c {shlex.quote(WAIT_HTTP)} http://{n.address}:{metrics}/health 30", timeout=60)
             if "ready" not in out:
                 _, tail, _ = t.run(f"tail -n 3 {shlex.quote(posixpath.join(d, 'mooncake-master.log'))}")
@@ -387,41 +372,35 @@ def mooncake_check(s: Session, recipe: Recipe, views: dict[str, dict[str, Any]],
                 for h, r in res.items()}
     finally:
         if pid is not None:
-            t.run(_kill_cmd(pid, "mooncake_master"))
+            s.kill(mh, pid, "mooncake_master")
 
 
 # -- the whole run ---------------------------------------------------------------------------------
 
-def run_preflight(plan: Plan, recipe: Recipe, *, known_hosts: str | None = None, accept_new_host_keys: bool = False,
-                  say: Callable[[str], None] = print, selftest: bool = True, fabric: bool = True) -> Report:
-    """Every check on every host with services; never changes the deployment."""
+def run_preflight(cluster: Cluster, *, selftest: bool = True, fabric: bool = True) -> Report:
+    """Every check on every host with services, on the cluster's open connections; never changes the deployment."""
     t0 = time.monotonic()
-    needs = host_needs(plan, recipe)
+    plan, say = cluster.plan, cluster.say
+    needs = host_needs(plan)
     hosts = list(needs)
     results: dict[tuple[str, str], Result] = {}
 
     def put(r: Result) -> None:
         results[(r.host, r.check)] = r
 
-    conns = parallel(lambda h: connect(plan.host(h), known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys),
-                     hosts)
-    transports = {h: c for h, c in conns.items() if not isinstance(c, BaseException)}
-    for h, c in conns.items():
-        if isinstance(c, BaseException):
-            msg = str(c) if isinstance(c, HostUnreachable | DeployError) else f"{type(c).__name__}: {c}"
-            put(fail(h, "ssh", msg, "check the host is up, sshd runs, and hosts[].address/port/user/identity_file"))
-            for check in CHECK_ORDER[1:]:
-                put(na(h, check, "host unreachable"))
-    s = Session(plan, needs, transports)
+    for h, why in cluster.unreachable.items():
+        put(fail(h, "ssh", why, "check the host is up, sshd runs, and hosts[].address/port/user/identity_file"))
+        for check in CHECK_ORDER[1:]:
+            put(na(h, check, "host unreachable"))
+    host_clients = {h: c for h, c in cluster.clients.items() if h in needs and h in cluster.views}
+    s = Session(plan, needs, host_clients)
     transfers: list[Transfer] = []
     try:
-        gpu_profile = is_gpu_profile(recipe)
+        gpu_profile = is_gpu_profile(plan)
 
         def probe(h: str) -> tuple[dict[str, Any], dict[str, Any], tuple[float | None, float]]:
             n = needs[h]
-            units = {sv.name: unit_name(plan, sv) for sv in plan.services_on(h)}
-            view = agent_call(s.t[h], "inspect", {"workdir": n.workdir, "supervisor": plan.supervisor, "services": units},
-                              timeout=60)
+            view = dict(cluster.views.get(h) or {"ok": False, "error": "not inspected"})
             paths = [n.workdir] + ([n.model_path] if n.model_path else [])
             facts = gather_facts(s.t[h], {"paths": paths, "model_path": n.model_path if n.worker else "",
                                           "ports": sorted(n.ports), "address": n.address,
@@ -429,9 +408,10 @@ def run_preflight(plan: Plan, recipe: Recipe, *, known_hosts: str | None = None,
                                           "gpu": gpu_profile and n.gpus > 0})
             return view, facts, measure_clock(s.t[h])
 
-        gathered = parallel(probe, list(transports))
+        gathered = parallel(probe, list(host_clients))
         views: dict[str, dict[str, Any]] = {}
         facts_ok: dict[str, dict[str, Any]] = {}
+        transports = s.t
         for h, g in gathered.items():
             if isinstance(g, BaseException):
                 put(fail(h, "ssh", f"connection failed while checking: {g}", "check the host and retry"))
@@ -513,7 +493,7 @@ def run_preflight(plan: Plan, recipe: Recipe, *, known_hosts: str | None = None,
             if (res.host, "nixl") not in results or results[(res.host, "nixl")].status == "n/a":
                 put(res)
 
-        tier = recipe.host_tier if recipe.host_tier and recipe.host_tier.enabled else None
+        tier = plan.serving.tier
         if tier is None:
             for h in facts_ok:
                 put(na(h, "mooncake", "no Mooncake host tier"))
@@ -530,7 +510,7 @@ def run_preflight(plan: Plan, recipe: Recipe, *, known_hosts: str | None = None,
                     put(blocked[tier.master_host])
             else:
                 say(f"preflight: Mooncake put/get from {len(clients)} host(s)")
-                for res in mooncake_check(s, recipe, views, clients).values():
+                for res in mooncake_check(s, views, clients).values():
                     put(res)
                 if tier.master_host not in clients:
                     put(ok(tier.master_host, "mooncake", "master host (clients checked on the worker hosts)"))
@@ -611,43 +591,33 @@ def host_results(plan: Plan, n: HostNeeds, view: dict[str, Any], facts: dict[str
 
 # -- output ----------------------------------------------------------------------------------------
 
-STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "n/a": "dim"}
-
-
-def print_report(report: Report, console: Console, *, verbose: bool = True) -> None:
+def print_report(report: Report, *, verbose: bool = True, stream: TextIO | None = None) -> None:
     """Host x check table (result, detail, remediation) and a summary line."""
-    from rich.table import Table
-
+    stream = stream or sys.stdout
     c = report.counts()
-    t = Table(title=f"preflight {report.deployment}: {'OK' if report.ok else 'FAILED'} "
-                    f"({c['pass']} pass, {c['warn']} warn, {c['fail']} fail, {c['n/a']} n/a; {report.seconds:.1f}s)")
-    for col in ("host", "check", "result", "detail", "remediation"):
-        t.add_column(col, overflow="fold")
-    last = None
+    title = (f"preflight {report.deployment}: {'OK' if report.ok else 'FAILED'} "
+             f"({c['pass']} pass, {c['warn']} warn, {c['fail']} fail, {c['n/a']} n/a; {report.seconds:.1f}s)")
+    rows, last = [], None
     for r in report.results:
         if not verbose and r.status in ("pass", "n/a"):
             continue
-        t.add_row(r.host if r.host != last else "", r.check, f"[{STYLE[r.status]}]{r.status}[/]", r.detail,
-                  r.remediation)
+        rows.append([r.host if r.host != last else "", r.check, r.status, r.detail, r.remediation])
         last = r.host
-    console.print(t)
+    print_table(title, ["host", "check", "result", "detail", "remediation"], rows, fold="detail", stream=stream)
     good = [x for x in report.transfers if x.ok]
     if good:
         med = statistics.median(x.gb_s for x in good)
-        console.print(f"NIXL: {len(good)} transfer(s), median {med:.2f} GB/s "
-                      f"(min {min(x.gb_s for x in good):.2f}, max {max(x.gb_s for x in good):.2f})", highlight=False)
+        stream.write(f"NIXL: {len(good)} transfer(s), median {med:.2f} GB/s "
+                     f"(min {min(x.gb_s for x in good):.2f}, max {max(x.gb_s for x in good):.2f})\n")
 
 
-def gate_up(plan: Plan, recipe: Recipe, *, accept_new_host_keys: bool, say: Callable[[str], None]) -> Report:
-    """What `up` runs first: the whole preflight; DeployError (nothing changed) when any check fails."""
-    from rich.console import Console
-
+def gate_up(cluster: Cluster) -> Report:
+    """What `up` runs first, on its open cluster: DeployError (nothing changed) when any check fails."""
+    say = cluster.say
     say("preflight: checking hosts before the launch (skip with --skip-preflight)")
-    report = run_preflight(plan, recipe, known_hosts=recipe.known_hosts, accept_new_host_keys=accept_new_host_keys,
-                           say=say)
-    console = Console(stderr=True, width=200)
+    report = run_preflight(cluster)
     if not report.ok:
-        print_report(report, console, verbose=False)
+        print_report(report, verbose=False, stream=sys.stderr)
         raise DeployError(report.refusal())
     c = report.counts()
     say(f"preflight ok: {c['pass']} pass, {c['warn']} warn, {c['n/a']} n/a ({report.seconds:.1f}s)")
@@ -655,3 +625,12 @@ def gate_up(plan: Plan, recipe: Recipe, *, accept_new_host_keys: bool, say: Call
         if r.status == "warn":
             say(f"  warn {r.host} {r.check}: {r.detail} -> {r.remediation}")
     return report
+
+
+def preflight(plan: Plan, policy: ConnectionPolicy, say: Say, *, selftest: bool = True, fabric: bool = True) -> Report:
+    """`primectl preflight`: connect to every host (unreachable ones are reported, not fatal) and check them."""
+    cluster = open_cluster(plan, policy, say, tolerate_unreachable=True)
+    try:
+        return run_preflight(cluster, selftest=selftest, fabric=fabric)
+    finally:
+        cluster.close()

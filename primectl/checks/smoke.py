@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import statistics
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,14 +26,15 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from primectl.checks import toolcheck
+from primectl.checks.metrics import counter_sum
 from primectl.errors import DeployError
+from primectl.output import print_table
 
 if TYPE_CHECKING:
     from openai import OpenAI
-    from rich.console import Console
 
     from primectl.plan.model import Plan, Service
 
@@ -130,58 +131,14 @@ class CheckWarn(Exception):
 
 # --- pure helpers --------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def counter_sum(text: str, name: str, labels: Mapping[str, str]) -> float:
-    """Sum of every sample of metric `name` whose labels include `labels` (Prometheus text format)."""
-    total = 0.0
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) != name:
-            continue
-        have = dict(_LABEL.findall(m.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            try:
-                total += float(m.group(3))
-            except ValueError:
-                continue
-    return total
-
-
-def argv_value(argv: list[str], flag: str) -> str | None:
-    """The value of `flag` in an argv (`--flag V` or `--flag=V`), last one wins."""
-    found: str | None = None
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif a.startswith(flag + "="):
-            found = a[len(flag) + 1:]
-    return found
-
-
-def _int_flag(services: list[Service], flag: str) -> int | None:
-    for s in services:
-        v = argv_value(s.argv, flag)
-        if v is not None and v.isdigit():
-            return int(v)
-    return None
-
-
 def prefill_budget(plan: Plan | None) -> int:
-    """Tokens one prefill step takes: the prefill workers' --max-num-batched-tokens, else 4096."""
-    if plan is None:
-        return DEFAULT_PREFILL_BUDGET
-    prefill = [s for s in plan.services if s.role == "prefill"]
-    return _int_flag(prefill, "--max-num-batched-tokens") or DEFAULT_PREFILL_BUDGET
+    """Tokens one prefill step takes (the plan's serving block), else 4096."""
+    return plan.serving.prefill_budget if plan is not None else DEFAULT_PREFILL_BUDGET
 
 
 def max_context(plan: Plan | None) -> int | None:
-    """The model's context limit from a worker's --max-model-len (None when unknown)."""
-    if plan is None:
-        return None
-    return _int_flag([s for s in plan.services if s.role in ("prefill", "decode")], "--max-model-len")
+    """The serving context limit (None when unknown)."""
+    return plan.serving.context_limit if plan is not None else None
 
 
 def words(n: int, salt: str = "") -> str:
@@ -212,16 +169,16 @@ def _error_detail(exc: Exception) -> str:
 class Runner:
     """Runs the checks in order against one endpoint and collects the rows."""
 
-    def __init__(self, url: str, model: str, plan: Plan | None, engine: str | None):
+    def __init__(self, url: str, model: str, plan: Plan | None):
         from openai import OpenAI
 
         self.url = url.rstrip("/")
         self.model = model
         self.plan = plan
-        self.engine = engine
+        self.engine = plan.engine if plan is not None else None
         self.client: OpenAI = OpenAI(base_url=self.url + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
                                      max_retries=0)
-        self.report = SmokeReport(self.url, model, engine)
+        self.report = SmokeReport(self.url, model, self.engine)
         self.halted: str | None = None
 
     def check(self, name: str, body: Callable[[], str]) -> CheckResult:
@@ -360,7 +317,7 @@ class Runner:
 
         limit = max_context(self.plan)
         if limit is None:
-            raise CheckNA("context limit unknown (no plan, or no --max-model-len in a worker's argv)")
+            raise CheckNA("context limit unknown (no plan, or the recipe sets no model.max_context for this engine)")
         n = limit + limit // 8 + 16
         t0 = time.monotonic()
         try:
@@ -375,11 +332,11 @@ class Runner:
             if 400 <= exc.status_code < 500:
                 return what
             alive = self._still_serving()
-            if alive and self.engine == "mocker":
-                # Dynamo 1.6.1 leaves the length check to the engine, and the mocker's admission
+            if alive and self.plan is not None and self.plan.serving.capabilities.over_context == "5xx-warn":
+                # Dynamo 1.6.1 leaves the length check to the engine, and e.g. the mocker's admission
                 # control answers it with a 500; a real engine must answer with a 4xx.
-                raise CheckWarn(f"{what}; expected a 4xx, got a 5xx from the mocker's admission control "
-                                f"(the server keeps serving: {alive})") from None
+                raise CheckWarn(f"{what}; expected a 4xx, got a 5xx from engine {self.engine} (known: it leaves "
+                                f"the length check to admission control; the server keeps serving: {alive})") from None
             if alive:
                 raise CheckFailed(f"{what}; expected a 4xx, got a 5xx (the server keeps serving: {alive})") from None
             raise CheckFailed(f"{what}; and the endpoint stopped answering afterwards") from None
@@ -540,8 +497,8 @@ class Runner:
     # --- 6. tool calling ----------------------------------------------------------------------
 
     def tool_scenario(self, sc: toolcheck.Scenario) -> str:
-        if self.engine == "mocker":
-            raise CheckNA("n/a (engine: mocker)")
+        if self.plan is not None and not self.plan.serving.capabilities.tool_calls:
+            raise CheckNA(f"n/a (engine {self.engine} serves no tool calls)")
         kwargs: dict[str, Any] = {
             "model": self.model, "messages": [{"role": "user", "content": sc.prompt}], "tools": sc.tools,
             "tool_choice": sc.tool_choice, "max_tokens": 512, "temperature": 0, "seed": 7, "timeout": LONG_TIMEOUT_S,
@@ -634,14 +591,14 @@ def tool_scenarios() -> list[toolcheck.Scenario]:
 # --- entry points --------------------------------------------------------------------------------
 
 
-def run_smoke(url: str, model: str, plan: Plan | None, engine: str | None) -> SmokeReport:
+def run_smoke(url: str, model: str, plan: Plan | None) -> SmokeReport:
     """Run every check against `url` serving `model`; plan-dependent checks are n/a without a plan."""
     try:
         import openai  # noqa: F401
     except ImportError:
         raise DeployError("the smoke tests need the openai package: pip install 'primectl[smoke]' "
                           "(or pass --no-smoke to up)", service="frontend") from None
-    r = Runner(url, model, plan, engine)
+    r = Runner(url, model, plan)
     gate = r.check(f"ready: GET /v1/models/{model}/ready == 200", r.ready_gate)
     r.check("workers: every prefill and decode worker answers on its metrics port", r.workers_reachable)
     if gate.status == "fail":
@@ -662,22 +619,17 @@ def run_smoke(url: str, model: str, plan: Plan | None, engine: str | None) -> Sm
     return r.report
 
 
-def print_report(report: SmokeReport, console: Console) -> None:
-    """The report as a rich table."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    style = {"pass": "green", "fail": "bold red", "warn": "yellow", "n/a": "dim"}
+def print_report(report: SmokeReport, output: str = "table", stream: TextIO | None = None) -> None:
+    """The report as a table (rich on a terminal, whole plain columns in a pipe) or JSON."""
+    stream = stream or sys.stdout
+    if output == "json":
+        stream.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        return
     c = report.counts()
-    t = Table(title=f"smoke {report.url} model {report.model}: {'OK' if report.ok else 'FAILED'} "
-                    f"({c['pass']} pass, {c['fail']} fail, {c['warn']} warn, {c['n/a']} n/a)")
-    t.add_column("check")
-    t.add_column("result")
-    t.add_column("ms", justify="right")
-    t.add_column("evidence", overflow="fold")
-    for r in report.results:
-        t.add_row(escape(r.name), f"[{style[r.status]}]{r.status}[/]", f"{r.ms:.0f}", escape(r.evidence))
-    console.print(t)
+    title = (f"smoke {report.url} model {report.model}: {'OK' if report.ok else 'FAILED'} "
+             f"({c['pass']} pass, {c['fail']} fail, {c['warn']} warn, {c['n/a']} n/a)")
+    print_table(title, ["check", "result", "ms", "evidence"],
+                [[r.name, r.status, f"{r.ms:.0f}", r.evidence] for r in report.results], fold="evidence", stream=stream)
 
 
 def failure_summary(report: SmokeReport) -> str:
@@ -696,12 +648,10 @@ def _culprit(report: SmokeReport, plan: Plan) -> str:
     return "frontend"
 
 
-def smoke_gate(plan: Plan, recipe: Any) -> None:
+def smoke_gate(plan: Plan) -> None:
     """What `up` runs after readiness: DeployError (so `up` rolls back) if any check fails."""
-    from rich.console import Console
-
-    report = run_smoke(plan.endpoint, plan.served_model, plan, plan.engine)
-    print_report(report, Console(stderr=True, width=160))
+    report = run_smoke(plan.endpoint, plan.served_model, plan)
+    print_report(report, stream=sys.stderr)
     if not report.ok:
         raise DeployError(f"smoke tests failed ({len(report.failed)} of {len(report.results)}): "
                           f"{failure_summary(report)}", service=_culprit(report, plan), log_tail="")

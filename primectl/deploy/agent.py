@@ -1,24 +1,20 @@
 """Host-side agent: every operation primectl performs on a host, in one stdlib-only script.
 
-primectl sends this source with the command, so nothing has to be installed on
-a host first. Over SSH it runs as `python3 -I -S -c <source> serve`, one session
-per connection: a JSON request line in, a JSON result line out, one round trip
-per operation. Locally it runs as `... <op> <json-args>` and prints one JSON
-result. Result codes: 0 ok, 1 failed (message in the JSON), 3 a service exited
-while we waited, 4 timed out.
-
-Layout under the workdir: releases/<revision>/, current -> releases/<revision>,
-state.json (written atomically), logs/<service>.log, run/<service>.pid
-("pid starttime" so a reused pid is never mistaken for the service),
-lock/owner.json, secrets/<deployment>.env (0600), incoming/ (uploads).
+primectl sends this source (after protocol.py, which defines the layout, the
+state schema, the request/result types and the supervisors) with the command,
+so nothing has to be installed on a host first. Over SSH it runs as
+`python3 -I -S -c <source> serve`, one session per connection: a JSON request
+line in, a JSON result line out, one round trip per operation. Locally it runs
+as `... <op> <json-args>` and prints one JSON result. In tests the fake
+transport calls `dispatch` in-process.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # agent-source: drop
 
 import json
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,150 +23,134 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-KEEP_RELEASES = 5
+from primectl.deploy.protocol import (  # agent-source: drop
+    CODE_EXITED,
+    CODE_TIMEOUT,
+    KEEP_RELEASES,
+    RELEASE_MARK,
+    SUPERVISORS,
+    InspectResult,
+    Layout,
+    Liveness,
+    LockResult,
+    PortsResult,
+    ProbeResult,
+    ProbeSpec,
+    ReadResult,
+    Result,
+    ServiceRef,
+    SpawnResult,
+    StartResult,
+    StopResult,
+    Supervisor,
+    TailResult,
+    kill_session,
+    read_json,
+    starttime,
+    write_atomic,
+)  # agent-source: drop
 
 
-def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
+class Host:
+    """One operation's view of the host: its layout, supervisor and prober (tests swap the last two)."""
+
+    def __init__(self, args: dict[str, Any], supervisor: Supervisor | None = None,
+                 prober: Callable[[str, ProbeSpec, str], tuple[bool, str]] | None = None):
+        self.args = args
+        self.layout = Layout(args["workdir"])
+        self.supervisor = supervisor or SUPERVISORS[args.get("supervisor", "process")](self.layout)
+        self._prober = prober
+
+    def liveness(self, name: str, unit: str) -> Liveness:
+        return self.supervisor.liveness(name, unit)
+
+    def probe(self, name: str, probe: ProbeSpec) -> tuple[bool, str]:
+        """Run the readiness probe of `name` once."""
+        if self._prober is not None:
+            return self._prober(name, probe, self.layout.workdir)
+        return probe_once(probe, self.layout.workdir)
 
 
-def _write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+Op = Callable[[Host], Result]
 
 
-def _starttime(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat (start time in clock ticks), None if gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
-
-
-def _pidfile(workdir: str, name: str) -> str:
-    return os.path.join(workdir, "run", f"{name}.pid")
-
-
-def _proc_alive(workdir: str, name: str) -> int | None:
-    """The service's pid if the recorded process is still the one we started."""
-    try:
-        with open(_pidfile(workdir, name)) as f:
-            pid_s, start = f.read().split()
-    except (OSError, ValueError):
-        return None
-    pid = int(pid_s)
-    return pid if _starttime(pid) == start else None
-
-
-def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True)
-
-
-def _alive(a: dict[str, Any], name: str, unit: str) -> int | None:
-    if a["supervisor"] == "systemd":
-        if _systemctl("is-active", "--quiet", f"{unit}.service").returncode != 0:
-            return None
-        out = _systemctl("show", "-p", "MainPID", "--value", f"{unit}.service").stdout.strip()
-        return int(out or 0) or 1
-    return _proc_alive(a["workdir"], name)
-
-
-def op_inspect(a: dict[str, Any]) -> dict[str, Any]:
+def op_inspect(h: Host) -> InspectResult:
     """State, current revision, lock and liveness of every recorded service."""
-    wd = a["workdir"]
-    state = _read_json(os.path.join(wd, "state.json"))
-    current = None
-    link = os.path.join(wd, "current")
-    if os.path.islink(link):
-        current = os.path.basename(os.readlink(link))
+    a, lay = h.args, h.layout
+    state = read_json(lay.state)
+    current = os.path.basename(os.readlink(lay.current)) if os.path.islink(lay.current) else None
+    units: dict[str, str] = dict(a.get("services", {}))
+    recorded = (state or {}).get("services", {})
     services = {}
-    names = set(a.get("services", {}))
-    if state:
-        names |= set(state.get("services", {}))
-    for name in sorted(names):
-        unit = a.get("services", {}).get(name) or (state or {}).get("services", {}).get(name, {}).get("unit", name)
-        pid = _alive(a, name, unit)
-        services[name] = {"alive": pid is not None, "pid": pid}
+    for name in sorted(set(units) | set(recorded)):
+        unit = units.get(name) or recorded.get(name, {}).get("unit", name)
+        services[name] = h.liveness(name, unit)
     try:
-        os.makedirs(wd, exist_ok=True)
-        probe = os.path.join(wd, f".primectl-write-test.{os.getpid()}")
+        os.makedirs(lay.workdir, exist_ok=True)
+        probe = lay.path(f".primectl-write-test.{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.unlink(probe)
     except OSError as exc:
-        return {"ok": False, "error": f"workdir {wd} is not writable: {exc.strerror}"}
-    lock = _read_json(os.path.join(wd, "lock", "owner.json"))
-    releases = sorted(os.listdir(os.path.join(wd, "releases"))) if os.path.isdir(os.path.join(wd, "releases")) else []
-    taken = op_ports(a)["taken"] if a.get("ports") else []
-    return {"ok": True, "state": state, "current": current, "services": services, "lock": lock, "taken": taken,
-            "releases": releases, "time": time.time()}
+        return {"ok": False, "error": f"workdir {lay.workdir} is not writable: {exc.strerror}"}
+    releases = sorted(os.listdir(lay.releases)) if os.path.isdir(lay.releases) else []
+    taken = _taken(a["address"], a["ports"]) if a.get("ports") else []
+    return {"ok": True, "state": state, "current": current, "services": services, "lock": read_json(lay.lock_owner),
+            "taken": taken, "releases": releases, "time": time.time()}
 
 
-def op_ports(a: dict[str, Any]) -> dict[str, Any]:
-    """Which of the given ports something already accepts connections on."""
+def _taken(address: str, ports: list[int]) -> list[int]:
     taken = []
-    for port in a["ports"]:
+    for port in ports:
         s = socket.socket()
         s.settimeout(0.3)
         try:
-            if s.connect_ex((a["address"], port)) == 0:
+            if s.connect_ex((address, port)) == 0:
                 taken.append(port)
         finally:
             s.close()
+    return taken
+
+
+def op_ports(h: Host) -> PortsResult:
+    """Which of the given ports something already accepts connections on."""
+    taken = _taken(h.args["address"], h.args["ports"])
     return {"ok": not taken, "taken": taken}
 
 
-def op_lock(a: dict[str, Any]) -> dict[str, Any]:
+def op_lock(h: Host) -> LockResult:
     """Take the cluster lock, or say who holds it; `force` breaks a lock."""
-    d = os.path.join(a["workdir"], "lock")
-    os.makedirs(a["workdir"], exist_ok=True)
-    if a.get("force"):
-        shutil.rmtree(d, ignore_errors=True)
+    lay = h.layout
+    os.makedirs(lay.workdir, exist_ok=True)
+    if h.args.get("force"):
+        shutil.rmtree(lay.lock, ignore_errors=True)
     try:
-        os.mkdir(d)
+        os.mkdir(lay.lock)
     except FileExistsError:
-        owner = _read_json(os.path.join(d, "owner.json")) or {}
-        stale = owner.get("expires", 0) < time.time()
-        return {"ok": False, "owner": owner, "stale": stale}
-    _write_atomic(os.path.join(d, "owner.json"), json.dumps(a["owner"]).encode())
+        owner = read_json(lay.lock_owner) or {}
+        return {"ok": False, "owner": owner, "stale": owner.get("expires", 0) < time.time(), "error": "locked"}
+    write_atomic(lay.lock_owner, json.dumps(h.args["owner"]).encode())
     return {"ok": True}
 
 
-def op_unlock(a: dict[str, Any]) -> dict[str, Any]:
+def op_unlock(h: Host) -> LockResult:
     """Release the lock if `token` holds it (or unconditionally with `force`)."""
-    d = os.path.join(a["workdir"], "lock")
-    owner = _read_json(os.path.join(d, "owner.json")) or {}
-    if a.get("force") or owner.get("token") == a.get("token"):
-        shutil.rmtree(d, ignore_errors=True)
+    owner = read_json(h.layout.lock_owner) or {}
+    if h.args.get("force") or owner.get("token") == h.args.get("token"):
+        shutil.rmtree(h.layout.lock, ignore_errors=True)
         return {"ok": True}
-    return {"ok": False, "owner": owner}
+    return {"ok": False, "owner": owner, "error": "held by another run"}
 
 
-def op_stage(a: dict[str, Any]) -> dict[str, Any]:
+def op_stage(h: Host) -> Result:
     """Unpack an uploaded bundle into releases/<revision> (atomic rename; idempotent)."""
-    wd = a["workdir"]
-    rel = os.path.join(wd, "releases", a["revision"])
-    archive = os.path.join(wd, "incoming", f"{a['revision']}.tar")
+    lay, revision = h.layout, h.args["revision"]
+    rel = lay.release(revision)
+    archive = lay.incoming(revision)
     if os.path.isdir(rel):
         if os.path.exists(archive):
             os.unlink(archive)
-        return {"ok": True, "existed": True}
+        return {"ok": True}
     tmp = f"{rel}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -185,139 +165,70 @@ def op_stage(a: dict[str, Any]) -> dict[str, Any]:
     os.replace(tmp, rel)
     os.unlink(archive)
     for sub in ("logs", "run", "secrets"):
-        os.makedirs(os.path.join(wd, sub), exist_ok=True)
-    return {"ok": True, "existed": False}
+        os.makedirs(lay.path(sub), exist_ok=True)
+    return {"ok": True}
 
 
-def op_switch(a: dict[str, Any]) -> dict[str, Any]:
+def op_switch(h: Host) -> Result:
     """Point `current` at a release (atomic symlink swap)."""
-    wd = a["workdir"]
-    target = os.path.join("releases", a["revision"])
-    if not os.path.isdir(os.path.join(wd, target)):
-        return {"ok": False, "error": f"release {a['revision']} is not on this host"}
-    tmp = os.path.join(wd, f".current.{os.getpid()}")
+    lay, revision = h.layout, h.args["revision"]
+    target = os.path.join("releases", revision)
+    if not os.path.isdir(lay.path(target)):
+        return {"ok": False, "error": f"release {revision} is not on this host"}
+    tmp = lay.path(f".current.{os.getpid()}")
     os.symlink(target, tmp)
-    os.replace(tmp, os.path.join(wd, "current"))
+    os.replace(tmp, lay.current)
     return {"ok": True}
 
 
-def op_activate(a: dict[str, Any]) -> dict[str, Any]:
+def op_secrets(h: Host) -> Result:
+    """Write the deployment's secrets env file with mode 0600 (content never echoed)."""
+    path = h.layout.secrets(h.args["deployment"])
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomic(path, h.args["content"].encode(), 0o600)
+    return {"ok": True}
+
+
+def op_activate(h: Host) -> Result:
     """Write the secrets file and/or point `current` at a release, in one round trip."""
-    if "secrets" in a:
-        op_secrets(a | a["secrets"])
-    if "revision" in a:
-        return op_switch(a)
+    if "secrets" in h.args:
+        op_secrets(Host(h.args | h.args["secrets"], h.supervisor, h._prober))
+    if "revision" in h.args:
+        return op_switch(h)
     return {"ok": True}
 
 
-def _start_process(wd: str, name: str) -> int:
-    script = os.path.join(wd, "current", "bin", f"{name}.sh")
-    os.makedirs(os.path.join(wd, "logs"), exist_ok=True)
-    os.makedirs(os.path.join(wd, "run"), exist_ok=True)
-    with open(os.path.join(wd, "logs", f"{name}.log"), "ab") as log:
-        log.write(f"--- primectl: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ---\n".encode())
-        log.flush()
-        proc = subprocess.Popen(
-            ["/bin/bash", script], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=wd, start_new_session=True, close_fds=True,
-        )
-    start = None
-    for _ in range(100):
-        start = _starttime(proc.pid)
-        if start:
-            break
-        time.sleep(0.01)
-    _write_atomic(_pidfile(wd, name), f"{proc.pid} {start}\n".encode())
-    return proc.pid
+def op_start(h: Host) -> StartResult:
+    """(Re)start services from `current`: each one's running instance is stopped first."""
+    services: list[ServiceRef] = h.args["services"]
+    error = h.supervisor.prepare(services)
+    if error:
+        return {"ok": False, "error": error, "service": services[0]["name"] if services else ""}
+    pids: dict[str, int | None] = {}
+    for svc in services:
+        pid, error = h.supervisor.start(svc)
+        if error:
+            return {"ok": False, "error": error, "service": svc["name"]}
+        pids[svc["name"]] = pid
+    return {"ok": True, "pids": pids}
 
 
-def _stop_process(wd: str, name: str, timeout: float) -> bool:
-    pid = _proc_alive(wd, name)
-    if pid is None:
-        return False
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.time() + timeout
-    while time.time() < deadline and _starttime(pid) is not None:
-        time.sleep(0.05)
-    if _starttime(pid) is not None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        while _starttime(pid) is not None:
-            time.sleep(0.05)
-    # children that left the group are still ours if they hold the session id
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == pid:
-                    os.kill(int(entry), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    try:
-        os.unlink(_pidfile(wd, name))
-    except FileNotFoundError:
-        pass
-    return True
-
-
-def _install_unit(wd: str, unit: str) -> None:
-    src = os.path.join(wd, "current", "systemd", f"{unit}.service")
-    shutil.copyfile(src, f"/etc/systemd/system/{unit}.service")
-
-
-def op_start(a: dict[str, Any]) -> dict[str, Any]:
-    """(Re)start services: stop the running instance first, then start from `current`."""
-    wd = a["workdir"]
-    started = {}
-    if a["supervisor"] == "systemd":
-        for svc in a["services"]:
-            _install_unit(wd, svc["unit"])
-        _systemctl("daemon-reload")
-    for svc in a["services"]:
-        if a["supervisor"] == "systemd":
-            r = _systemctl("restart", f"{svc['unit']}.service")
-            if r.returncode != 0:
-                return {"ok": False, "error": f"systemctl restart {svc['unit']}: {r.stderr.strip()}", "service": svc["name"]}
-            started[svc["name"]] = _alive(a, svc["name"], svc["unit"])
-        else:
-            _stop_process(wd, svc["name"], svc.get("stop_timeout", 30))
-            started[svc["name"]] = _start_process(wd, svc["name"])
-    return {"ok": True, "pids": started}
-
-
-def op_start_wait(a: dict[str, Any]) -> dict[str, Any]:
+def op_start_wait(h: Host) -> StartResult:
     """Start services, then wait for their probes, in one round trip."""
-    started = op_start(a)
-    return op_wait(a) if started.get("ok") else started
+    started = op_start(h)
+    return op_wait(h) if started.get("ok") else started
 
 
-def op_stop(a: dict[str, Any]) -> dict[str, Any]:
-    """Stop services (SIGTERM to the process group, SIGKILL after the timeout)."""
-    stopped = []
-    for svc in a["services"]:
-        if a["supervisor"] == "systemd":
-            _systemctl("stop", f"{svc['unit']}.service")
-            if a.get("remove_units"):
-                try:
-                    os.unlink(f"/etc/systemd/system/{svc['unit']}.service")
-                except FileNotFoundError:
-                    pass
-            stopped.append(svc["name"])
-        elif _stop_process(a["workdir"], svc["name"], svc.get("stop_timeout", 30)):
-            stopped.append(svc["name"])
-    if a["supervisor"] == "systemd" and a.get("remove_units"):
-        _systemctl("daemon-reload")
+def op_stop(h: Host) -> StopResult:
+    """Stop services (SIGTERM, SIGKILL after each one's timeout); `remove_units` also forgets them."""
+    remove = bool(h.args.get("remove_units"))
+    stopped = [svc["name"] for svc in h.args["services"] if h.supervisor.stop(svc, remove=remove)]
+    h.supervisor.finish(remove)
     return {"ok": True, "stopped": stopped}
 
 
-RELEASE_MARK = "@release@"
-
-
-def _probe_once(p: dict[str, Any], workdir: str = "") -> tuple[bool, str]:
+def probe_once(p: ProbeSpec, workdir: str = "") -> tuple[bool, str]:
+    """Run one probe: (passed, what it saw)."""
     kind = p["kind"]
     try:
         if kind == "http":
@@ -325,16 +236,16 @@ def _probe_once(p: dict[str, Any], workdir: str = "") -> tuple[bool, str]:
             import urllib.request
 
             try:
-                with urllib.request.urlopen(p["url"], timeout=3) as resp:
+                with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
                     status = resp.status
             except urllib.error.HTTPError as exc:
                 status = exc.code
             return status == p.get("expect_status", 200), f"HTTP {status}"
         if kind == "tcp":
-            with socket.create_connection((p["host"], p["port"]), timeout=3):
+            with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
                 return True, f"tcp {p['host']}:{p['port']} open"
         release = os.path.realpath(os.path.join(workdir, "current"))
-        command = [c.replace(RELEASE_MARK, release) for c in p["command"]]
+        command = [c.replace(RELEASE_MARK, release) for c in p["command"] or []]
         r = subprocess.run(command, capture_output=True, text=True, timeout=30)
         text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
         last = text.strip().splitlines()[-1:] or [""]
@@ -343,9 +254,9 @@ def _probe_once(p: dict[str, Any], workdir: str = "") -> tuple[bool, str]:
         return False, f"{kind} probe: {exc}"
 
 
-def op_wait(a: dict[str, Any]) -> dict[str, Any]:
+def op_wait(h: Host) -> StartResult:
     """Wait until every probe passes; fail fast if a watched service exits."""
-    pending = {w["name"]: w for w in a["waits"]}
+    pending = {w["name"]: w for w in h.args["waits"]}
     # A service just started is rarely ready on the first try: retry soon (0.05 s) and grow the wait
     # 1.5x per miss up to interval_s. Doubling overshot readiness by up to the last wait (a service
     # ready at 0.8 s was seen at 1.55 s); 1.5x bounds that at a third, for a few more cheap probes.
@@ -358,19 +269,20 @@ def op_wait(a: dict[str, Any]) -> dict[str, Any]:
     while pending:
         now = time.time()
         for name, w in list(pending.items()):
-            if w.get("unit") and _alive(a, name, w["unit"]) is None:
-                return {"ok": False, "code": 3, "service": name, "ready": ready,
+            if w.get("unit") and not h.liveness(name, w["unit"]).get("alive"):
+                return {"ok": False, "code": CODE_EXITED, "service": name, "ready": ready,
                         "error": f"{name} exited before it became ready"}
             if now < next_try[name]:
                 continue
-            ok, detail[name] = _probe_once(w["probe"], a["workdir"])
+            ok, detail[name] = h.probe(name, w["probe"])
             if ok:
                 ready.append(name)
                 del pending[name]
                 continue
-            if now - started > w["probe"].get("timeout_s", 60):
-                return {"ok": False, "code": 4, "service": name, "ready": ready,
-                        "error": f"{name} not ready after {w['probe'].get('timeout_s', 60):g}s ({detail[name]})"}
+            timeout = float(w["probe"].get("timeout_s", 60))
+            if now - started > timeout:
+                return {"ok": False, "code": CODE_TIMEOUT, "service": name, "ready": ready,
+                        "error": f"{name} not ready after {timeout:g}s ({detail[name]})"}
             next_try[name] = now + delay[name]
             delay[name] = min(delay[name] * 1.5, cap[name])
         if pending:
@@ -378,60 +290,68 @@ def op_wait(a: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "ready": ready, "seconds": round(time.time() - started, 3)}
 
 
-def op_probe(a: dict[str, Any]) -> dict[str, Any]:
+def op_probe(h: Host) -> ProbeResult:
     """Run each probe once (for `status`)."""
     results = {}
-    for w in a["probes"]:
-        ok, detail = _probe_once(w["probe"], a["workdir"])
+    for w in h.args["probes"]:
+        ok, detail = h.probe(w["name"], w["probe"])
         results[w["name"]] = {"ok": ok, "detail": detail}
     return {"ok": True, "results": results}
 
 
-def op_write_state(a: dict[str, Any]) -> dict[str, Any]:
+def op_write_state(h: Host) -> Result:
     """Record what runs here, then drop releases nothing refers to (keeping the last few)."""
-    wd = a["workdir"]
-    _write_atomic(os.path.join(wd, "state.json"), (json.dumps(a["state"], indent=2, sort_keys=True) + "\n").encode())
-    rel_dir = os.path.join(wd, "releases")
-    keep = {a["state"].get("revision"), a["state"].get("previous_revision")}
-    keep |= {s.get("release") for s in a["state"].get("services", {}).values()}
-    if os.path.isdir(rel_dir):
-        releases = sorted(os.listdir(rel_dir), key=lambda r: os.path.getmtime(os.path.join(rel_dir, r)))
+    lay, state = h.layout, h.args["state"]
+    write_atomic(lay.state, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+    keep = {state.get("revision"), state.get("previous_revision")}
+    keep |= {s.get("release") for s in state.get("services", {}).values()}
+    if os.path.isdir(lay.releases):
+        releases = sorted(os.listdir(lay.releases), key=lambda r: os.path.getmtime(lay.release(r)))
         for r in releases[:-KEEP_RELEASES]:
             if r not in keep:
-                shutil.rmtree(os.path.join(rel_dir, r), ignore_errors=True)
+                shutil.rmtree(lay.release(r), ignore_errors=True)
     return {"ok": True}
 
 
-def op_secrets(a: dict[str, Any]) -> dict[str, Any]:
-    """Write the deployment's secrets env file with mode 0600 (content never echoed)."""
-    d = os.path.join(a["workdir"], "secrets")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    _write_atomic(os.path.join(d, f"{a['deployment']}.env"), a["content"].encode(), 0o600)
-    return {"ok": True}
+ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
-def op_tail(a: dict[str, Any]) -> dict[str, Any]:
-    """The last lines of each named service's log."""
+def readable(text: str) -> str:
+    """Text without terminal escape codes (colours, cursor moves) and other control characters but tab."""
+    text = ANSI_ESCAPE.sub("", text)
+    return "".join(c for c in text if c in "\t\n" or c >= " ")
+
+
+def _tail_file(path: str, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            text = readable(f.read().decode(errors="replace")).splitlines()
+    except FileNotFoundError:
+        text = []
+    return "\n".join(line[:400] + (" [...]" if len(line) > 400 else "") for line in text[-lines:])
+
+
+def op_tail(h: Host) -> TailResult:
+    """The last lines of each named service's log (and what the supervisor logged about it)."""
+    lines = int(h.args.get("lines", 40))
+    units: dict[str, str] = h.args.get("units", {})
     out = {}
-    for name in a["services"]:
-        path = os.path.join(a["workdir"], "logs", f"{name}.log")
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - 65536))
-                lines = f.read().decode(errors="replace").splitlines()
-        except FileNotFoundError:
-            lines = []
-        out[name] = "\n".join(line[:400] + (" [...]" if len(line) > 400 else "") for line in lines[-a.get("lines", 40) :])
+    for name in h.args["services"]:
+        text = _tail_file(h.layout.log(name), lines)
+        journal = h.supervisor.journal(units[name], 10) if name in units else ""
+        if journal:
+            text += f"\n--- {h.supervisor.name} about {units[name]} ---\n{journal}"
+        out[name] = text
     return {"ok": True, "logs": out}
 
 
-def op_purge(a: dict[str, Any]) -> dict[str, Any]:
+def op_purge(h: Host) -> Result:
     """Remove everything primectl put under the workdir."""
-    wd = a["workdir"]
-    for sub in ("releases", "current", "state.json", "logs", "run", "secrets", "incoming", "lock", "data", "discovery"):
-        path = os.path.join(wd, sub)
+    for sub in Layout.PURGED:
+        path = h.layout.path(sub)
         if os.path.islink(path) or os.path.isfile(path):
             os.unlink(path)
         elif os.path.isdir(path):
@@ -439,16 +359,55 @@ def op_purge(a: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
-OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    name[3:]: fn for name, fn in globals().items() if name.startswith("op_")
-}
+def op_spawn(h: Host) -> SpawnResult:
+    """Start a helper process in its own session (preflight probes): argv, cwd, log; its pid."""
+    os.makedirs(h.args["cwd"], exist_ok=True)
+    with open(h.args["log"], "ab") as log:
+        proc = subprocess.Popen(h.args["argv"], cwd=h.args["cwd"], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    return {"ok": True, "pid": proc.pid}
 
 
-def _dispatch(op: str, args: dict[str, Any]) -> dict[str, Any]:
+def op_kill(h: Host) -> Result:
+    """Stop a process `spawn` started, by pid, only if its command line still holds `marker`."""
+    pid = int(h.args["pid"])
     try:
-        return OPS[op](args)
-    except Exception as exc:  # report, never traceback, to the controller
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return {"ok": True}
+    if h.args["marker"].encode() in cmdline and starttime(pid) is not None:
+        kill_session(pid, float(h.args.get("timeout", 5)))
+    return {"ok": True}
+
+
+def op_read(h: Host) -> ReadResult:
+    """A small text file under the workdir (e.g. a release's run script for `diff`); '' when absent."""
+    path = h.layout.path(h.args["path"])
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        text = ""
+    return {"ok": True, "text": text}
+
+
+OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}
+
+
+def dispatch(op: str, args: dict[str, Any], supervisor: Supervisor | None = None,
+             prober: Callable[[str, ProbeSpec, str], tuple[bool, str]] | None = None) -> dict[str, Any]:
+    """Run one operation; every failure becomes an error result, never a traceback."""
+    try:
+        fn = OPS[op]
+    except KeyError:
+        return {"ok": False, "code": 1, "error": f"unknown agent operation {op!r}"}
+    try:
+        result: dict[str, Any] = dict(fn(Host(args, supervisor, prober)))
+    except Exception as exc:
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result.setdefault("code", 0 if result.get("ok") else 1)
+    return result
 
 
 def serve() -> int:
@@ -456,9 +415,7 @@ def serve() -> int:
     for line in sys.stdin:
         if line.strip():
             request = json.loads(line)
-            result = _dispatch(request["op"], request["args"])
-            result.setdefault("code", 0 if result.get("ok") else 1)
-            sys.stdout.write(json.dumps(result) + "\n")
+            sys.stdout.write(json.dumps(dispatch(request["op"], request["args"])) + "\n")
             sys.stdout.flush()
     return 0
 
@@ -467,12 +424,10 @@ def main(argv: list[str]) -> int:
     """Dispatch `<op> <json>` and print one JSON result, or `serve` a session."""
     if argv[1] == "serve":
         return serve()
-    result = _dispatch(argv[1], json.loads(argv[2]))
+    result = dispatch(argv[1], json.loads(argv[2]))
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
-    if result.get("ok"):
-        return 0
-    return int(result.get("code", 1))
+    return 0 if result.get("ok") else int(result.get("code", 1))
 
 
 if __name__ == "__main__":

@@ -1,89 +1,55 @@
-"""`status`, `logs` and `diff`: read what runs on the hosts, change nothing."""
+"""`status` and `logs` over SSH: read what runs on the hosts, change nothing."""
 
 from __future__ import annotations
 
-import difflib
 import shlex
-from dataclasses import dataclass
 from typing import Any
 
-from primectl.deploy.rollout import Change, Cluster, compute_changes, parallel
+from primectl.deploy.cluster import Cluster
+from primectl.deploy.fanout import parallel
+from primectl.deploy.status import ServiceStatus, StatusReport
 from primectl.plan.model import Plan
-from primectl.render.bundle import Bundle
 
 
-@dataclass(frozen=True)
-class ServiceStatus:
-    """One service as `status` reports it."""
-
-    service: str
-    host: str
-    role: str
-    deployed: bool
-    running: bool
-    ready: bool
-    pid: int | None
-    revision: str | None
-    detail: str
-
-    @property
-    def healthy(self) -> bool:
-        """Deployed, running and passing its readiness probe."""
-        return self.deployed and self.running and self.ready
-
-
-def collect_status(cluster: Cluster) -> tuple[list[ServiceStatus], dict[str, Any]]:
-    """Liveness from the agent plus one readiness probe per service, and the gate."""
+def collect_status(cluster: Cluster) -> StatusReport:
+    """Liveness from the agent plus one readiness probe per service, the gate, and worker figures."""
     plan = cluster.plan
 
-    def probe(h: str) -> dict[str, Any]:
+    def probe(h: str) -> dict[str, dict[str, Any]]:
         probes = [{"name": s.name, "probe": s.ready.model_dump(mode="json")} for s in plan.services_on(h)]
-        if plan.service("frontend").host == h:
+        if plan.head == h:
             probes.append({"name": "gate", "probe": plan.gate.model_dump(mode="json")})
-        return cluster.call(h, "probe", {"probes": probes}, timeout=60)
+        return cluster.client(h).probe(probes)
 
     results = parallel(probe, list(cluster.views))
     rows: list[ServiceStatus] = []
     gate: dict[str, Any] = {"ok": False, "detail": "frontend host not inspected"}
     for svc in plan.services:
-        view = cluster.views.get(svc.host, {})
-        state = (view.get("state") or {}).get("services", {}).get(svc.name)
-        live = view.get("services", {}).get(svc.name, {})
+        state = cluster.recorded(svc.host).get(svc.name) if svc.host in cluster.views else None
+        live = cluster.views.get(svc.host, {}).get("services", {}).get(svc.name, {})
         res = results.get(svc.host)
-        pr = res.get("results", {}).get(svc.name, {}) if isinstance(res, dict) else {}
+        pr = res.get(svc.name, {}) if isinstance(res, dict) else {}
         rows.append(ServiceStatus(
             svc.name, svc.host, svc.role, state is not None, bool(live.get("alive")), bool(pr.get("ok")),
             live.get("pid"), state.get("release") if state else None,
             pr.get("detail", "") if state else "not deployed",
+            state=str(live.get("state", "")), restarts=int(live.get("restarts", 0) or 0),
         ))
-        if svc.name == "frontend" and isinstance(res, dict):
-            gate = res.get("results", {}).get("gate", gate)
-    return rows, gate
+        if svc.host == plan.head and isinstance(res, dict):
+            gate = res.get("gate", gate)
+    report = StatusReport(plan.name, rows, gate, plan.gate.url or "")
+    from primectl.checks.workers import worker_sections
 
-
-def render_diff(cluster: Cluster, bundles: dict[str, Bundle]) -> tuple[list[Change], dict[str, str]]:
-    """What `up` would do, with a unified diff of each changed service's run script."""
-    changes = compute_changes(cluster.plan, bundles, cluster.views)
-    details: dict[str, str] = {}
-    for c in changes:
-        if c.action != "change":
-            continue
-        view = cluster.views[c.host]
-        release = (view.get("state") or {}).get("services", {}).get(c.service, {}).get("release")
-        path = f"bin/{c.service}.sh"
-        old = ""
-        if release:
-            wd = cluster.workdir(c.host)
-            _, old, _ = cluster.transports[c.host].run(f"cat {shlex.quote(f'{wd}/releases/{release}/{path}')}")
-        new = bundles[c.host].files[path].decode()
-        details[c.service] = "".join(difflib.unified_diff(
-            old.splitlines(keepends=True), new.splitlines(keepends=True),
-            fromfile=f"{c.host}:{release}/{path}", tofile=f"{c.host}:{bundles[c.host].revision}/{path}"))
-    return changes, details
+    report.sections, report.notes = worker_sections(plan)
+    return report
 
 
 def log_command(plan: Plan, service: str, *, follow: bool, lines: int) -> tuple[str, str]:
     """(host, shell command) that prints a service's log."""
+    from primectl.deploy.protocol import Layout
+
     svc = plan.service(service)
-    path = f"{plan.host(svc.host).workdir}/logs/{service}.log"
-    return svc.host, f"tail -n {int(lines)} {'-F ' if follow else ''}{shlex.quote(path)}"
+    path = Layout(plan.host(svc.host).workdir).log(service)
+    # Strip terminal escape codes on the host (GNU sed, unbuffered so --follow stays live).
+    strip = r"sed -u -e 's/\x1b\[[0-9;?]*[ -\/]*[@-~]//g' -e 's/\x1b\][^\x07]*\x07//g' -e 's/\r$//'"
+    return svc.host, f"tail -n {int(lines)} {'-F ' if follow else ''}{shlex.quote(path)} | {strip}"

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from primectl.deploy.rollout import Cluster, parallel
+from primectl.deploy.cluster import Cluster
+from primectl.deploy.fanout import parallel
+from primectl.deploy.protocol import Layout
 from primectl.errors import DeployError
-from primectl.plan.model import Plan
+from primectl.plan.model import Plan, Runtime
 
 INSTALL_TIMEOUT_S = 1800
 # System libraries a role needs, by the shared object the loader must find.
@@ -29,11 +31,9 @@ def scripts_dir() -> Path:
     return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "scripts"
 
 
-def lock_file(plan: Plan) -> Path:
-    """The pinned requirement set for the plan's runtime flavour (CPU: a full lock; GPU: top-level pins)."""
-    if plan.engine == "vllm":
-        return scripts_dir() / "runtime-requirements-cuda.in"
-    return scripts_dir() / "runtime-requirements-cpu.txt"
+def lock_file(runtime: Runtime) -> Path:
+    """The pinned requirement set a runtime is installed from (named by the engine's runtime flavour)."""
+    return scripts_dir() / runtime.lock
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class HostRuntime:
 
 def venv_path(plan: Plan, host: str) -> str:
     """The runtime venv of a host."""
-    return posixpath.join(plan.host(host).workdir, "runtime", plan.runtime_key)
+    return plan.serving.runtime[host].dir
 
 
 def _check_system(cluster: Cluster, host: str) -> list[str]:
@@ -56,7 +56,7 @@ def _check_system(cluster: Cluster, host: str) -> list[str]:
     for svc in cluster.plan.services_on(host):
         for obj, package in SYSTEM_NEEDS.get(svc.component, []):
             test = f"test -x {shlex.quote(obj)}" if obj.startswith("/") else f"ldconfig -p | grep -q {shlex.quote(obj)}"
-            code, _, _ = cluster.transports[host].run(test)
+            code, _, _ = cluster.client(host).transport.run(test)
             if code != 0:
                 missing.append(f"{package} (for {svc.name}: {obj} not found)")
     return missing
@@ -65,44 +65,45 @@ def _check_system(cluster: Cluster, host: str) -> list[str]:
 def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable[[str], None] = print) -> list[HostRuntime]:
     """Create or reuse each host's runtime venv; fail naming missing system packages."""
     plan = cluster.plan
-    lock = lock_file(plan)
     script = (scripts_dir() / "install-runtime.sh").read_bytes()
-    lock_bytes = lock.read_bytes()
-    want = hashlib.sha256(lock_bytes).hexdigest()
 
     def one(host: str) -> HostRuntime:
         missing = _check_system(cluster, host)
         if missing:
             raise DeployError(f"{host}: missing system packages: {', '.join(missing)}; "
                               "install them (e.g. scripts/install-system.sh) and retry")
-        t = cluster.transports[host]
-        venv = venv_path(plan, host)
+        rt = plan.serving.runtime[host]
+        lock = lock_file(rt)
+        lock_bytes = lock.read_bytes()
+        want = hashlib.sha256(lock_bytes).hexdigest()
+        t = cluster.client(host).transport
+        venv = rt.dir
         stamp = posixpath.join(venv, ".primectl-runtime.stamp")
         code, out, _ = t.run(f"cat {shlex.quote(stamp)} 2>/dev/null")
         if code == 0 and out.split()[:1] == [want]:
             return HostRuntime(host, venv, "reused", installed_packages(cluster, host, venv))
-        stage = posixpath.join(plan.host(host).workdir, "runtime", f"{plan.runtime_key}.install")
+        stage = Layout(plan.host(host).workdir).runtime(rt.key) + ".install"
         t.run(f"mkdir -p {shlex.quote(stage)}")
         t.put(script, posixpath.join(stage, "install-runtime.sh"), 0o755)
         t.put(lock_bytes, posixpath.join(stage, lock.name))
         env = ""
         if wheelhouse is not None:
-            wh = posixpath.join(plan.host(host).workdir, "wheelhouse")
+            wh = Layout(plan.host(host).workdir).path("wheelhouse")
             _, have, _ = t.run(f"mkdir -p {shlex.quote(wh)} && ls {shlex.quote(wh)}")
             present = set(have.split())
             for wheel in sorted(wheelhouse.glob("*.whl")):
                 if wheel.name not in present:
                     t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
             env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
-        say(f"{host}: installing runtime {plan.runtime_key} (pinned lock, {len(lock_bytes.splitlines())} lines)")
-        flavour = " --cuda" if plan.engine == "vllm" else ""
+        say(f"{host}: installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {len(lock_bytes.splitlines())} lines)")
+        flavour = {"cuda": " --cuda", "vllm-cpu": " --vllm-cpu"}.get(rt.flavour, "")
         code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour}",
                                timeout=INSTALL_TIMEOUT_S)
         if code != 0:
             raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
         return HostRuntime(host, venv, "installed", installed_packages(cluster, host, venv))
 
-    results = parallel(one, sorted(plan.deployed_hosts()))
+    results = parallel(one, sorted(h for h in plan.deployed_hosts() if plan.serving.runtime[h].provisioned))
     errors = [str(r) for r in results.values() if isinstance(r, BaseException)]
     if errors:
         raise DeployError("provision failed:\n  " + "\n  ".join(errors))
@@ -115,9 +116,9 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
 def installed_packages(cluster: Cluster, host: str, venv: str, *, python: str | None = None) -> str:
     """`pip freeze` of a host's runtime: recorded at install, or asked of a user-managed interpreter."""
     if python:
-        _, out, _ = cluster.transports[host].run(f"{shlex.quote(python)} -m pip freeze --all 2>/dev/null")
+        _, out, _ = cluster.client(host).transport.run(f"{shlex.quote(python)} -m pip freeze --all 2>/dev/null")
         return out
-    _, out, _ = cluster.transports[host].run(f"cat {shlex.quote(posixpath.join(venv, 'pip-freeze.txt'))} 2>/dev/null")
+    _, out, _ = cluster.client(host).transport.run(f"cat {shlex.quote(posixpath.join(venv, 'pip-freeze.txt'))} 2>/dev/null")
     return out
 
 
@@ -136,3 +137,24 @@ def drift(plan: Plan, freeze: str) -> dict[str, tuple[str, str | None]]:
         if have != pin:
             out[name] = (pin, have)
     return out
+
+
+def doctor(cluster: Cluster) -> tuple[list[str], int]:
+    """Per host, installed runtime versions against the pins: report lines and how many hosts drifted."""
+    plan = cluster.plan
+    lines: list[str] = []
+    bad = 0
+    for h in sorted(cluster.clients):
+        rt = plan.serving.runtime[h]
+        freeze = installed_packages(cluster, h, rt.dir, python=None if rt.provisioned else rt.python)
+        if not freeze:
+            lines.append(f"{h}: no runtime at {rt.dir if rt.provisioned else rt.python} (run `primectl provision`)")
+            bad += 1
+            continue
+        d = drift(plan, freeze)
+        for name, (pin, have) in sorted(d.items()):
+            lines.append(f"{h}: {name} pinned {pin}, installed {have or 'missing'}")
+        if not d:
+            lines.append(f"{h}: ok ({len(plan.pins)} pins match)")
+        bad += bool(d)
+    return lines, bad

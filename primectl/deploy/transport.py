@@ -6,6 +6,7 @@ transport it has (pyinfra's connectors, Fabric/Invoke's shared surface).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -24,9 +25,24 @@ class HostUnreachable(DeployError):
     """Could not connect or authenticate to a host."""
 
 
+DROP = "# agent-source: drop"
+
+
+@functools.cache
 def agent_source() -> str:
-    """The host agent's source, sent with every call."""
-    return files("primectl.deploy").joinpath("agent.py").read_text()
+    """The host agent's source, sent with every call: protocol.py, then agent.py without its package imports."""
+    pkg = files("primectl.deploy")
+    out: list[str] = []
+    skipping = False
+    for line in pkg.joinpath("agent.py").read_text().splitlines():
+        if skipping:
+            skipping = DROP not in line
+            continue
+        if DROP in line:
+            skipping = line.rstrip().removesuffix(DROP).rstrip().endswith("(")
+            continue
+        out.append(line)
+    return pkg.joinpath("protocol.py").read_text() + "\n\n# --- agent.py ---\n" + "\n".join(out) + "\n"
 
 
 class Transport(Protocol):

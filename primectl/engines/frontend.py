@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from primectl.engines.base import Deployment
+from primectl.engines.base import PlanContext
 from primectl.plan.model import Probe, Service
 
 
-def frontend_service(dep: Deployment, host: str, depends_on: list[str]) -> Service:
+def frontend_service(ctx: PlanContext, host: str, depends_on: list[str]) -> Service:
     """The frontend bound to the host's address, with router and admission settings."""
-    r = dep.recipe
+    r = ctx.recipe
     fe = r.frontend
-    addr = dep.hosts[host].address
+    addr = ctx.hosts[host].address
     argv = [
-        dep.python(host), "-m", "dynamo.frontend",
+        ctx.python(host), "-m", "dynamo.frontend",
         "--namespace", r.dynamo_namespace,
         "--http-host", addr,
         "--http-port", str(fe.port),
@@ -32,7 +32,7 @@ def frontend_service(dep: Deployment, host: str, depends_on: list[str]) -> Servi
     for flag, value in fe.busy.model_dump().items():
         if value is not None:
             argv += ["--" + flag.replace("_", "-"), str(value)]
-    env = dep.dynamo_env(host)
+    env = ctx.dynamo_env(host)
     env["DYN_TCP_RESPONSE_STREAM_HOST"] = addr
     env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(r.ports.response_stream)
     base = f"http://{addr}:{fe.port}"

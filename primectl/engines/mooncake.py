@@ -4,35 +4,41 @@ from __future__ import annotations
 
 import json
 
-from primectl.engines.base import Deployment
+from primectl.engines.base import PlanContext
 from primectl.plan.model import RELEASE, FileSpec, Probe, Service
 
 GIB = 1024**3
 
 
-def master_service(dep: Deployment, host: str) -> Service:
-    """`mooncake_master` with its HTTP metadata server, bound to the host's address."""
-    addr = dep.hosts[host].address
-    p = dep.recipe.ports
-    argv = [
-        dep.runtime_bin(host, "mooncake_master"),
-        f"--rpc_address={addr}",
-        f"--rpc_port={p.mooncake_rpc}",
+def master_argv(binary: str, address: str, rpc: int, metadata: int, metrics: int) -> list[str]:
+    """The mooncake_master command line (also used by preflight for a temporary master)."""
+    return [
+        binary,
+        f"--rpc_address={address}",
+        f"--rpc_port={rpc}",
         "--enable_http_metadata_server=true",
-        f"--http_metadata_server_host={addr}",
-        f"--http_metadata_server_port={p.mooncake_metadata}",
-        f"--metrics_host={addr}",
-        f"--metrics_port={p.mooncake_metrics}",
+        f"--http_metadata_server_host={address}",
+        f"--http_metadata_server_port={metadata}",
+        f"--metrics_host={address}",
+        f"--metrics_port={metrics}",
     ]
+
+
+def master_service(ctx: PlanContext, host: str, *, workers_use_store: bool) -> Service:
+    """`mooncake_master` with its HTTP metadata server, bound to the host's address."""
+    addr = ctx.hosts[host].address
+    p = ctx.recipe.ports
+    argv = master_argv(ctx.runtime_bin(host, "mooncake_master"), addr, p.mooncake_rpc, p.mooncake_metadata,
+                       p.mooncake_metrics)
     probe = Probe(kind="http", url=f"http://{addr}:{p.mooncake_metrics}/health", timeout_s=60)
     files: list[FileSpec] = []
-    if dep.recipe.engine == "mocker":
-        # No vLLM worker exercises the store in a mocker deployment, so readiness
+    if not workers_use_store:
+        # No worker exercises the store (e.g. the mocker engine), so readiness
         # proves it with a put/get round trip through the master.
         probe = Probe(
             kind="command",
             command=[
-                dep.python(host), f"{RELEASE}/probes/mooncake_roundtrip.py",
+                ctx.python(host), f"{RELEASE}/probes/mooncake_roundtrip.py",
                 "--master", f"{addr}:{p.mooncake_rpc}",
                 "--metadata", f"http://{addr}:{p.mooncake_metadata}/metadata",
                 "--local-hostname", addr,
@@ -49,15 +55,15 @@ def master_service(dep: Deployment, host: str) -> Service:
     )
 
 
-def store_config(dep: Deployment, host: str, service: str, ranks: int) -> FileSpec:
+def store_config(ctx: PlanContext, host: str, service: str, ranks: int) -> FileSpec:
     """The MooncakeStoreConnector JSON a worker process reads (MOONCAKE_CONFIG_PATH)."""
-    tier = dep.recipe.host_tier
-    assert tier is not None and dep.mooncake_master and dep.mooncake_metadata
+    tier = ctx.tier
+    assert tier is not None
     segment = int(tier.dram_gb_per_host * 1e9 / max(ranks, 1))
     cfg = {
-        "local_hostname": dep.hosts[host].address,
-        "metadata_server": dep.mooncake_metadata,
-        "master_server_address": dep.mooncake_master,
+        "local_hostname": ctx.hosts[host].address,
+        "metadata_server": tier.metadata,
+        "master_server_address": tier.master,
         "protocol": tier.protocol,
         "device_name": tier.device_name,
         "mode": "",

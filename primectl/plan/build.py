@@ -5,16 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from primectl.engines.base import Deployment
+from primectl.deploy.protocol import Layout
+from primectl.engines.base import Engine, PlanContext
+from primectl.engines.base import get as get_engine
 from primectl.engines.etcd import etcd_service
 from primectl.engines.frontend import frontend_service
-from primectl.engines.mocker_worker import mocker_worker_service
 from primectl.engines.mooncake import master_service
-from primectl.engines.vllm_worker import vllm_worker_service
+from primectl.errors import Finding, PlanError, RecipeError
 from primectl.plan.capacity import (
     GB,
     indexer_bytes_per_token,
@@ -23,21 +26,37 @@ from primectl.plan.capacity import (
     parse_parallel,
     role_memory,
 )
-from primectl.plan.model import RELEASE, Capacity, HostPlan, Plan, Probe, RoleCapacity, Service
+from primectl.plan.model import (
+    RELEASE,
+    Capacity,
+    HardwareFacts,
+    HostPlan,
+    ModelSource,
+    Plan,
+    Probe,
+    RoleCapacity,
+    Runtime,
+    Service,
+    Serving,
+    TargetSpec,
+    Tier,
+)
 from primectl.plan.placement import Placement, place_workers
 from primectl.recipe.catalog import MODELS, Architecture, Hardware
-from primectl.recipe.load import Finding
+from primectl.recipe.load import LoadedRecipe, load_recipe
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
 
 SESSION_CONTEXT_TOKENS = 146_000
+GENERATED_MODEL_CONTEXT = 32768  # what a generated model declares when the recipe sets no max_context
 
 
-class PlanError(Exception):
-    """The recipe parsed but cannot be planned; carries findings to pin to YAML lines."""
-
-    def __init__(self, findings: list[Finding]):
-        self.findings = findings
-        super().__init__("; ".join(f.message for f in findings))
+def plan_recipe(path: str | Path) -> tuple[LoadedRecipe, Plan]:
+    """Load, validate and plan a recipe file: RecipeError (every problem, pinned to its line) or the Plan."""
+    loaded = load_recipe(path)
+    try:
+        return loaded, build_plan(loaded.recipe)
+    except PlanError as exc:
+        raise RecipeError([loaded.problem(f) for f in exc.findings]) from None
 
 
 def architecture(recipe: Recipe) -> Architecture:
@@ -60,20 +79,18 @@ def host_plans(recipe: Recipe, hw: Hardware) -> list[HostPlan]:
     ]
 
 
-def pins(recipe: Recipe) -> dict[str, str]:
-    """The pinned version set for the host runtime."""
-    s = recipe.software
-    out = {"ai-dynamo": s.dynamo, "ai-dynamo-runtime": s.dynamo, "nixl": s.nixl, "mooncake-transfer-engine": s.mooncake}
-    if recipe.engine == "vllm":
-        out |= {"vllm": s.vllm, "flashinfer-python": s.flashinfer}
-    return out
-
-
-def runtime_key(recipe: Recipe, hw: Hardware) -> str:
-    """Names the runtime venv: same pins and CPU/GPU flavour, same venv."""
-    flavour = "cuda" if hw.sm else "cpu"
-    blob = json.dumps({"pins": pins(recipe), "flavour": flavour}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+def runtimes(recipe: Recipe, hw: Hardware, engine: Engine, hosts: list[HostPlan]) -> tuple[str, dict[str, Runtime]]:
+    """The runtime key (pins + flavour) and each host's runtime interpreter."""
+    flavour = engine.runtime_flavour(hw)
+    blob = json.dumps({"pins": engine.pins(recipe), "flavour": flavour.name}, sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    own = recipe.software.python
+    out = {
+        h.name: Runtime(python=own or posixpath.join(Layout(h.workdir).runtime(key), "bin", "python"), provisioned=not own,
+                        flavour=flavour.name, lock=flavour.lock, key=key)
+        for h in hosts
+    }
+    return key, out
 
 
 def _defaults(model: BaseModel, prefix: str = "") -> dict[str, Any]:
@@ -90,26 +107,25 @@ def _defaults(model: BaseModel, prefix: str = "") -> dict[str, Any]:
 
 
 def build_plan(recipe: Recipe) -> Plan:
-    """Place every service, derive ports, argv, env and capacity. Raises PlanError."""
+    """Place every service, derive ports, argv, env, serving facts and capacity. Raises PlanError."""
+    engine = get_engine(recipe.engine)
     arch = architecture(recipe)
     hw = hardware_profile(recipe)
     hosts = host_plans(recipe, hw)
     by_name = {h.name: h for h in hosts}
     fe_host = recipe.frontend.host
     cp_host = recipe.control_plane.etcd_host or fe_host
-    tier = recipe.host_tier if recipe.host_tier and recipe.host_tier.enabled else None
     p = recipe.ports
     etcd = f"http://{by_name[cp_host].address}:{p.etcd_client}" if recipe.control_plane.discovery == "etcd" else None
-    dep = Deployment(
-        recipe=recipe, arch=arch, hw=hw, runtime_key=runtime_key(recipe, hw), hosts=by_name,
+    key, runtime = runtimes(recipe, hw, engine, hosts)
+    served = engine.serving(recipe, arch, hw)
+    ctx = PlanContext(
+        recipe=recipe, arch=arch, hw=hw, hosts=by_name, runtime=runtime, model=model_source(recipe), tier=tier(recipe),
         etcd_endpoint=etcd,
-        mooncake_master=f"{by_name[tier.master_host].address}:{p.mooncake_rpc}" if tier else None,
-        mooncake_metadata=f"http://{by_name[tier.master_host].address}:{p.mooncake_metadata}/metadata" if tier else None,
         discovery_dir=(
             posixpath.join(by_name[fe_host].workdir, "discovery", recipe.dynamo_namespace)
             if recipe.control_plane.discovery == "file" else None
         ),
-        model_path=f"{RELEASE}/model" if recipe.model.generate else recipe.model.path,
     )
     placement = place_workers(recipe, hw, hosts)
     if placement.findings:
@@ -118,37 +134,65 @@ def build_plan(recipe: Recipe) -> Plan:
     services: list[Service] = []
     control: list[str] = []
     if etcd:
-        services.append(etcd_service(dep, cp_host))
+        services.append(etcd_service(ctx, cp_host))
         control.append("etcd")
-    if tier:
-        services.append(master_service(dep, tier.master_host))
+    if ctx.tier:
+        services.append(master_service(ctx, ctx.tier.master_host, workers_use_store=served.capabilities.exercises_host_tier))
         control.append("mooncake-master")
     workers: list[str] = []
     for slot in placement.slots:
         spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
-        make = mocker_worker_service if recipe.engine == "mocker" else vllm_worker_service
-        services.append(make(dep, slot, spec, list(control)))
+        services.append(engine.worker(ctx, slot, spec, list(control)))
         workers.append(slot.name)
-    services.append(frontend_service(dep, fe_host, control + workers))
+    services.append(frontend_service(ctx, fe_host, control + workers))
 
     fe = by_name[fe_host]
     endpoint = f"http://{fe.address}:{recipe.frontend.port}"
     gate = Probe(
-        kind="http", url=f"{endpoint}/v1/models/{recipe.model.served_name}/ready",
+        kind="http", url=f"{endpoint}/v1/models/{quote(recipe.model.served_name, safe='')}/ready",
         timeout_s=max(s.ready.timeout_s for s in services),
     )
+    serving = Serving(
+        engine=engine.name, context_limit=served.context_limit, prefill_budget=served.prefill_budget,
+        block_size=recipe.kv.block_size, kv_dtype=recipe.kv.dtype, model=ctx.model, tier=ctx.tier,
+        capabilities=served.capabilities, runtime=runtime, kv_tokens_per_worker=served.kv_tokens_per_worker,
+    )
     plan = Plan(
-        name=recipe.name, namespace=recipe.dynamo_namespace, engine=recipe.engine, supervisor=recipe.supervisor,
-        served_model=recipe.model.served_name,
+        name=recipe.name, namespace=recipe.dynamo_namespace, engine=engine.name, supervisor=recipe.supervisor,
+        target=TargetSpec(kind=recipe.target), served_model=recipe.model.served_name,
         recipe_hash=hashlib.sha256(recipe.model_dump_json().encode()).hexdigest()[:16],
-        runtime_key=dep.runtime_key, pins=pins(recipe), hosts=hosts, services=services, gate=gate,
-        endpoint=endpoint, capacity=capacity(recipe, arch, hw, hosts, placement),
-        secret_names=sorted(recipe.secrets), defaults=_defaults(recipe),
+        runtime_key=key, pins=engine.pins(recipe),
+        hardware=HardwareFacts(profile=recipe.hardware.profile, gpu=hw.gpu, sm=hw.sm, gpus_per_host=hw.gpus_per_host,
+                               hosts_per_nvlink_domain=hw.hosts_per_nvlink_domain),
+        hosts=hosts, head=fe_host, slots=placement.slots, services=services, gate=gate,
+        endpoint=endpoint, serving=serving, capacity=capacity(recipe, arch, hw, hosts, placement),
+        secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
+        known_hosts=recipe.known_hosts, defaults=_defaults(recipe),
     )
     port_findings = check_ports(plan)
     if port_findings:
         raise PlanError(port_findings)
     return plan
+
+
+def model_source(recipe: Recipe) -> ModelSource:
+    """Where workers find the model: the recipe's path, or the directory primectl generates into the bundle."""
+    m = recipe.model
+    return ModelSource(served_name=m.served_name, path=f"{RELEASE}/model" if m.generate else m.path,
+                       generate=m.generate, max_context=m.max_context or GENERATED_MODEL_CONTEXT,
+                       weights_gb=m.weights_gb)
+
+
+def tier(recipe: Recipe) -> Tier | None:
+    """The Mooncake tier's endpoints, when the recipe enables one."""
+    t = recipe.host_tier
+    if t is None or not t.enabled:
+        return None
+    master = next(h for h in recipe.host_list() if h.name == t.master_host)
+    p = recipe.ports
+    return Tier(master_host=t.master_host, master=f"{master.address}:{p.mooncake_rpc}",
+                metadata=f"http://{master.address}:{p.mooncake_metadata}/metadata", protocol=t.protocol,
+                device_name=t.device_name, dram_gb_per_host=t.dram_gb_per_host)
 
 
 def check_ports(plan: Plan) -> list[Finding]:
@@ -227,3 +271,14 @@ def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostP
         decode=_role_capacity(recipe, arch, hw, recipe.decode, recipe.decode.workers, 0),
         gpus_used=placement.gpus_used, gpus_total=total, notes=notes,
     )
+
+
+def check_service_name(plan: Plan, service: str, file: str) -> None:
+    """RecipeError (exit 2) naming the plan's services when `service` is not one of them."""
+    from primectl.errors import Problem
+    from primectl.recipe.suggest import did_you_mean
+
+    names = [s.name for s in plan.services]
+    if service not in names:
+        raise RecipeError([Problem(file, 0, 0, "service",
+                                   f"no service {service!r}{did_you_mean(service, names)}; services: {', '.join(names)}")])

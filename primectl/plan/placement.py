@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from primectl.engines.base import WorkerSlot
+from primectl.errors import Finding
 from primectl.plan.capacity import Parallel, parse_parallel
-from primectl.plan.model import DataParallel, HostPlan
+from primectl.plan.model import DataParallel, HostPlan, Slot
 from primectl.recipe.catalog import Hardware
-from primectl.recipe.load import Finding
 from primectl.recipe.model import Decode, Prefill, Recipe
 
 
@@ -33,7 +32,7 @@ class _HostGpus:
 class Placement:
     """Worker slots in plan order, or the reasons they could not be placed."""
 
-    slots: list[WorkerSlot] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     gpus_used: int = 0
 
@@ -111,6 +110,15 @@ def _name(role: str, i: int, part: int | None) -> str:
     return f"{role}-{i}" if part is None else f"{role}-{i}-{part}"
 
 
+def _slot(role: str, i: int, part: int | None, par: Parallel, h: _HostGpus, gpus: list[int], dp: DataParallel | None,
+          ports: dict[str, int], *, span: int = 1, domain: str | None = None) -> Slot:
+    return Slot(
+        name=_name(role, i, part), role=role, parallel=f"{par.kind}{par.size}", gpus=gpus, data_parallel=dp,
+        group=_name(role, i, None) if part is not None else None, hosts_per_instance=span, domain=domain,
+        host=h.plan.name, ports=ports,
+    )
+
+
 def _place_cpu(
     recipe: Recipe, role: str, i: int, par: Parallel, candidates: list[_HostGpus], out: Placement, block: int,
 ) -> None:
@@ -120,7 +128,7 @@ def _place_cpu(
     k = target.workers
     target.workers += 1
     dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=target.plan.address) if par.dp > 1 else None
-    out.slots.append(WorkerSlot(_name(role, i, None), role, target.plan.name, (), par, dp, None, _ports(recipe, k, block)))
+    out.slots.append(_slot(role, i, None, par, target, [], dp, _ports(recipe, k, block)))
 
 
 def _place_gpu(
@@ -133,7 +141,7 @@ def _place_gpu(
             k = h.workers
             h.workers += 1
             dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=h.plan.address) if par.dp > 1 else None
-            out.slots.append(WorkerSlot(_name(role, i, None), role, h.plan.name, gpus, par, dp, None, _ports(recipe, k, block)))
+            out.slots.append(_slot(role, i, None, par, h, list(gpus), dp, _ports(recipe, k, block)))
             out.gpus_used += par.size
             return True
     per_host = max(h.plan.gpus for h in hosts)
@@ -157,7 +165,7 @@ def _place_gpu(
             h.workers += 1
             dp = DataParallel(size=par.dp, local=per_host, start_rank=part * per_host, address=head.plan.address)
             ports = _ports(recipe, k, block) | {"dp_rpc": dp_rpc}
-            out.slots.append(WorkerSlot(_name(role, i, part), role, h.plan.name, gpus, par, dp, _name(role, i, None), ports))
+            out.slots.append(_slot(role, i, part, par, h, list(gpus), dp, ports, span=span, domain=h.domain))
         out.gpus_used += par.size
         return True
     return False

@@ -9,40 +9,21 @@ with the recipe field to set instead.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from primectl.recipe.load import Finding, did_you_mean
+from primectl.errors import Finding
 from primectl.recipe.model import Recipe
-
-CATALOGS = {
-    "vllm": ("vllm-0.33.0.json", "dynamo-vllm-1.6.1.json"),
-    "mocker": ("dynamo-mocker-1.6.1.json",),
-}
-
-# Flags the adapters set from recipe fields: name -> the field to use instead.
-MANAGED = {
-    "--model": "model.path", "--model-path": "model.path", "--served-model-name": "model.served_name",
-    "--model-name": "model.served_name", "--disaggregation-mode": "(role)",
-    "--tensor-parallel-size": "parallel", "--data-parallel-size": "parallel",
-    "--data-parallel-size-local": "parallel", "--data-parallel-start-rank": "parallel",
-    "--data-parallel-address": "parallel", "--enable-expert-parallel": "parallel",
-    "--kv-cache-dtype": "kv.dtype", "--block-size": "kv.block_size",
-    "--max-num-batched-tokens": "token_budget_per_gpu", "--max-num-seqs": "max_num_seqs",
-    "--gpu-memory-utilization": "gpu_memory_utilization", "--max-model-len": "model.max_context",
-    "--kv-transfer-config": "transfer / host_tier", "--kv-events-config": "frontend.kv_events",
-    "--dyn-tool-call-parser": "tool_calling.tool_call_parser", "--dyn-reasoning-parser": "tool_calling.reasoning_parser",
-    "--reasoning-parser": "tool_calling.reasoning_parser",
-    "--structured-outputs-config": "tool_calling.structured_backend",
-}
+from primectl.recipe.suggest import did_you_mean
 
 
 @cache
-def catalog(engine: str) -> dict[str, dict[str, Any]]:
-    """Every flag the engine's pinned command line accepts, with whether it takes a value."""
+def load_catalog(*names: str) -> dict[str, dict[str, Any]]:
+    """The flags of the named catalog files under primectl/recipe/data/, merged in order."""
     flags: dict[str, dict[str, Any]] = {}
-    for name in CATALOGS[engine]:
+    for name in names:
         data = json.loads(files("primectl.recipe").joinpath(f"data/{name}").read_text())
         flags.update(data["flags"])
     return flags
@@ -86,12 +67,15 @@ def _is_number(token: str) -> bool:
     return True
 
 
-def check_extra_args(r: Recipe) -> list[Finding]:
-    """Findings for unknown, managed or malformed flags in prefill/decode extra_args."""
+def check_extra_args(r: Recipe, known: Mapping[str, dict[str, Any]], managed: Mapping[str, str]) -> list[Finding]:
+    """Findings for unknown, managed or malformed flags in prefill/decode extra_args.
+
+    `known` is the engine's flag catalog, `managed` the flags primectl sets itself
+    (flag -> the recipe field to set instead).
+    """
     out: list[Finding] = []
     if not (r.prefill.extra_args or r.decode.extra_args):
         return out
-    known = catalog(r.engine)
     for role in ("prefill", "decode"):
         args = getattr(r, role).extra_args
         i = 0
@@ -105,8 +89,8 @@ def check_extra_args(r: Recipe) -> list[Finding]:
             raw, has_inline, inline = token.partition("=")
             name = _canonical(raw)
             spec = known.get(name) or known.get(raw)
-            if name in MANAGED:
-                out.append(Finding(path, f"{name} is set by primectl from `{MANAGED[name]}`; set it there"))
+            if name in managed:
+                out.append(Finding(path, f"{name} is set by primectl from `{managed[name]}`; set it there"))
             elif spec is None:
                 out.append(Finding(path, f"unknown {r.engine} flag {raw}{did_you_mean(raw, list(known))} "
                                    f"(checked against the pinned {r.engine} flag catalog)"))

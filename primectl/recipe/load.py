@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path as FsPath
@@ -10,17 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from primectl.errors import Problem, RecipeError
+from primectl.errors import Finding, Problem, RecipeError
 from primectl.recipe.model import Recipe
+from primectl.recipe.suggest import did_you_mean
 from primectl.recipe.yamlpos import Path, Position, dotted, load_yaml
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A semantic problem found after parsing: a recipe path and what is wrong there."""
-
-    path: Path
-    message: str
 
 
 @dataclass
@@ -75,12 +67,6 @@ def allowed_keys(path: Path) -> list[str]:
     return sorted(_pick(node, "object").get("properties", {}))
 
 
-def did_you_mean(word: str, choices: list[str]) -> str:
-    """' (did you mean `x`?)' when a close match exists, else ''."""
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean `{close[0]}`?)" if close else ""
-
-
 def _data_path(loc: tuple[Any, ...], data: Any) -> Path:
     """Map a pydantic error location onto the user's data, dropping union-member tags."""
     out: list[str | int] = []
@@ -133,15 +119,37 @@ def _pydantic_problems(exc: ValidationError, data: Any, file: str, positions: di
     return problems
 
 
+class _Unreadable(Exception):
+    """A file that cannot be read as UTF-8 text; `message` says why (with the byte offset)."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(message)
+
+
+def read_text(path: FsPath) -> str:
+    """A file's text, strictly UTF-8; _Unreadable naming the OS error or the first bad byte's offset."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _Unreadable(exc.strerror or str(exc)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Unreadable(f"not UTF-8 text: byte {exc.start} is 0x{data[exc.start]:02x} ({exc.reason}); "
+                          "save the file as UTF-8") from None
+
+
 def _resolve_inventory(data: dict[str, Any], base: FsPath, file: str, positions: dict[Path, Position]) -> None:
     hosts = data.get("hosts")
     if not (isinstance(hosts, dict) and set(hosts) == {"inventory"} and isinstance(hosts["inventory"], str)):
         return
     inv_path = (base / hosts["inventory"]).resolve()
     try:
-        text = inv_path.read_text()
-    except OSError as exc:
-        raise RecipeError([to_problem(("hosts", "inventory"), f"cannot read inventory: {exc.strerror}", file, positions)]) from None
+        text = read_text(inv_path)
+    except _Unreadable as exc:
+        raise RecipeError([to_problem(("hosts", "inventory"), f"cannot read inventory: {exc.message} ({inv_path})",
+                                      file, positions)]) from None
     inv, inv_pos = load_yaml(text, str(inv_path))
     if not (isinstance(inv, dict) and isinstance(inv.get("hosts"), list)):
         raise RecipeError([Problem(str(inv_path), 1, 1, "hosts", "an inventory file must hold a `hosts:` list")])
@@ -165,9 +173,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _read(fs_path: FsPath, file: str, chain: tuple[FsPath, ...] = ()) -> tuple[dict[str, Any], dict[Path, Position]]:
     """Read one recipe file, following `extends:` to the base recipe it overrides."""
     try:
-        text = fs_path.read_text()
-    except OSError as exc:
-        raise RecipeError([Problem(file, 0, 0, "", f"cannot read recipe: {exc.strerror}")]) from None
+        text = read_text(fs_path)
+    except _Unreadable as exc:
+        raise RecipeError([Problem(file, 0, 0, "", f"cannot read recipe: {exc.message}")]) from None
     data, positions = load_yaml(text, file)
     if not isinstance(data, dict):
         raise RecipeError([Problem(file, 1, 1, "", "a recipe must be a YAML mapping (key: value)")])
@@ -182,6 +190,9 @@ def _read(fs_path: FsPath, file: str, chain: tuple[FsPath, ...] = ()) -> tuple[d
     if base_path in here:
         cycle = " -> ".join(p.name for p in (*here[here.index(base_path) :], base_path))
         raise RecipeError([to_problem(("extends",), f"extends cycle: {cycle}", file, positions)])
+    if not base_path.is_file():
+        raise RecipeError([to_problem(("extends",), f"cannot read base recipe: No such file or directory ({base_path})", file,
+                                      positions)])
     base_data, base_pos = _read(base_path, str(base_path), here)
     # A value this file replaces takes its positions along: drop the base's positions under it,
     # or a problem in the replacement could be pinned to a line of the base file.

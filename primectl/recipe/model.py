@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from primectl.recipe.catalog import Architecture, Hardware
+from primectl.registry import ENGINES, TARGETS
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 PARALLEL_RE = re.compile(r"^(DEP|TEP|TP|DP)([1-9][0-9]*)$")
@@ -20,6 +21,9 @@ Name = Annotated[str, Field(pattern=NAME_RE, description="Lower-case letters, di
 Port = Annotated[int, Field(ge=1, le=65535)]
 SystemPort = Annotated[int, Field(ge=1, le=32767, description="Dynamo reads it as a signed 16-bit value.")]
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What a served model name may hold: it travels in URL paths (/v1/models/{name}/ready), JSON and run scripts.
+SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+SERVED_NAME_ALLOWED = "letters, digits and . _ : / @ + - (starting with a letter or digit)"
 
 
 def _env_name(v: str) -> str:
@@ -42,7 +46,7 @@ class Strict(BaseModel):
 class ModelSpec(Strict):
     """The model to serve."""
 
-    served_name: str = Field(..., min_length=1, description="Name clients put in `model` (OpenAI API).")
+    served_name: str = Field(..., min_length=1, description=f"Name clients put in `model` (OpenAI API): {SERVED_NAME_ALLOWED}.")
     path: str = Field(
         "",
         description="Weights directory on every worker host. Empty with `generate: demo-tiny`, "
@@ -57,6 +61,16 @@ class ModelSpec(Strict):
     )
     weights_gb: float | None = Field(None, gt=0, description="Size of the weights directory, for preflight.")
     max_context: int | None = Field(None, gt=0, description="Serving context limit (--max-model-len); default: the architecture's.")
+
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        if not SERVED_NAME_RE.match(v):
+            bad = sorted({c for c in v if not re.match(r"[A-Za-z0-9._:/@+-]", c)})
+            shown = ", ".join(repr(c) for c in bad) or repr(v[:1])
+            raise ValueError(f"{v!r} cannot be carried in the OpenAI API paths primectl probes ({shown} not allowed); "
+                             f"allowed: {SERVED_NAME_ALLOWED}")
+        return v
 
 
 class HardwareSpec(Strict):
@@ -266,7 +280,10 @@ class Recipe(Strict):
     host_tier: HostTier | None = None
     tool_calling: ToolCalling = Field(default_factory=ToolCalling)
     control_plane: ControlPlane = Field(default_factory=ControlPlane)
-    engine: Literal["vllm", "mocker"] = "vllm"
+    engine: str = Field("vllm", description="Worker engine: " + ", ".join(ENGINES) + ".",
+                        json_schema_extra={"enum": list(ENGINES)})
+    target: str = Field("ssh", description="How processes reach machines: " + ", ".join(TARGETS) + ".",
+                        json_schema_extra={"enum": list(TARGETS)})
     mocker: Mocker = Field(default_factory=Mocker)
     software: Software = Field(default_factory=Software)
     supervisor: Literal["systemd", "process"] = "systemd"
@@ -277,6 +294,20 @@ class Recipe(Strict):
         json_schema_extra=ENV_NAMES_SCHEMA,
     )
     known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys; default: ~/.ssh/known_hosts.")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v not in ENGINES:
+            raise ValueError(f"{v!r} is not an engine; allowed: {', '.join(ENGINES)}")
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        if v not in TARGETS:
+            raise ValueError(f"{v!r} is not a target; allowed: {', '.join(TARGETS)}")
+        return v
 
     def host_list(self) -> list[Host]:
         """The hosts, once an inventory has been resolved by the loader."""
@@ -296,3 +327,13 @@ def hardware_profile(recipe: Recipe) -> Hardware:
     base = HARDWARE[recipe.hardware.profile]
     changes = {k: v for k, v in recipe.hardware.model_dump(exclude={"profile"}).items() if v is not None}
     return base.model_copy(update=changes)
+
+
+def recipe_json_schema() -> str:
+    """The recipe's JSON Schema as text (for editors: yaml-language-server)."""
+    import json
+
+    doc = Recipe.model_json_schema()
+    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    doc["title"] = "primectl recipe"
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

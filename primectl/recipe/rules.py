@@ -1,19 +1,21 @@
 """Semantic rules: what the schema alone cannot say about a recipe.
 
 Each rule returns findings (recipe path + message); all of them run so the
-user sees every problem at once. The planner runs last, so GPU accounting,
-ports and memory fit are checked on the very placement `up` would use.
+user sees every problem at once. Engine-specific rules live with the engine
+(`Engine.validate`, called from here); GPU accounting and ports are checked by
+the planner on the very placement `up` would use (`plan.build.plan_recipe`).
 """
 
 from __future__ import annotations
 
 from math import gcd
 
+from primectl.engines.base import get as get_engine
+from primectl.errors import Finding
 from primectl.recipe.catalog import MODELS, Architecture
 from primectl.recipe.compat import check_software
-from primectl.recipe.flags import check_extra_args
-from primectl.recipe.load import Finding, did_you_mean
 from primectl.recipe.model import Recipe, hardware_profile
+from primectl.recipe.suggest import did_you_mean
 
 
 def _model_rules(r: Recipe) -> list[Finding]:
@@ -67,9 +69,6 @@ def _topology_rules(r: Recipe) -> list[Finding]:
             out.append(Finding(("ratio",), f"ratio {r.ratio} disagrees with prefill.groups={r.prefill.groups} and "
                                f"decode.workers={r.decode.workers} ({have[0]}:{have[1]})"))
     hw = hardware_profile(r)
-    if r.engine == "vllm" and not hw.sm:
-        out.append(Finding(("engine",), f"engine vllm needs GPUs; hardware profile {r.hardware.profile!r} has none "
-                           "(use `engine: mocker` for a GPU-less deployment)"))
     if r.host_tier and r.host_tier.protocol == "rdma" and not hw.sm:
         out.append(Finding(("host_tier", "protocol"), "rdma needs RDMA NICs; on a cpu profile use `tcp`"))
     return out
@@ -114,39 +113,13 @@ def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
     return out
 
 
-def _parser_rules(r: Recipe) -> list[Finding]:
-    """Tool and reasoning parsers must be names Dynamo 1.6.1 registers (it rejects others at start-up)."""
-    if r.engine != "vllm":
-        return []
-    from primectl.recipe.flags import catalog
-
-    out = []
-    flags = catalog("vllm")
-    for field, flag in (("tool_call_parser", "--dyn-tool-call-parser"), ("reasoning_parser", "--dyn-reasoning-parser")):
-        value = getattr(r.tool_calling, field)
-        choices = [str(c) for c in (flags.get(flag, {}).get("choices") or [])]
-        if value is not None and choices and value not in choices:
-            out.append(Finding(("tool_calling", field), f"{value!r} is not a Dynamo parser{did_you_mean(value, choices)}; "
-                               f"allowed: {', '.join(choices)}"))
-    return out
-
-
 def check_recipe(r: Recipe) -> list[Finding]:
-    """Every semantic problem in the recipe; an empty list means it can be planned."""
+    """Every semantic problem in the recipe the planner does not find itself; empty: it can be planned."""
     findings = _model_rules(r) + _host_rules(r) + _topology_rules(r)
     arch = r.model.architecture or MODELS.get(r.model.arch or "")
     findings += _kv_rules(r, arch)
+    findings += get_engine(r.engine).validate(r, arch, hardware_profile(r))
     findings += [Finding(("software", field), msg) for field, msg in check_software(r.software)]
-    findings += check_extra_args(r) + _parser_rules(r)
     if findings or arch is None:
         return findings
-    findings += _memory_rules(r, arch)
-    if findings:
-        return findings
-    from primectl.plan.build import PlanError, build_plan
-
-    try:
-        build_plan(r)
-    except PlanError as exc:
-        findings += exc.findings
-    return findings
+    return _memory_rules(r, arch)

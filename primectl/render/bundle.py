@@ -2,15 +2,17 @@
 
 A bundle holds one run script per service (env + exec argv, every value
 shell-quoted), a systemd unit per service, the service's config files, the
-generated model directory when the recipe asks for one, and a manifest with a
-content hash per service. Revision = hash of the bundle's files.
+generated model directory when the plan's model source asks for one, and a
+manifest with, per service, the hash of what changes how it runs (a change
+restarts it), the hash of what primectl expects of it (a change does not), and
+a hash per field so `diff` can name what changed. Revision = hash of the
+bundle's files. The Plan is the only input.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 import shlex
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,11 +20,15 @@ from pathlib import Path
 
 import jinja2
 
-from primectl.plan.model import RELEASE, HostPlan, Plan, Service
+from primectl.deploy.protocol import Layout
+from primectl.deploy.protocol import unit_name as protocol_unit_name
+from primectl.plan.model import EXPECT_FIELDS, RELEASE, RUN_FIELDS, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
 
 MANIFEST = "manifest.json"
 MODEL_ROLES = ("prefill", "decode", "frontend")
+# Roles a unit waits for at boot (workers register dynamically: the frontend never waits for them).
+UNIT_AFTER_ROLES = ("control", "cache")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,11 @@ class Bundle:
     modes: dict[str, int]
     revision: str
     manifest: dict[str, object]
+
+    @property
+    def services(self) -> dict[str, dict[str, object]]:
+        """Per service: hashes (run, files, expectations, per field), component, role, unit, files."""
+        return self.manifest["services"]  # type: ignore[return-value]
 
 
 def templates_dir() -> Path:
@@ -69,22 +80,22 @@ def _argv_lines(argv: list[str]) -> list[str]:
 
 def unit_name(plan: Plan, service: Service) -> str:
     """systemd unit (and process-supervisor) name of a service."""
-    return f"primectl-{plan.name}-{service.name}"
+    return protocol_unit_name(plan.name, service.name)
 
 
 def script_path(host: HostPlan, service: Service) -> str:
     """Where the run script of `service` lives on its host (through the `current` link)."""
-    return posixpath.join(host.workdir, "current", "bin", f"{service.name}.sh")
+    return Layout(host.workdir).script(service.name)
 
 
 def log_path(host: HostPlan, service: Service) -> str:
     """Where the service's output goes on its host."""
-    return posixpath.join(host.workdir, "logs", f"{service.name}.log")
+    return Layout(host.workdir).log(service.name)
 
 
 def secrets_path(plan: Plan, host: HostPlan) -> str:
     """The 0600 env file with secret values, written by apply, sourced by run scripts."""
-    return posixpath.join(host.workdir, "secrets", f"{plan.name}.env")
+    return Layout(host.workdir).secrets(plan.name)
 
 
 def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
@@ -99,42 +110,53 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
         env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())],
         argv=_argv_lines(svc.argv),
     )
+    after = [protocol_unit_name(plan.name, d) + ".service" for d in svc.depends_on
+             if plan.service(d).role in UNIT_AFTER_ROLES and plan.service(d).host == svc.host]
     unit_text = env.get_template("unit.service.j2").render(
-        plan=plan, service=svc, host=host, script=script_path(host, svc), log=log_path(host, svc),
+        plan=plan, service=svc, host=host, script=script_path(host, svc), log=log_path(host, svc), after=after,
     )
     return {f"bin/{svc.name}.sh": script, f"systemd/{unit}.service": unit_text}
 
 
-def _model_files(plan: Plan, generate: bool, max_context: int) -> dict[str, str]:
-    if not generate:
-        return {}
+@lru_cache(maxsize=8)
+def _generated_model(kind: str, served_name: str, max_context: int) -> tuple[tuple[str, bytes], ...]:
     from primectl.demo_model import demo_model_files
 
-    return {f"model/{k}": v for k, v in demo_model_files(plan.served_model, max_context).items()}
+    if kind != "demo-tiny":
+        raise ValueError(f"no generator for model {kind!r}")
+    return tuple((f"model/{k}", v.encode()) for k, v in demo_model_files(served_name, max_context).items())
 
 
-def render_host(plan: Plan, host: HostPlan, *, model_files: dict[str, str] | None = None) -> Bundle:
+def model_files(plan: Plan) -> dict[str, bytes]:
+    """The generated model directory the plan's model source asks for ({} for weights on the hosts)."""
+    m = plan.serving.model
+    return dict(_generated_model(m.generate, m.served_name, m.max_context)) if m.generate else {}
+
+
+def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = None) -> Bundle:
     """Render everything one host needs."""
     files: dict[str, bytes] = {}
     modes: dict[str, int] = {}
     services: dict[str, object] = {}
-    model = model_files if model_files and any(s.role in MODEL_ROLES for s in plan.services_on(host.name)) else {}
+    if model is None:
+        model = model_files(plan)
     for svc in plan.services_on(host.name):
-        rendered = render_service(plan, host, svc)
-        own = dict(rendered)
+        own = {path: text.encode() for path, text in render_service(plan, host, svc).items()}
         for spec in svc.files:
-            own[spec.path] = spec.content
+            own[spec.path] = spec.content.encode()
         if svc.role in MODEL_ROLES:
             own |= model  # a new tokenizer or config must restart the services that read it
-        for path, text in own.items():
-            if path in files and files[path] != text.encode():
+        for path, data in own.items():
+            if path in files and files[path] != data:
                 raise ValueError(f"two services write different {path} on {host.name}")
-            files[path] = text.encode()
+            files[path] = data
             modes[path] = 0o755 if path.startswith("bin/") else 0o644
         for spec in svc.files:
             modes[spec.path] = spec.mode
         services[svc.name] = {
-            "hash": svc.content_hash(), "component": svc.component, "role": svc.role,
+            "hash": svc.run_hash(), "expect_hash": svc.expect_hash(), "fields": svc.field_hashes(),
+            "run_fields": list(RUN_FIELDS), "expect_fields": list(EXPECT_FIELDS),
+            "component": svc.component, "role": svc.role,
             "unit": unit_name(plan, svc), "files": sorted(own),
             "files_hash": _hash_files({p: files[p] for p in own}),
         }
@@ -156,13 +178,10 @@ def _hash_files(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def render_plan(plan: Plan, *, generate_model: bool = False, max_context: int = 32768) -> dict[str, Bundle]:
+def render_plan(plan: Plan) -> dict[str, Bundle]:
     """Bundles for every host that runs at least one service."""
-    model = _model_files(plan, generate_model, max_context)
-    return {
-        h.name: render_host(plan, h, model_files=model)
-        for h in plan.hosts if plan.services_on(h.name)
-    }
+    model = model_files(plan)
+    return {h.name: render_host(plan, h, model=model) for h in plan.hosts if plan.services_on(h.name)}
 
 
 def write_bundles(bundles: dict[str, Bundle], out: Path) -> list[Path]:
@@ -176,3 +195,21 @@ def write_bundles(bundles: dict[str, Bundle], out: Path) -> list[Path]:
             path.chmod(bundle.modes.get(rel, 0o644))
             written.append(path)
     return written
+
+
+def render_for_target(plan: Plan, target: str | None, out: Path) -> list[str]:
+    """Write what `target` (default: the plan's) ships under `out`; one line per thing written, for the operator."""
+    from primectl.targets.base import get
+
+    kind = target or plan.target.kind
+    if kind == "ssh":
+        bundles = render_plan(plan)
+        written = write_bundles(bundles, out)
+        lines = [f"{out / host}: revision {b.revision}, {len(b.services)} services" for host, b in sorted(bundles.items())]
+        return [*lines, f"{len(written)} files written"]
+    files = get(kind).render(plan)
+    for rel, data in sorted(files.items()):
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}"]

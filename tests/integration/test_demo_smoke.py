@@ -183,7 +183,8 @@ def test_smoke_passes_on_the_healthy_demo(demo: Demo, tmp_path: Path) -> None:
     checks = {c["check"]: c for c in doc["checks"]}
     tools = [n for n in checks if n.startswith("tools: ")]
     assert len(tools) >= 7
-    assert all(checks[n]["result"] == "n/a" and checks[n]["evidence"] == "n/a (engine: mocker)" for n in tools)
+    assert all(checks[n]["result"] == "n/a" and checks[n]["evidence"] == "n/a (engine mocker serves no tool calls)"
+               for n in tools)
     # Dynamo 1.6.1 answers a prompt over the context limit with 500 (the prefill worker rejects it:
     # "request exceeds worker admission limits") and keeps serving: reported as warn, not pass.
     over = checks["prompt over context limit -> 4xx"]

@@ -166,7 +166,8 @@ def test_table_output_and_exit_code(deployment: Deployment, runtime_python: str)
     r = deployment.cli("preflight", "--no-fabric")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "preflight" in r.stdout and "OK" in r.stdout
-    for word in ("host", "check", "result", "remediation", "disk_workdir", "clock"):
+    # piped (as here): plain columns with kubectl-style headers, nothing cut
+    for word in ("HOST", "CHECK", "RESULT", "REMEDIATION", "disk_workdir", "clock"):
         assert word in r.stdout
 
 

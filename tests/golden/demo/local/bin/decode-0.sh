@@ -16,6 +16,7 @@ export DYN_SYSTEM_PORT=8082
 export DYN_SYSTEM_STARTING_HEALTH_STATUS=ready
 export DYN_TCP_RPC_HOST=127.0.0.1
 export DYN_TCP_RPC_PORT=23101
+export NO_COLOR=1
 export PYTHONUNBUFFERED=1
 exec /tmp/primectl-demo/runtime/d6945a35dc43/bin/python \
   -m dynamo.mocker \

@@ -19,6 +19,7 @@ export ETCD_ENDPOINTS=http://10.20.0.10:2379
 export MC_TCP_BIND_ADDRESS=10.20.1.5
 export MOONCAKE_CONFIG_PATH="${release_dir}"/config/mooncake-prefill-2-0.json
 export MOONCAKE_REQUESTER_LOCAL_HOSTNAME=10.20.1.5
+export NO_COLOR=1
 export PYTHONUNBUFFERED=1
 export VLLM_HOST_IP=10.20.1.5
 export VLLM_KV_CACHE_LAYOUT=BLHNC

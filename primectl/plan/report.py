@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from rich.console import Console
@@ -64,8 +65,11 @@ def capacity_table(plan: Plan) -> Table:
     return t
 
 
-def print_plan(plan: Plan, console: Console | None = None) -> None:
-    """Placement, capacity and resolved defaults, as tables."""
+def print_plan(plan: Plan, output: str = "table", console: Console | None = None) -> None:
+    """Placement, capacity and resolved defaults, as tables (or the whole Plan as JSON)."""
+    if output == "json":
+        sys.stdout.write(plan.model_dump_json(indent=2) + "\n")
+        return
     console = console or Console()
     console.print(placement_table(plan))
     c = plan.capacity

@@ -1,0 +1,225 @@
+"""An open deployment: one connection per host, what each host reported, and the cluster lock.
+
+`open_cluster` connects to every host in parallel and inspects it (state,
+current release, liveness, lock, taken ports) in the same round trip; it also
+finds the hosts the last `up` deployed to that the recipe no longer names (the
+roster in state.json), so their services can be removed. Nothing here changes
+a host except `lock`/`unlock`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from primectl.deploy.client import HostClient, HostError
+from primectl.deploy.fanout import parallel
+from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
+from primectl.deploy.transport import HostUnreachable, Transport, connect
+from primectl.errors import DeployError
+from primectl.plan.model import HostPlan, Plan
+
+LOCK_TTL_S = 3600
+Say = Callable[[str], None]
+Connector = Callable[[HostPlan], Transport]
+
+
+@dataclass(frozen=True)
+class ConnectionPolicy:
+    """How hosts are reached: which host keys are trusted, and (in tests) which transport to use."""
+
+    known_hosts: str | None = None
+    accept_new_host_keys: bool = False
+    connector: Connector | None = None  # None: SSH or local per host; tests pass the fake transport
+
+    def connect(self, host: HostPlan) -> Transport:
+        """Open a transport to `host` (HostUnreachable when it cannot be reached)."""
+        if self.connector is not None:
+            return self.connector(host)
+        return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys)
+
+
+@dataclass
+class Cluster:
+    """Open connections plus what each host reported."""
+
+    plan: Plan
+    say: Say
+    clients: dict[str, HostClient] = field(default_factory=dict)
+    views: dict[str, InspectResult] = field(default_factory=dict)
+    lock_token: str | None = None
+    # Hosts the last `up` deployed to that the recipe no longer names: reachable ones are inspected
+    # like the others (their services show up as removals); unreachable ones stay on the roster so
+    # the next `up` tries again.
+    dropped: dict[str, HostPlan] = field(default_factory=dict)
+    unreachable_dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)  # only with tolerate_unreachable
+
+    def client(self, host: str) -> HostClient:
+        """The client of an open host."""
+        return self.clients[host]
+
+    def state(self, host: str) -> HostState:
+        """The host's recorded state ({} when it has none)."""
+        return self.views.get(host, {}).get("state") or {}
+
+    def recorded(self, host: str) -> dict[str, ServiceRecord]:
+        """Services the host's state records."""
+        return dict(self.state(host).get("services", {}))
+
+    def alive(self, host: str, service: str) -> bool:
+        """Whether the service's process ran when the host was inspected."""
+        return bool(self.views.get(host, {}).get("services", {}).get(service, {}).get("alive"))
+
+    def workdir(self, host: str) -> str:
+        """The host's workdir (dropped hosts keep the one they were deployed with)."""
+        if host in self.dropped:
+            return self.dropped[host].workdir
+        return self.plan.host(host).workdir
+
+    def close(self) -> None:
+        """Close every connection."""
+        for c in self.clients.values():
+            c.transport.close()
+
+
+def fail_on_errors(results: dict[str, Any], what: str, *, before_changes: bool = True) -> None:
+    """Raise one DeployError naming every host whose call failed; only early steps may say nothing changed."""
+    errors = [str(r) if isinstance(r, HostError) else f"{h}: {r}" for h, r in results.items()
+              if isinstance(r, BaseException)]
+    if errors:
+        unchanged = "; nothing was changed" if before_changes else ""
+        raise DeployError(f"{what} failed on {len(errors)} host(s){unchanged}:\n  " + "\n  ".join(errors))
+
+
+def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[str] | None = None,
+                 include_dropped: bool = False, tolerate_unreachable: bool = False) -> Cluster:
+    """Connect to every host in parallel and inspect it; any failure changes nothing.
+
+    Each host is inspected as soon as its own connection is up (no barrier between
+    the two steps): inspecting only reads, so nothing changes before every host
+    has answered. With `include_dropped`, hosts that the last `up` recorded in
+    its roster but the recipe no longer gives services are inspected too. With
+    `tolerate_unreachable`, hosts that cannot be reached are listed in
+    `cluster.unreachable`, and hosts whose inspection failed keep an error
+    view, instead of failing (preflight reports both).
+    """
+    cluster = Cluster(plan, say)
+    names = plan.deployed_hosts() if hosts is None else hosts
+
+    def one(h: str) -> InspectResult:
+        units = {s.name: unit_name(plan.name, s.name) for s in plan.services_on(h)}
+        # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
+        ports = sorted({p for s in plan.services_on(h) for p in s.listens})
+        return _connect_and_inspect(cluster, policy, h, plan.host(h), units, ports)
+
+    views = parallel(one, names)
+    unreachable = {h: v for h, v in views.items() if h not in cluster.clients}
+    if tolerate_unreachable:
+        cluster.unreachable = {h: str(v) for h, v in unreachable.items()}
+        views = {h: ({"ok": False, "error": str(v)} if isinstance(v, BaseException) else v)
+                 for h, v in views.items() if h not in unreachable}
+    try:
+        fail_on_errors(unreachable if not tolerate_unreachable else {}, "connecting")
+        fail_on_errors(views, "inspecting")
+    except DeployError:
+        cluster.close()
+        raise
+    cluster.views = {h: v for h, v in views.items() if isinstance(v, dict)}
+    for h in cluster.views:
+        owner = cluster.state(h).get("deployment")
+        if owner and owner != plan.name:
+            cluster.close()
+            raise DeployError(f"{h}: workdir {cluster.workdir(h)} holds deployment {owner!r}, not {plan.name!r}; "
+                              "give each deployment its own workdir")
+    if include_dropped:
+        _join_dropped_hosts(cluster, policy)
+    return cluster
+
+
+@contextmanager
+def opened(plan: Plan, policy: ConnectionPolicy, say: Say, **kwargs: Any) -> Iterator[Cluster]:
+    """`open_cluster` as a context manager that closes every connection afterwards."""
+    cluster = open_cluster(plan, policy, say, **kwargs)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _connect_and_inspect(cluster: Cluster, policy: ConnectionPolicy, name: str, host: HostPlan,
+                         units: dict[str, str], ports: list[int]) -> InspectResult:
+    """Open a host's transport (kept in the cluster) and inspect its workdir."""
+    client = HostClient(name, policy.connect(host), host.workdir, cluster.plan.supervisor)
+    cluster.clients[name] = client
+    return client.inspect(units, ports, host.address)
+
+
+def _roster(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """The hosts the newest recorded state of this deployment lists (name -> HostPlan fields)."""
+    states = [cluster.state(h) for h in cluster.views]
+    states = [s for s in states if s.get("deployment") == cluster.plan.name and s.get("roster")]
+    if not states:
+        return {}
+    return dict(max(states, key=lambda s: s.get("updated", 0))["roster"])
+
+
+def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
+    """Connect to and inspect the hosts the recipe dropped; a dropped host that cannot be
+    reached is reported and left alone (it is often why it was dropped)."""
+    plan = cluster.plan
+    planned = set(plan.deployed_hosts())
+    dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster).items() if n not in planned}
+    cluster.dropped = dict(dropped)
+
+    def one(n: str) -> InspectResult:
+        return _connect_and_inspect(cluster, policy, n, dropped[n], {}, [])
+
+    for name, view in parallel(one, dropped).items():
+        hp = dropped[name]
+        if isinstance(view, dict):
+            if (view.get("state") or {}).get("deployment") == plan.name:
+                cluster.views[name] = view
+            else:
+                del cluster.dropped[name]
+                cluster.clients.pop(name).transport.close()
+            continue
+        del cluster.dropped[name]
+        if name in cluster.clients:
+            cluster.clients.pop(name).transport.close()
+        cluster.unreachable_dropped[name] = hp.model_dump(mode="json")
+        cluster.say(f"WARNING: {name} ({hp.address}) was dropped from the recipe but cannot be inspected ({view}); "
+                    "its services, if any, are still running there and the next `up` will try again")
+
+
+def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
+    """Take the cluster lock on the head host (owner, pid, start, expiry)."""
+    head = cluster.plan.head
+    token = uuid.uuid4().hex
+    owner = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "command": command,
+             "started": time.time(), "expires": time.time() + LOCK_TTL_S, "token": token}
+    r = cluster.client(head).lock(owner, force=break_lock)
+    if not r.get("ok"):
+        o = r.get("owner") or {}
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(o.get("started", 0)))
+        stale = " (expired: break it with --break-lock)" if r.get("stale") else ""
+        raise DeployError(f"deployment {cluster.plan.name} is locked by {o.get('user')}@{o.get('host')} "
+                          f"pid {o.get('pid')} running `{o.get('command')}` since {started}{stale}; nothing was changed")
+    cluster.lock_token = token
+
+
+def unlock(cluster: Cluster) -> None:
+    """Release our lock (best effort: an expired lock can always be broken)."""
+    if cluster.lock_token and cluster.plan.head in cluster.clients:
+        try:
+            cluster.client(cluster.plan.head).unlock(token=cluster.lock_token)
+        except (DeployError, HostUnreachable):
+            pass
+        cluster.lock_token = None

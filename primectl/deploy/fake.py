@@ -1,0 +1,148 @@
+"""A FAKE transport for unit tests: the real host agent, run in-process on temp-dir workdirs.
+
+Everything the agent does to files (stage, switch, state, lock, secrets,
+purge) is real; what cannot run in a unit test is simulated by a `FakeWorld`:
+which services are running (a FakeSupervisor instead of processes or
+systemd), whether a readiness probe passes, which hosts cannot be reached,
+and faults to inject (a service that exits at start, one that never becomes
+ready, a Ctrl-C while a service starts, a host that drops mid-rollout).
+Like pyinfra's `connectors/fake.py`: rollout, diff, rollback and dropped
+hosts get tests that run in milliseconds, beside the real-sshd tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from primectl.deploy import agent
+from primectl.deploy.protocol import Layout, Liveness, ProbeSpec, ServiceRef, Supervisor
+from primectl.deploy.transport import HostUnreachable
+from primectl.plan.model import HostPlan
+
+Fault = Literal["exit-at-start", "never-ready", "interrupt-at-start", "unhealthy-after-start"]
+
+
+@dataclass
+class FakeWorld:
+    """The simulated part of the fake hosts, shared by every transport a test opens."""
+
+    faults: dict[str, Fault] = field(default_factory=dict)  # service -> fault
+    unreachable: set[str] = field(default_factory=set)  # hosts that refuse connections
+    drop_after: dict[str, int] = field(default_factory=dict)  # host -> agent calls it answers, then drops
+    gate_ready: bool = True
+    taken: dict[str, set[int]] = field(default_factory=dict)  # host -> ports something else listens on
+    running: dict[tuple[str, str], int] = field(default_factory=dict)  # (host, service) -> fake pid
+    starts: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) start, in order
+    stops: list[tuple[str, str]] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # every (host, op)
+    _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def connector(self) -> Any:
+        """A `ConnectionPolicy.connector`: opens a FakeTransport (HostUnreachable for unreachable hosts)."""
+
+        def connect(host: HostPlan) -> FakeTransport:
+            if host.name in self.unreachable:
+                raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: fake host is down")
+            return FakeTransport(host, self)
+
+        return connect
+
+    def started(self, service: str) -> int:
+        """How many times a service was started."""
+        return sum(1 for _, s in self.starts if s == service)
+
+    def is_running(self, host: str, service: str) -> bool:
+        """Whether the fake process of a service runs."""
+        return (host, service) in self.running
+
+
+class FakeSupervisor(Supervisor):
+    """Processes that exist only in the FakeWorld."""
+
+    name = "fake"
+
+    def __init__(self, layout: Layout, world: FakeWorld, host: str):
+        super().__init__(layout)
+        self.world = world
+        self.host = host
+
+    def liveness(self, name: str, unit: str) -> Liveness:
+        pid = self.world.running.get((self.host, name))
+        return {"alive": pid is not None, "pid": pid, "state": "running" if pid else "stopped"}
+
+    def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
+        name = svc["name"]
+        fault = self.world.faults.get(name)
+        with self.world._lock:
+            self.world.starts.append((self.host, name))
+        if fault == "interrupt-at-start":
+            del self.world.faults[name]  # the operator presses Ctrl-C once; the rollback then proceeds
+            raise KeyboardInterrupt
+        if fault == "exit-at-start":
+            self.world.running.pop((self.host, name), None)
+            return None, None  # "started", then gone before it became ready
+        pid = next(self.world._pids)
+        self.world.running[(self.host, name)] = pid
+        return pid, None
+
+    def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
+        with self.world._lock:
+            self.world.stops.append((self.host, svc["name"]))
+        return self.world.running.pop((self.host, svc["name"]), None) is not None
+
+
+class FakeTransport:
+    """`Transport` over the FakeWorld: agent calls run in-process, files go to the host's real (temp) workdir."""
+
+    def __init__(self, host: HostPlan, world: FakeWorld):
+        self.host = host
+        self.world = world
+        self.closed = False
+
+    def _probe(self, name: str, probe: ProbeSpec, workdir: str) -> tuple[bool, str]:
+        if name == "gate":
+            return self.world.gate_ready, "fake gate " + ("ready" if self.world.gate_ready else "not ready")
+        fault = self.world.faults.get(name)
+        if fault == "never-ready" or not self.world.is_running(self.host.name, name):
+            return False, "fake HTTP 503"
+        if fault == "unhealthy-after-start":
+            return False, "fake HTTP 500"
+        return True, "fake HTTP 200"
+
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Run one agent operation in-process (HostUnreachable once the host has dropped)."""
+        with self.world._lock:
+            self.world.calls.append((self.host.name, op))
+            left = self.world.drop_after.get(self.host.name)
+            if left is not None:
+                if left <= 0:
+                    raise HostUnreachable(f"{self.host.name}: connection lost: fake host dropped")
+                self.world.drop_after[self.host.name] = left - 1
+        supervisor = FakeSupervisor(Layout(args["workdir"]), self.world, self.host.name)
+        if op == "inspect":  # taken ports come from the world, not from connecting to them
+            ports = set(args.get("ports", []))
+            result = agent.dispatch(op, args | {"ports": []}, supervisor=supervisor, prober=self._probe)
+            result["taken"] = sorted(ports & self.world.taken.get(self.host.name, set()))
+            return result
+        return agent.dispatch(op, args, supervisor=supervisor, prober=self._probe)
+
+    def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        """Run a shell command on this machine (the fake host's files are local)."""
+        r = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout, r.stderr
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        """Write a file under the fake host's workdir."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, mode)
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,459 @@
+"""The host protocol: what primectl and its host agent say to each other, and where things live on a host.
+
+Stdlib only, and importable on both sides: primectl imports it as a module,
+and the agent's source sent to a host is this file followed by agent.py (see
+`transport.agent_source`), run with `python3 -I -S`. It holds:
+
+- the host layout (`Layout`): every path under a host's workdir;
+- the state.json schema (`HostState`, `ServiceRecord`);
+- the request and result types of every agent operation (`OP_NAMES`);
+- the `Supervisor` strategy: how a service's process is started, stopped
+  and watched, by primectl itself (`process`) or by systemd (`systemd`).
+
+Wire format: one JSON object per request `{"op": NAME, "args": {...}}` and one
+per result; every result has `ok` and `code` (0 ok, 1 failed, 3 a service
+exited while we waited, 4 timed out) and, when not ok, `error`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Any, TypedDict
+
+STATE_SCHEMA = 2
+KEEP_RELEASES = 5
+CODE_OK, CODE_FAILED, CODE_EXITED, CODE_TIMEOUT = 0, 1, 3, 4
+SYSTEMD_UNIT_DIR = "/etc/systemd/system"
+# Stands for the release directory in command probes (the same marker the Plan uses).
+RELEASE_MARK = "@release@"
+
+
+def unit_name(deployment: str, service: str) -> str:
+    """The systemd unit (and process-supervisor) name of a service."""
+    return f"primectl-{deployment}-{service}"
+
+
+class Layout:
+    """Every path primectl keeps under a host's workdir."""
+
+    # What `down --purge` removes (the runtime venv and wheelhouse stay: they are shared and costly).
+    PURGED = ("releases", "current", "state.json", "logs", "run", "secrets", "incoming", "lock", "data", "discovery")
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+
+    def path(self, *parts: str) -> str:
+        """A path under the workdir."""
+        return os.path.join(self.workdir, *parts)
+
+    @property
+    def releases(self) -> str:
+        return self.path("releases")
+
+    def release(self, revision: str) -> str:
+        """releases/<revision>: one immutable bundle."""
+        return self.path("releases", revision)
+
+    @property
+    def current(self) -> str:
+        """The link to the release that runs."""
+        return self.path("current")
+
+    @property
+    def state(self) -> str:
+        return self.path("state.json")
+
+    def log(self, service: str) -> str:
+        return self.path("logs", f"{service}.log")
+
+    def pidfile(self, service: str) -> str:
+        """run/<service>.pid: "pid starttime", so a reused pid is never taken for the service."""
+        return self.path("run", f"{service}.pid")
+
+    @property
+    def lock(self) -> str:
+        return self.path("lock")
+
+    @property
+    def lock_owner(self) -> str:
+        return self.path("lock", "owner.json")
+
+    def secrets(self, deployment: str) -> str:
+        """The 0600 env file run scripts source."""
+        return self.path("secrets", f"{deployment}.env")
+
+    def incoming(self, revision: str) -> str:
+        """Where an uploaded bundle waits to be staged."""
+        return self.path("incoming", f"{revision}.tar")
+
+    def script(self, service: str) -> str:
+        """The run script of a service, through the `current` link."""
+        return self.path("current", "bin", f"{service}.sh")
+
+    def unit_file(self, unit: str) -> str:
+        """The unit file a release ships for a service."""
+        return self.path("current", "systemd", f"{unit}.service")
+
+    def runtime(self, key: str) -> str:
+        """runtime/<key>: the host runtime venv for one pinned set (shared by deployments, kept by purge)."""
+        return self.path("runtime", key)
+
+    def scratch(self, run_id: str) -> str:
+        """preflight/<run>: probes and their logs, removed afterwards."""
+        return self.path("preflight", run_id)
+
+
+# -- state.json -------------------------------------------------------------------------------------
+
+
+class ProbeSpec(TypedDict, total=False):
+    """A readiness probe (the Plan's Probe as JSON)."""
+
+    kind: str
+    url: str | None
+    host: str | None
+    port: int | None
+    command: list[str] | None
+    expect_status: int
+    timeout_s: float
+    interval_s: float
+
+
+class ServiceRecord(TypedDict, total=False):
+    """What state.json records about one service."""
+
+    hash: str  # run hash: argv, env, files, binding (a change restarts)
+    files_hash: str
+    expect_hash: str  # readiness and ordering (a change is recorded, no restart)
+    fields: dict[str, str]  # a hash per Service field, so `diff` can say which changed
+    unit: str
+    role: str
+    release: str
+    listens: list[int]
+    ready: ProbeSpec
+    stop_timeout: float
+
+
+class HostState(TypedDict, total=False):
+    """state.json: what runs on this host for one deployment."""
+
+    schema: int
+    deployment: str
+    revision: str | None
+    previous_revision: str | None
+    supervisor: str
+    secrets_hash: str
+    updated: float
+    services: dict[str, ServiceRecord]
+    roster: dict[str, dict[str, Any]]  # every host of the deployment (HostPlan fields), so dropped hosts are found
+    retired: bool
+
+
+# -- requests and results -------------------------------------------------------------------------------
+
+
+class ServiceRef(TypedDict, total=False):
+    """A service an operation acts on."""
+
+    name: str
+    unit: str
+    stop_timeout: float
+
+
+class WaitSpec(TypedDict, total=False):
+    """Wait for `probe`; fail fast if `unit` is given and its process exits."""
+
+    name: str
+    unit: str
+    probe: ProbeSpec
+
+
+class Liveness(TypedDict, total=False):
+    """Whether a service's process runs, as its supervisor sees it."""
+
+    alive: bool
+    pid: int | None
+    state: str  # supervisor's view, e.g. "running", "activating (auto-restart)", "failed"
+    restarts: int  # restarts the supervisor did by itself (systemd NRestarts)
+
+
+class Result(TypedDict, total=False):
+    """Fields every result has."""
+
+    ok: bool
+    code: int
+    error: str
+    service: str
+
+
+class InspectResult(Result, total=False):
+    state: HostState | None
+    current: str | None
+    services: dict[str, Liveness]
+    lock: dict[str, Any] | None
+    taken: list[int]
+    releases: list[str]
+    time: float
+
+
+class LockResult(Result, total=False):
+    owner: dict[str, Any]
+    stale: bool
+
+
+class StartResult(Result, total=False):
+    pids: dict[str, int | None]
+    ready: list[str]
+    seconds: float
+
+
+class StopResult(Result, total=False):
+    stopped: list[str]
+
+
+class ProbeResult(Result, total=False):
+    results: dict[str, dict[str, Any]]
+
+
+class TailResult(Result, total=False):
+    logs: dict[str, str]
+
+
+class SpawnResult(Result, total=False):
+    pid: int
+
+
+class PortsResult(Result, total=False):
+    taken: list[int]
+
+
+class ReadResult(Result, total=False):
+    text: str
+
+
+OP_NAMES = ("inspect", "ports", "lock", "unlock", "stage", "switch", "activate", "start", "start_wait", "stop",
+            "wait", "probe", "write_state", "secrets", "tail", "purge", "spawn", "kill", "read")
+
+
+# -- processes ------------------------------------------------------------------------------------------
+
+
+def read_json(path: str) -> Any:
+    """A JSON file's content, None when it does not exist."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write a file so readers see the old or the new content, never a mix."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def starttime(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks), None if gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+def kill_session(pid: int, timeout: float) -> None:
+    """SIGTERM a process group, SIGKILL after `timeout`; then kill what still holds its session id."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + timeout
+    while time.time() < deadline and starttime(pid) is not None:
+        time.sleep(0.05)
+    if starttime(pid) is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while starttime(pid) is not None:
+            time.sleep(0.05)
+    for entry in os.listdir("/proc"):  # children that left the group are still ours if they hold the session id
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == pid:
+                    os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+# -- supervisors ----------------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """How a service's process is started, stopped and watched on a host."""
+
+    name = "base"
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def liveness(self, name: str, unit: str) -> Liveness:
+        """Whether the service runs (and the supervisor's own view of it)."""
+        raise NotImplementedError
+
+    def prepare(self, services: list[ServiceRef]) -> str | None:
+        """Before starting services of the current release (systemd: install their units); an error or None."""
+        return None
+
+    def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
+        """(Re)start one service from `current`: (pid, error)."""
+        raise NotImplementedError
+
+    def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
+        """Stop one service (and with `remove`, forget it: systemd disables and deletes its unit); was it running?"""
+        raise NotImplementedError
+
+    def finish(self, removed: bool) -> None:
+        """After a batch of stops (systemd: daemon-reload when units were deleted)."""
+
+    def journal(self, unit: str, lines: int) -> str:
+        """What the supervisor itself logged about the service (systemd: the journal), '' if nothing."""
+        return ""
+
+
+class ProcessSupervisor(Supervisor):
+    """`supervisor: process`: setsid + pidfile + log file, for laptops and hosts without systemd as PID 1."""
+
+    name = "process"
+
+    def _pid(self, name: str) -> int | None:
+        try:
+            with open(self.layout.pidfile(name)) as f:
+                pid_s, start = f.read().split()
+        except (OSError, ValueError):
+            return None
+        pid = int(pid_s)
+        return pid if starttime(pid) == start else None
+
+    def liveness(self, name: str, unit: str) -> Liveness:
+        pid = self._pid(name)
+        return {"alive": pid is not None, "pid": pid, "state": "running" if pid else "stopped"}
+
+    def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
+        name = svc["name"]
+        self.stop(svc, remove=False)
+        os.makedirs(self.layout.path("logs"), exist_ok=True)
+        os.makedirs(self.layout.path("run"), exist_ok=True)
+        with open(self.layout.log(name), "ab") as log:
+            log.write(f"--- primectl: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ---\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                ["/bin/bash", self.layout.script(name)], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.layout.workdir, start_new_session=True, close_fds=True,
+            )
+        start = None
+        for _ in range(100):
+            start = starttime(proc.pid)
+            if start:
+                break
+            time.sleep(0.01)
+        write_atomic(self.layout.pidfile(name), f"{proc.pid} {start}\n".encode())
+        return proc.pid, None
+
+    def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
+        name = svc["name"]
+        pid = self._pid(name)
+        if pid is None:
+            return False
+        kill_session(pid, float(svc.get("stop_timeout", 30)))
+        try:
+            os.unlink(self.layout.pidfile(name))
+        except FileNotFoundError:
+            pass
+        return True
+
+
+class SystemdSupervisor(Supervisor):
+    """`supervisor: systemd`: units installed from the release, enabled so a reboot brings them back.
+
+    Units run the same run script and append to the same log file as the process
+    supervisor; systemd restarts a unit whose process dies (Restart=on-failure),
+    and primectl's readiness wait treats a unit that is not active as exited.
+    """
+
+    name = "systemd"
+    unit_dir = SYSTEMD_UNIT_DIR
+
+    @staticmethod
+    def _ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["systemctl", *args], capture_output=True, text=True)
+
+    def liveness(self, name: str, unit: str) -> Liveness:
+        r = self._ctl("show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", "-p", "NRestarts",
+                      "-p", "LoadState", f"{unit}.service")
+        props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        active, sub = props.get("ActiveState", "unknown"), props.get("SubState", "")
+        pid = int(props.get("MainPID") or 0) or None
+        restarts = int(props.get("NRestarts") or 0)
+        alive = active == "active" and sub == "running"
+        state = "not installed" if props.get("LoadState") == "not-found" else f"{active} ({sub})" if sub else active
+        return {"alive": alive, "pid": pid if alive else None, "state": state, "restarts": restarts}
+
+    def prepare(self, services: list[ServiceRef]) -> str | None:
+        for svc in services:
+            shutil.copyfile(self.layout.unit_file(svc["unit"]), os.path.join(self.unit_dir, f"{svc['unit']}.service"))
+        r = self._ctl("daemon-reload")
+        return None if r.returncode == 0 else f"systemctl daemon-reload: {r.stderr.strip()}"
+
+    def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
+        unit = f"{svc['unit']}.service"
+        self._ctl("reset-failed", unit)  # a unit that failed before must not hit its start limit now
+        r = self._ctl("enable", unit)
+        if r.returncode != 0:
+            return None, f"systemctl enable {unit}: {r.stderr.strip()}"
+        r = self._ctl("restart", unit)
+        if r.returncode != 0:
+            return None, f"systemctl restart {unit}: {r.stderr.strip()}"
+        return self.liveness(svc["name"], svc["unit"]).get("pid"), None
+
+    def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
+        unit = f"{svc['unit']}.service"
+        was = self.liveness(svc["name"], svc["unit"]).get("alive", False)
+        # disable + stop: a stopped unit must not come back at the next boot, nor be restarted by systemd
+        self._ctl("disable", "--now", unit)
+        self._ctl("reset-failed", unit)
+        if remove:
+            try:
+                os.unlink(os.path.join(self.unit_dir, unit))
+            except FileNotFoundError:
+                pass
+        return bool(was)
+
+    def finish(self, removed: bool) -> None:
+        if removed:
+            self._ctl("daemon-reload")
+
+    def journal(self, unit: str, lines: int) -> str:
+        r = subprocess.run(["journalctl", "-u", f"{unit}.service", "-n", str(lines), "--no-pager", "-o", "short-iso"],
+                           capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+
+SUPERVISORS: dict[str, type[Supervisor]] = {"process": ProcessSupervisor, "systemd": SystemdSupervisor}

@@ -1,0 +1,124 @@
+"""Dynamo's mocker engine (`python -m dynamo.mocker`): a CPU stand-in for vLLM workers.
+
+It simulates KV blocks, prefill/decode timing, KV transfer and a host tier, and
+registers with the frontend exactly as a vLLM worker would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from primectl.engines.base import (
+    DYNAMO_WORKER_MANAGED,
+    EngineServing,
+    FlagCatalog,
+    PlanContext,
+    RuntimeFlavour,
+    dynamo_pins,
+)
+from primectl.errors import Finding
+from primectl.plan.capacity import kv_bytes_per_token, parse_parallel
+from primectl.plan.model import Capabilities, Probe, Service, Slot
+from primectl.recipe.catalog import Architecture, Hardware
+from primectl.recipe.flags import check_extra_args, load_catalog
+from primectl.recipe.model import Decode, Prefill, Recipe
+
+CATALOGS = ("dynamo-mocker-1.6.1.json",)
+# AISimulate (the mocker's source of default timings) is not installable, so
+# bandwidths are always passed explicitly.
+HOST_OFFLOAD_GBPS = 50.0
+
+
+class MockerEngine:
+    """`engine: mocker`."""
+
+    name = "mocker"
+    component = "dynamo-mocker"
+
+    def flag_catalog(self) -> FlagCatalog:
+        """dynamo.mocker's flags at the pinned Dynamo."""
+        return load_catalog(*CATALOGS)
+
+    def managed_flags(self) -> Mapping[str, str]:
+        """Flags the adapter derives from the recipe."""
+        return DYNAMO_WORKER_MANAGED
+
+    def validate(self, recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
+        """extra_args against the mocker's catalog."""
+        return check_extra_args(recipe, self.flag_catalog(), self.managed_flags())
+
+    def pins(self, recipe: Recipe) -> dict[str, str]:
+        """The Dynamo runtime only."""
+        return dynamo_pins(recipe)
+
+    def runtime_flavour(self, hw: Hardware) -> RuntimeFlavour:
+        """The CPU Dynamo + Mooncake set, whatever the hardware."""
+        return RuntimeFlavour("cpu", "runtime-requirements-cpu.txt")
+
+    def serving(self, recipe: Recipe, arch: Architecture, hw: Hardware) -> EngineServing:
+        """No tools, no NIXL metrics; Dynamo 1.6.1 leaves the length check to the engine and the mocker answers 500."""
+        caps = Capabilities(tool_calls=False, nixl_metrics=False, over_context="5xx-warn", exercises_host_tier=False,
+                            reports_kv_cache=False, workload="agentic-demo")
+        return EngineServing(context_limit=recipe.model.max_context, prefill_budget=recipe.prefill.token_budget_per_gpu,
+                             capabilities=caps)
+
+    def worker(self, ctx: PlanContext, slot: Slot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
+        """One mocker process standing in for a vLLM prefill or decode instance."""
+        r = ctx.recipe
+        addr = ctx.hosts[slot.host].address
+        dp_size = slot.data_parallel.size if slot.data_parallel else 1
+        per_token = kv_bytes_per_token(ctx.arch, r.kv.dtype, parse_parallel(slot.parallel).tp)
+        argv = [
+            ctx.python(slot.host), "-m", "dynamo.mocker",
+            "--model-path", ctx.model.path,
+            "--model-name", r.model.served_name,
+            "--disaggregation-mode", slot.role,
+            "--data-parallel-size", str(dp_size),
+            "--block-size", str(r.kv.block_size),
+            "--num-gpu-blocks-override", str(r.mocker.num_gpu_blocks),
+            "--kv-bytes-per-token", str(per_token),
+            "--kv-transfer-bandwidth", str(r.transfer.bandwidth_gb_s),
+            "--speedup-ratio", str(r.mocker.speedup_ratio),
+        ]
+        if slot.role == "prefill":
+            # Prefill listens for the decode side's rendezvous; decode workers connect to it.
+            argv += ["--bootstrap-ports", str(slot.ports["bootstrap"])]
+        if spec.token_budget_per_gpu is not None:
+            argv += ["--max-num-batched-tokens", str(spec.token_budget_per_gpu)]
+        if spec.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(spec.max_num_seqs)]
+        if r.model.max_context:
+            argv += ["--max-model-len", str(r.model.max_context)]
+        if r.mocker.startup_time_s:
+            argv += ["--startup-time", str(r.mocker.startup_time_s)]
+        tier = ctx.tier
+        if tier is not None:
+            host_blocks = int(tier.dram_gb_per_host * 1e9 / (per_token * r.kv.block_size) / dp_size)
+            argv += [
+                "--num-host-blocks", str(max(host_blocks, 1)),
+                "--host-offload-d2h-bandwidth-gbps", str(HOST_OFFLOAD_GBPS),
+                "--host-offload-h2d-bandwidth-gbps", str(HOST_OFFLOAD_GBPS),
+            ]
+        argv += spec.extra_args
+        env = ctx.dynamo_env(slot.host)
+        env.update({
+            "DYN_SYSTEM_HOST": addr,
+            "DYN_SYSTEM_PORT": str(slot.ports["system"]),
+            "DYN_TCP_RPC_PORT": str(slot.ports["tcp_rpc"]),
+            # Without this the mocker's /health stays 503 forever.
+            "DYN_SYSTEM_STARTING_HEALTH_STATUS": "ready",
+        })
+        env.update(spec.env)
+        # The mocker publishes KV events on the event plane itself (no --zmq-kv-events-ports).
+        ports = {k: slot.ports[k] for k in ("system", "tcp_rpc")}
+        if slot.role == "prefill":
+            ports["bootstrap"] = slot.ports["bootstrap"]
+        system = f"http://{addr}:{slot.ports['system']}"
+        return Service(
+            name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
+            gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=slot.data_parallel,
+            argv=argv, env=env, ports=ports, listens=sorted(ports.values()),
+            depends_on=depends_on,
+            ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
+            metrics_url=f"{system}/metrics",
+        )

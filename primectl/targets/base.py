@@ -1,0 +1,162 @@
+"""The Target protocol: how planned processes reach machines.
+
+Engines say what runs; targets say where and how it starts. A target binds
+the plan's logical slots to machines (`bind`), renders what it ships
+(`render`), opens a rollout that the one `up` pipeline (deploy/pipeline.py)
+drives step by step (`apply`), and reads and stops what runs (`status`,
+`logs`, `down`). Today's SSH/local push is the first implementation
+(targets/ssh.py); adding a target is one module plus a line in
+primectl/registry.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+from primectl import registry
+from primectl.plan.model import Plan
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step of `up` would do (for `diff` and `up --dry-run`)."""
+
+    step: str
+    action: str
+    details: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChangeLine:
+    """One service's pending change, as `diff` prints it."""
+
+    host: str
+    service: str
+    action: str
+    reason: str
+    detail: str = ""  # e.g. a unified diff of its run script
+
+
+class Rollout(Protocol):
+    """An open deployment on a target: the operations the `up` pipeline calls, in its order."""
+
+    plan: Plan
+
+    def lock(self, *, break_lock: bool) -> None:
+        """Take the deployment's lock (DeployError naming the holder when it is held)."""
+        ...
+
+    def unlock(self) -> None:
+        """Release the lock (best effort)."""
+        ...
+
+    def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
+        """Every service's change (keep included); computes the rollout.
+
+        `secrets` None: do not compare them; `detail`: also fetch what `diff` shows (e.g. run-script diffs).
+        """
+        ...
+
+    def nothing_to_do(self) -> bool:
+        """No service changes and the secrets are current."""
+        ...
+
+    def describe(self, *, preflight: bool, smoke: bool) -> list[StepPlan]:
+        """What each step would do, without doing it."""
+        ...
+
+    def preflight(self) -> None:
+        """Check the machines before anything changes (DeployError: nothing was changed)."""
+        ...
+
+    def provision(self, wheelhouse: Any) -> None:
+        """Create or reuse the runtime on each machine."""
+        ...
+
+    def check_ports(self) -> None:
+        """Every port a starting service needs is free (DeployError: nothing was changed)."""
+        ...
+
+    def push(self) -> None:
+        """Ship the new release to the machines that need it."""
+        ...
+
+    def activate(self, secrets: str) -> None:
+        """Make the new release current (and write secrets); from here a failure rolls back."""
+        ...
+
+    def stop_removed(self) -> None:
+        """Stop services the plan no longer has."""
+        ...
+
+    def waves(self) -> list[list[str]]:
+        """The services to (re)start, grouped in dependency order."""
+        ...
+
+    def start(self, wave: list[str]) -> None:
+        """Start one wave and wait until each service is ready (DeployError naming the one that failed)."""
+        ...
+
+    def gate(self) -> None:
+        """Wait for the deployment's readiness gate."""
+        ...
+
+    def rollback(self) -> None:
+        """Put the previous revision back and wait until it is healthy."""
+        ...
+
+    def record(self) -> None:
+        """Record what now runs (state on the machines)."""
+        ...
+
+    def retire(self) -> None:
+        """Forget machines the recipe dropped."""
+        ...
+
+    def summary(self) -> str:
+        """One line: how many services started and stayed."""
+        ...
+
+
+class Target(Protocol):
+    """One way to run a plan. Implementations live in primectl/targets/<name>.py."""
+
+    name: str
+
+    def bind(self, plan: Plan) -> Plan:
+        """The plan with its slots bound to machines (a target that binds at plan time returns it unchanged)."""
+        ...
+
+    def render(self, plan: Plan) -> dict[str, bytes]:
+        """What this target ships, as {relative path: content} (`primectl render`)."""
+        ...
+
+    def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
+        """Open a rollout (connections, inspection) that `up` drives; closed on exit."""
+        ...
+
+    def status(self, plan: Plan, options: Any, say: Say) -> Any:
+        """What runs and whether it is healthy (a StatusReport)."""
+        ...
+
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int) -> int:
+        """Print a service's log; the exit code."""
+        ...
+
+    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+        """Stop every service in reverse start order; the names stopped."""
+        ...
+
+    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+        """Break the deployment's lock; where it was."""
+        ...
+
+
+def get(name: str) -> Target:
+    """The registered target called `name` (KeyError if none)."""
+    return cast(Target, registry.target(name))

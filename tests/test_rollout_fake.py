@@ -1,0 +1,267 @@
+"""`up`, `diff`, rollback, dropped hosts and Ctrl-C, fast: the FAKE transport runs the real host agent
+in-process on temp-dir workdirs, with processes, probes and faults simulated (primectl/deploy/fake.py).
+
+The same operator scenarios run over real sshd hosts in tests/integration/test_apply_*.py; these pin
+the pipeline's decisions (what starts, what is kept, what is restored) in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from primectl.deploy.cluster import ConnectionPolicy
+from primectl.deploy.fake import FakeWorld
+from primectl.deploy.pipeline import UpOptions, diff, up
+from primectl.errors import DeployError
+from primectl.plan.build import plan_recipe
+from primectl.plan.model import Plan
+from primectl.targets.ssh import SSHTarget
+
+HOSTS = ("h1", "h2", "h3")
+
+
+class Env:
+    """One fake deployment: recipe file, world, what `up` said."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.world = FakeWorld()
+        self.said: list[str] = []
+        self.base: dict[str, Any] = {
+            "name": "fake",
+            "model": {"served_name": "demo", "generate": "demo-tiny", "arch": "demo-tiny", "max_context": 4096},
+            "hardware": {"profile": "cpu"},
+            "hosts": [{"name": h, "address": f"127.0.0.{i + 2}", "workdir": str(tmp / h)} for i, h in enumerate(HOSTS)],
+            "engine": "mocker",
+            "supervisor": "process",
+            "frontend": {"host": "h1"},
+            "prefill": {"groups": 1, "parallel": "TP1", "hosts": ["h2"], "startup_timeout_s": 1},
+            "decode": {"workers": 2, "parallel": "TP1", "hosts": ["h3"], "startup_timeout_s": 1},
+            "control_plane": {"discovery": "etcd"},
+            "software": {"python": "/opt/fake/bin/python"},
+        }
+
+    def plan(self, **changes: Any) -> Plan:
+        doc = json.loads(json.dumps(self.base))
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(doc.get(key), dict):
+                doc[key].update(value)
+            else:
+                doc[key] = value
+        path = self.tmp / "recipe.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return plan_recipe(path)[1]
+
+    @property
+    def options(self) -> UpOptions:
+        return UpOptions(connection=ConnectionPolicy(connector=self.world.connector()), preflight=False, smoke=False)
+
+    def up(self, plan: Plan, **kw: Any) -> Any:
+        opts = self.options
+        return up(plan, UpOptions(**{**opts.__dict__, **kw}), self.said.append)
+
+    def state(self, host: str) -> dict[str, Any]:
+        return json.loads((self.tmp / host / "state.json").read_text())
+
+    def current(self, host: str) -> str:
+        return (self.tmp / host / "current").readlink().name
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+def test_up_starts_every_service_in_dependency_order_and_records_it(env: Env) -> None:
+    plan = env.plan()
+    res = env.up(plan)
+    order = [s for _, s in env.world.starts]
+    assert order.index("etcd") < order.index("prefill-0") < order.index("frontend")
+    assert set(order) == {s.name for s in plan.services} and len(order) == len(plan.services)
+    for h in HOSTS:
+        state = env.state(h)
+        assert state["deployment"] == "fake" and set(state["services"]) == {s.name for s in plan.services_on(h)}
+        assert env.current(h) == state["revision"]
+    assert sorted(res.started) == sorted(s.name for s in plan.services)
+    assert any(line.startswith("ready: http://127.0.0.2:8000") for line in env.said)
+
+
+def test_up_twice_restarts_nothing(env: Env) -> None:
+    plan = env.plan()
+    env.up(plan)
+    before = list(env.world.starts)
+    res = env.up(plan)
+    assert env.world.starts == before and res.started == []
+    assert "no changes: every service is running its planned revision" in env.said
+
+
+def test_a_dead_service_is_restarted_and_nothing_else(env: Env) -> None:
+    plan = env.plan()
+    env.up(plan)
+    env.world.running.pop(("h3", "decode-1"))
+    before = len(env.world.starts)
+    env.up(plan)
+    assert env.world.starts[before:] == [("h3", "decode-1")]
+
+
+def test_a_decode_change_restarts_only_the_decode_workers(env: Env) -> None:
+    env.up(env.plan())
+    before = len(env.world.starts)
+    env.up(env.plan(decode={"env": {"NCCL_DEBUG": "INFO"}}))
+    assert sorted(s for _, s in env.world.starts[before:]) == ["decode-0", "decode-1"]
+
+
+def test_scaling_decode_adds_a_worker_and_restarts_neither_frontend_nor_the_others(env: Env) -> None:
+    env.up(env.plan())
+    bigger = env.plan(decode={"workers": 3})
+    lines, _ = diff(bigger, env.options.connection, env.said.append)
+    by = {c.service: c for c in lines}
+    assert by["decode-2"].action == "add"
+    assert by["frontend"].action == "update" and "depends_on" in by["frontend"].reason
+    assert by["decode-0"].action == "keep" and by["etcd"].action == "keep"
+    before = len(env.world.starts)
+    env.up(bigger)
+    assert env.world.starts[before:] == [("h3", "decode-2")]
+    # the new expectation (start order) is recorded, so the next diff is clean
+    lines, _ = diff(bigger, env.options.connection, env.said.append)
+    assert {c.action for c in lines} == {"keep"}
+
+
+def test_diff_names_the_field_that_changed(env: Env) -> None:
+    env.up(env.plan())
+    lines, steps = diff(env.plan(decode={"env": {"X": "1"}}), env.options.connection, env.said.append)
+    by = {c.service: c for c in lines}
+    assert by["decode-0"].action == "change" and by["decode-0"].reason == "env changed"
+    assert "+export X=1" in by["decode-0"].detail
+    assert [s.step for s in steps][:3] == ["connect", "lock", "diff"] and steps[-1].step == "retire"
+
+
+def test_a_service_that_exits_at_start_is_rolled_back_to_the_previous_revision(env: Env) -> None:
+    env.up(env.plan())
+    old = {h: env.current(h) for h in HOSTS}
+    env.world.faults["decode-0"] = "exit-at-start"
+    with pytest.raises(DeployError) as exc:
+        env.up(env.plan(decode={"env": {"X": "1"}}))
+    assert "decode-0 on h3: decode-0 exited before it became ready" in str(exc.value)
+    assert exc.value.service == "decode-0" and "rolled back" in str(exc.value)
+    assert {h: env.current(h) for h in HOSTS} == old
+    env.world.faults.clear()
+    assert env.world.is_running("h3", "decode-1"), "the previous revision was restored"
+    assert "previous revision is healthy again" in env.said or "restoring" in " ".join(env.said)
+
+
+def test_a_readiness_timeout_rolls_back_and_names_the_service(env: Env) -> None:
+    env.up(env.plan())
+    env.world.faults["prefill-0"] = "never-ready"
+    with pytest.raises(DeployError, match=r"prefill-0 not ready after 1s"):
+        env.up(env.plan(prefill={"env": {"X": "1"}}))
+    assert env.state("h2")["services"]["prefill-0"]["release"] == env.current("h2")
+
+
+def test_a_new_service_that_fails_is_stopped_and_the_old_ones_keep_running(env: Env) -> None:
+    env.up(env.plan())
+    env.world.faults["decode-2"] = "exit-at-start"
+    with pytest.raises(DeployError):
+        env.up(env.plan(decode={"workers": 3}))
+    assert not env.world.is_running("h3", "decode-2")
+    assert env.world.is_running("h3", "decode-0") and env.world.is_running("h1", "frontend")
+    assert "decode-2" not in env.state("h3")["services"]
+
+
+def test_an_unreachable_host_changes_nothing(env: Env) -> None:
+    env.up(env.plan())
+    snapshot = {h: (env.current(h), env.state(h)) for h in HOSTS}
+    env.world.unreachable.add("h2")
+    with pytest.raises(DeployError, match=r"connecting failed on 1 host.*nothing was changed"):
+        env.up(env.plan(decode={"env": {"X": "1"}}))
+    assert {h: (env.current(h), env.state(h)) for h in HOSTS} == snapshot
+
+
+def test_ctrl_c_while_starting_rolls_back(env: Env) -> None:
+    env.up(env.plan())
+    old = env.current("h3")
+    env.world.faults["decode-0"] = "interrupt-at-start"
+    with pytest.raises(DeployError, match="interrupted by the operator"):
+        env.up(env.plan(decode={"env": {"X": "1"}}))
+    assert env.current("h3") == old
+    assert "interrupted: rolling back to the previous revision" in env.said
+
+
+def test_a_host_dropping_mid_rollout_fails_and_the_others_are_put_back(env: Env) -> None:
+    env.up(env.plan())
+    old = env.current("h2")
+    env.world.drop_after["h3"] = 3  # inspect, lock? (h1 holds the lock), stage... then gone
+    with pytest.raises(DeployError):
+        env.up(env.plan(decode={"env": {"X": "1"}}, prefill={"env": {"X": "1"}}))
+    assert env.current("h2") == old
+
+
+def test_a_held_lock_refuses_up_and_names_the_holder(env: Env) -> None:
+    plan = env.plan()
+    env.up(plan)
+    lock = env.tmp / "h1" / "lock"
+    lock.mkdir()
+    (lock / "owner.json").write_text(json.dumps({"user": "ops", "host": "bastion", "pid": 42, "command": "up",
+                                                  "started": 0, "expires": 4e9}))
+    with pytest.raises(DeployError, match="locked by ops@bastion pid 42 running `up`"):
+        env.up(env.plan(decode={"env": {"X": "1"}}))
+    env.up(env.plan(decode={"env": {"X": "1"}}), break_lock=True)
+
+
+def test_dry_run_says_what_each_step_would_do_and_changes_nothing(env: Env) -> None:
+    env.up(env.plan())
+    before = (len(env.world.starts), {h: env.current(h) for h in HOSTS})
+    res = env.up(env.plan(decode={"workers": 3}), dry_run=True)
+    steps = {s.step: s.action for s in res.steps}
+    assert list(steps) == ["connect", "lock", "diff", "preflight", "provision", "ports", "push", "activate",
+                           "stop removed", "waves", "gate", "smoke", "record", "retire"]
+    assert steps["waves"] == "1: decode-2" and "h3 <- revision" in steps["push"]
+    assert (len(env.world.starts), {h: env.current(h) for h in HOSTS}) == before
+
+
+def test_a_host_dropped_from_the_recipe_has_its_services_stopped_and_leaves(env: Env) -> None:
+    env.up(env.plan())
+    smaller = env.plan(hosts=env.base["hosts"][:2], decode={"hosts": ["h2"]})
+    lines, _ = diff(smaller, env.options.connection, env.said.append)
+    assert {(c.host, c.service, c.action) for c in lines if c.host == "h3"} == {
+        ("h3", "decode-0", "remove"), ("h3", "decode-1", "remove")}
+    env.up(smaller)
+    assert not env.world.is_running("h3", "decode-0") and env.world.is_running("h2", "decode-0")
+    assert env.state("h3")["retired"] is True and env.state("h3")["services"] == {}
+    assert "h3 left the deployment (dropped from the recipe)" in env.said
+
+
+def test_an_unreachable_dropped_host_warns_and_stays_on_the_roster(env: Env) -> None:
+    env.up(env.plan())
+    env.world.unreachable.add("h3")
+    env.up(env.plan(hosts=env.base["hosts"][:2], decode={"hosts": ["h2"]}))
+    assert any(line.startswith("WARNING: h3 (127.0.0.4) was dropped from the recipe") for line in env.said)
+    assert "h3" in env.state("h1")["roster"]
+    env.world.unreachable.clear()
+    env.up(env.plan(hosts=env.base["hosts"][:2], decode={"hosts": ["h2"]}))
+    assert not env.world.is_running("h3", "decode-0") and env.state("h3")["retired"] is True
+
+
+def test_a_taken_port_changes_nothing(env: Env) -> None:
+    plan = env.plan()
+    env.world.taken["h1"] = {plan.service("frontend").ports["http"]}
+    with pytest.raises(DeployError, match=r"port 8000 on h1 .* is already in use; frontend needs it"):
+        env.up(plan)
+    assert env.world.starts == [] and not (env.tmp / "h1" / "current").exists()
+
+
+def test_down_stops_everything_in_reverse_order_and_purge_removes_the_files(env: Env) -> None:
+    plan = env.plan()
+    env.up(plan)
+    stopped = SSHTarget().down(plan, env.options.connection, env.said.append, purge=True, break_lock=False)
+    assert set(stopped) == {s.name for s in plan.services}
+    order = [s for _, s in env.world.stops]
+    assert order.index("frontend") < order.index("decode-0") < order.index("etcd")
+    assert not env.world.running
+    for h in HOSTS:
+        assert not (env.tmp / h / "state.json").exists() and not (env.tmp / h / "releases").exists()
