@@ -50,7 +50,7 @@ test: system venv bench-tools runtime lint typecheck
 test-integration: venv
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest tests/integration -q'
 
-demo: system venv bench-tools
+demo: system venv
 	$(PRIMECTL) up $(DEMO)
 	@echo
 	@echo "Demo is up: http://127.0.0.1:8000/v1 (model: demo)"
