@@ -4,10 +4,12 @@
 # cache dir, keyed by a hash of the package list, this script and the suite, and reused while
 # they are unchanged. Hosts never write to it: each boots an overlay (or a copy) on top.
 #
-# Usage: scripts/make-rootfs.sh [--cache-dir DIR] [--force] [--check]
+# Usage: scripts/make-rootfs.sh [--cache-dir DIR] [--force] [--check] [--prune]
 #   --cache-dir DIR  where rootfs trees live (default $PRIMECTL_ROOTFS_CACHE or /var/cache/primectl/rootfs)
 #   --force          rebuild even when a cached tree with this key exists
 #   --check          only say whether the cached tree exists (exit 1 if not); build nothing
+#   --prune          afterwards delete the cache's other trees (older package lists or script versions;
+#                    only when no test is booting them)
 # Prints progress on stderr and the root file system's path alone on stdout, so
 #   ROOT=$(scripts/make-rootfs.sh)
 # works. Needs root, debootstrap and the Debian mirror apt already uses (override: ROOTFS_MIRROR).
@@ -18,6 +20,7 @@ PACKAGES=(
   systemd systemd-sysv dbus libpam-systemd  # systemd as PID 1, logind for ssh sessions
   openssh-server                           # how primectl reaches a host
   python3                                  # primectl's host agent runs as `python3 -I -S`
+  python3-venv                             # `primectl provision` creates the runtime venv on the host
   iproute2 procps                          # ip, ps/pgrep/kill: what an operator (and the tests) use
   curl                                     # probes from inside a host; brings libcurl4 (Mooncake links it)
   libibverbs1 libnuma1                     # Mooncake's engine.so/store.so link them, even on CPU
@@ -28,17 +31,31 @@ PACKAGES=(
 cache_dir=${PRIMECTL_ROOTFS_CACHE:-/var/cache/primectl/rootfs}
 force=0
 check=0
+prune=0
 while (($#)); do
   case "$1" in
     --cache-dir) cache_dir=$2; shift 2 ;;
     --force) force=1; shift ;;
     --check) check=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --prune) prune=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "make-rootfs: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
 log() { echo "make-rootfs: $*" >&2; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", b - a}'; }
+start=$(date +%s.%N)
+
+prune_others() {
+  ((prune)) || return 0
+  local other
+  for other in "$cache_dir/$SUITE"-*; do
+    [[ -d "$other" && "$other" != "$root" ]] || continue
+    log "pruning $other"
+    rm -rf "$other"
+  done
+}
 
 # The mirror apt already uses (deb822 sources first, then sources.list), unless overridden.
 apt_mirror() {
@@ -56,7 +73,8 @@ key=$( { printf '%s\n' "$SUITE" "$(dpkg --print-architecture 2>/dev/null || unam
 root="$cache_dir/$SUITE-$key"
 
 if [[ -f "$root/.primectl-rootfs" && $force -eq 0 ]]; then
-  log "reused cached $root ($(du -sh "$root" 2>/dev/null | cut -f1)), built $(cat "$root/.primectl-rootfs"); 0 s"
+  log "reused cached $root (built $(cat "$root/.primectl-rootfs")) in $(secs "$start" "$(date +%s.%N)") s"
+  prune_others
   echo "$root"
   exit 0
 fi
@@ -79,7 +97,6 @@ mirror=${ROOTFS_MIRROR:-$(apt_mirror)}
 work="$root.tmp.$$"
 rm -rf "$work"
 trap 'rm -rf "$work"' EXIT
-start=$(date +%s.%N)
 include=$(IFS=,; echo "${PACKAGES[*]}")
 log "debootstrap --variant=minbase $SUITE from $mirror (packages: $include)"
 mkdir -p "$cache_dir/debs"
@@ -98,7 +115,7 @@ rm -f "$work"/etc/ssh/ssh_host_*                  # no host key shared by every 
 rm -f "$work/var/lib/dbus/machine-id"
 echo "localhost" >"$work/etc/hostname"
 systemctl --root="$work" disable etcd.service >/dev/null 2>&1 || true   # primectl starts its own etcd
-systemctl --root="$work" enable systemd-networkd.service >/dev/null     # static address per host (host0)
+systemctl --root="$work" enable systemd-networkd.service >/dev/null 2>&1  # static address per host (host0)
 cat >"$work/etc/ssh/sshd_config.d/10-primectl-test.conf" <<'EOF'
 # primectl test host: key-only root login; room for primectl's parallel sessions.
 PermitRootLogin prohibit-password
@@ -116,6 +133,6 @@ rm -rf "$root"
 mv "$work" "$root"
 trap - EXIT
 end=$(date +%s.%N)
-secs() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", b - a}'; }
 log "built $root ($(du -sh "$root" | cut -f1)) in $(secs "$start" "$end") s (debootstrap $(secs "$start" "$boot") s)"
+prune_others
 echo "$root"

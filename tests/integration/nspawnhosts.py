@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .sshhosts import keygen, netns_problem, pid_alive, wait_gone
+from .sshhosts import isolated_netns, keygen, netns_problem, pid_alive, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_ROOTFS = REPO / "scripts" / "make-rootfs.sh"
@@ -79,12 +79,19 @@ def runtime_binds(venv: Path) -> list[BindMount]:
     return binds
 
 
-def build_rootfs(cache_dir: Path | None = None, timeout: float = 900) -> Path:
-    """The cached root file system from scripts/make-rootfs.sh (built first when missing; seconds when cached)."""
+def build_rootfs(cache_dir: Path | None = None, timeout: float = 900, *, build: bool = True) -> Path:
+    """The cached root file system from scripts/make-rootfs.sh (built first when missing and build; 0.1 s when cached).
+
+    Building downloads from the Debian mirror, which a test's private network namespace cannot reach:
+    build it before entering one (`make rootfs`, or scripts/make-rootfs.sh).
+    """
     argv = ["bash", str(MAKE_ROOTFS), *(["--cache-dir", str(cache_dir)] if cache_dir else [])]
+    if not build:
+        argv.append("--check")
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
-        raise RuntimeError(f"make-rootfs.sh failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        hint = "" if build else " (run `make rootfs` or scripts/make-rootfs.sh outside the test's network namespace)"
+        raise RuntimeError(f"make-rootfs.sh failed ({r.returncode}){hint}:\n{r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
 
 
@@ -194,7 +201,7 @@ class NspawnHost:
     layer: Layer = "auto"
     etc_hosts: str = ""
     port: int = 22
-    workdir_base: str = "/var/lib/primectl"
+    workdir_base: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     boots: int = 0
     last_exit: int | None = None
@@ -228,9 +235,17 @@ class NspawnHost:
         init = self.init_pid
         return Path(f"/proc/{init}/root") / rel if init else self.upper / rel
 
+    @property
+    def workdir_root(self) -> Path:
+        """Where this host's workdirs live: by default DIR/wd, bind-mounted read-write at the same path inside,
+        so a workdir path means the same file here and on the host (as with sshhosts.SSHHost); else
+        workdir_base, a directory of the host's own file system (reach it here through `path()`).
+        """
+        return self.dir / "wd" if self.workdir_base is None else Path(self.workdir_base)
+
     def workdir(self, deployment: str) -> Path:
-        """This host's workdir for one deployment, as a path inside the host (what a recipe names)."""
-        return Path(self.workdir_base) / deployment
+        """This host's workdir for one deployment (what a recipe names)."""
+        return self.workdir_root / deployment
 
     def known_hosts_line(self) -> str:
         """`address key` as OpenSSH / paramiko read it."""
@@ -269,7 +284,10 @@ class NspawnHost:
             data = content.encode() if isinstance(content, str) else content
             target.write_bytes(data)
             os.chmod(target, mode)
-        _mkdirs_like(self.rootfs, root, self.workdir_base.lstrip("/"))
+        if self.workdir_base is None:
+            self.workdir_root.mkdir(exist_ok=True)
+        else:
+            _mkdirs_like(self.rootfs, root, self.workdir_base.lstrip("/"))
         marker.write_text(self.used_layer + "\n")
         self.timings["prepare_s"] = time.monotonic() - t0
 
@@ -301,7 +319,8 @@ class NspawnHost:
         mount = f"mount -t overlay overlay -o {self._overlay_opts()} {root} && " if self.used_layer == "overlay" else ""
         nspawn = [NSPAWN, "-b", "-D", str(root), "-M", self.machine, f"--hostname={self.name}", "--register=no",
                   "--keep-unit", "--console=pipe", f"--network-bridge={self.bridge}",
-                  *(b.nspawn_arg() for b in self.binds)]
+                  *(b.nspawn_arg() for b in self.binds),
+                  *([BindMount(self.workdir_root, read_only=False).nspawn_arg()] if self.workdir_base is None else [])]
         script = f"{join_cgroups} && {mount}exec {' '.join(nspawn)}"
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
 
@@ -528,18 +547,19 @@ def make_bridge(name: str, address: str, prefix_len: int) -> None:
 
 def start_nspawn_hosts(base: Path, n: int, *, rootfs: Path | None = None, subnet: str = "10.77.0", first: int = 2,
                        prefix_len: int = 24, bridge: str = "pmbr0", binds: Sequence[BindMount] = (),
-                       layer: Layer = "auto", workdir_base: str = "/var/lib/primectl", boot_timeout: float = 90
+                       layer: Layer = "auto", workdir_base: str | None = None, boot_timeout: float = 90
                        ) -> NspawnHosts:
     """Create and boot n hosts h1..hn at SUBNET.first, .first+1, ... (bridge at SUBNET.1) under base.
 
-    rootfs defaults to scripts/make-rootfs.sh's cached tree (built when missing). Machine names
+    rootfs defaults to scripts/make-rootfs.sh's cached tree (built when missing). workdir_base None:
+    each host's workdirs are base/hN/wd, bound read-write at the same path inside. Machine names
     carry a per-run token so concurrent runs never share nspawn's per-machine state on the host.
     """
     problem = nspawn_problem()
     if problem:
         raise RuntimeError(problem)
     t0 = time.monotonic()
-    rootfs = rootfs or build_rootfs()
+    rootfs = rootfs or build_rootfs(build=not isolated_netns())  # no mirror to download from in a private netns
     t_rootfs = time.monotonic() - t0
     base.mkdir(parents=True, exist_ok=True)
     client_key = base / "client_ed25519"

@@ -11,6 +11,7 @@ Run in a private network namespace:
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 import urllib.request
@@ -103,8 +104,11 @@ class Shell:
 
     def sh(self, command: str, timeout: float = 30) -> tuple[int, str, str]:
         """Run a shell command; (exit status, stdout, stderr)."""
+        t0 = time.monotonic()
         _, out, err = self.client.exec_command(command, timeout=timeout)
         rc = out.channel.recv_exit_status()
+        if os.environ.get("PRIMECTL_TEST_TIMING"):
+            print(f"[{time.monotonic() - t0:5.2f}s] {self.host.name}: {command[:100]} -> {rc}")
         return rc, out.read().decode(), err.read().decode()
 
     def ok(self, command: str, timeout: float = 30) -> str:
@@ -115,7 +119,9 @@ class Shell:
 
     def fire(self, command: str) -> None:
         """Start a command without waiting for it (e.g. `systemctl reboot`, which ends this connection)."""
-        self.client.get_transport().open_session().exec_command(command)  # type: ignore[union-attr]
+        transport = self.client.get_transport()
+        assert transport is not None, "not connected"
+        transport.open_session().exec_command(command)
 
     def put(self, text: str, path: str, mode: int = 0o644) -> None:
         """Copy a file onto the host over SFTP (as Fabric's put does)."""
@@ -133,13 +139,16 @@ class Shell:
         self.client.close()
 
 
+Connect = Callable[[NspawnHost], Shell]
+
+
 @pytest.fixture
 def known_hosts(nspawn_hosts: NspawnHosts, tmp_path: Path) -> Path:
     return nspawn_hosts.known_hosts(tmp_path / "known_hosts")
 
 
 @pytest.fixture
-def ssh(nspawn_hosts: NspawnHosts, known_hosts: Path) -> Iterator[Callable[[NspawnHost], Shell]]:
+def ssh(nspawn_hosts: NspawnHosts, known_hosts: Path) -> Iterator[Connect]:
     """ssh(host) -> a Shell; every connection is closed after the test."""
     opened: list[Shell] = []
 
@@ -159,7 +168,8 @@ def http_get(address: str, port: int, timeout: float = 10) -> str:
     while True:
         try:
             with urllib.request.urlopen(f"http://{address}:{port}/", timeout=2) as resp:
-                return resp.read().decode()
+                body: bytes = resp.read()
+                return body.decode()
         except OSError:
             if time.monotonic() > deadline:
                 raise
@@ -197,11 +207,14 @@ def wait_for(fetch: Callable[[], T], accept: Callable[[T], bool], timeout: float
         time.sleep(0.1)
 
 
-def test_each_host_is_a_machine_of_its_own(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_each_host_is_a_machine_of_its_own(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """Own address (reached over SSH, host key checked), hostname, machine-id; systemd as PID 1, running."""
     machine_ids = set()
     for h in nspawn_hosts.hosts:
         shell = ssh(h)
+        wd = h.workdir("t-identity")
+        shell.ok(f"mkdir -p {wd} && hostname > {wd}/written-on-host")  # the workdir is the same path here and there
+        assert (wd / "written-on-host").read_text() == f"{h.name}\n"
         assert shell.ok("hostname").strip() == h.name
         assert shell.ok("ps -o comm= -p 1").strip() == "systemd"
         assert shell.ok("systemctl is-system-running").strip() == "running"
@@ -214,7 +227,7 @@ def test_each_host_is_a_machine_of_its_own(nspawn_hosts: NspawnHosts, ssh) -> No
     assert len(keys) == len(nspawn_hosts.hosts), "each host has its own ssh host key"
 
 
-def test_enabled_unit_serves_logs_and_comes_back_after_kill_9(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_enabled_unit_serves_logs_and_comes_back_after_kill_9(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """Copy + daemon-reload + enable --now on every host; each answers on its own address; kill -9 -> restarted."""
     unit, port = "primectl-demo", 8000
     shells = [ssh(h) for h in nspawn_hosts.hosts]
@@ -226,7 +239,7 @@ def test_enabled_unit_serves_logs_and_comes_back_after_kill_9(nspawn_hosts: Nspa
             assert shell.ok(f"systemctl is-active {unit}").strip() == "active"
             assert shell.ok(f"systemctl is-enabled {unit}").strip() == "enabled"
             assert http_get(h.address, port).split()[0] == h.name  # this host's service, on this host's address
-            journal = wait_for(lambda s=shell: s.ok(f"journalctl -u {unit} --no-pager -o cat"),
+            journal = wait_for(lambda: shell.ok(f"journalctl -u {unit} --no-pager -o cat"),  # noqa: B023 (used at once)
                                lambda j: "demo-server listening" in j, 10, "the start line in the journal")
             assert f"demo-server listening on {h.address}:{port}" in journal
 
@@ -247,7 +260,7 @@ def test_enabled_unit_serves_logs_and_comes_back_after_kill_9(nspawn_hosts: Nspa
             remove_unit(shell, unit)
 
 
-def test_unit_failing_at_start_stops_at_its_start_limit(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_unit_failing_at_start_stops_at_its_start_limit(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """Restart=on-failure with StartLimitBurst=3 in 30 s: three tries, then failed, and refused until reset-failed."""
     shell, unit = ssh(nspawn_hosts.hosts[1]), "primectl-broken"
     shell.put(BROKEN_UNIT, f"/etc/systemd/system/{unit}.service")
@@ -282,12 +295,12 @@ def test_unit_failing_at_start_stops_at_its_start_limit(nspawn_hosts: NspawnHost
         remove_unit(shell, unit)
 
 
-def test_reboot_brings_the_enabled_unit_back_and_keeps_the_disk(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_reboot_brings_the_enabled_unit_back_and_keeps_the_disk(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """`systemctl reboot` over SSH: nspawn exits 133, the host boots again, the enabled unit runs again."""
     h, unit, port = nspawn_hosts.hosts[2], "primectl-boot", 8001
     shell = ssh(h)
     install_demo(shell, unit, port)
-    shell.ok("echo written-before-reboot > /var/lib/primectl/marker")
+    shell.ok("echo written-before-reboot > /var/lib/primectl/marker")  # the host's own disk (its overlay layer)
     first_pid = shell.show(unit, "MainPID")["MainPID"]
     boot_id = shell.ok("cat /proc/sys/kernel/random/boot_id").strip()
     try:
@@ -306,7 +319,7 @@ def test_reboot_brings_the_enabled_unit_back_and_keeps_the_disk(nspawn_hosts: Ns
         remove_unit(ssh(h), unit)
 
 
-def test_disable_now_stops_it_for_good_even_across_a_power_cut(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_disable_now_stops_it_for_good_even_across_a_power_cut(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """`disable --now`: inactive, not enabled, port closed; after a hard power-off and boot it stays off."""
     h, unit, port = nspawn_hosts.hosts[0], "primectl-off", 8002
     shell = ssh(h)
@@ -327,7 +340,7 @@ def test_disable_now_stops_it_for_good_even_across_a_power_cut(nspawn_hosts: Nsp
     remove_unit(again, unit)
 
 
-def test_append_output_goes_to_the_file_and_lifecycle_to_the_journal(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_append_output_goes_to_the_file_and_lifecycle_to_the_journal(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """templates/unit.service.j2 writes StandardOutput=append:LOG: the output is in LOG, `journalctl -u` has only systemd's lines."""
     shell, unit = ssh(nspawn_hosts.hosts[1]), "primectl-append"
     shell.ok("mkdir -p /var/lib/primectl/append/logs")
@@ -345,7 +358,7 @@ def test_append_output_goes_to_the_file_and_lifecycle_to_the_journal(nspawn_host
         remove_unit(shell, unit)
 
 
-def test_runtime_venv_is_usable_inside(nspawn_hosts: NspawnHosts, ssh) -> None:
+def test_runtime_venv_is_usable_inside(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """The runtime venv bound read-only imports Dynamo and Mooncake (whose engine links libibverbs, libnuma, libcurl)."""
     runtime = nspawn_runtime()
     if runtime is None:
