@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .sshhosts import isolated_netns, keygen, netns_problem, pid_alive, wait_gone
+from .sshhosts import isolated_netns, keygen, pid_alive, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_ROOTFS = REPO / "scripts" / "make-rootfs.sh"
@@ -97,9 +97,9 @@ def build_rootfs(cache_dir: Path | None = None, timeout: float = 900, *, build: 
 
 def nspawn_problem() -> str | None:
     """Why nspawn hosts cannot be started here (with what to do), or None."""
-    problem = netns_problem(RUN_HINT)
-    if problem:
-        return problem
+    if not isolated_netns():  # no override: the bridge and 10.77.0.x must never appear on a real network
+        return ("not in an isolated network namespace (`ip -o link` shows more than `lo`); nspawn hosts add a "
+                f"bridge and private addresses. Run it as\n  {RUN_HINT}")
     if os.geteuid() != 0:
         return "nspawn hosts need root"
     missing = [p for p in (NSPAWN, "/usr/sbin/debootstrap", "/usr/bin/nsenter", "/usr/bin/ssh-keygen") if not os.path.exists(p)]
@@ -165,6 +165,32 @@ def _remove_cgroups(machine: str) -> list[str]:
         except OSError:
             pass
     return stuck
+
+
+def remove_stale_cgroups(min_age_s: float = 120) -> list[str]:
+    """Remove empty host cgroups (of any run) older than min_age_s: what a test process killed mid-run left."""
+    removed = []
+    for root in CGROUP_ROOTS:
+        parent = root / CGROUP_PARENT
+        if not parent.is_dir():
+            continue
+        for top in parent.iterdir():
+            if not top.is_dir() or time.time() - top.stat().st_mtime < min_age_s:
+                continue
+            if any(procs.read_text().strip() for procs in top.rglob("cgroup.procs")):
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [top]:
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+            else:
+                removed.append(str(top))
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+    return removed
 
 
 def _mkdirs_like(lower: Path, upper: Path, rel: str) -> Path:
@@ -322,7 +348,9 @@ class NspawnHost:
                   *(b.nspawn_arg() for b in self.binds),
                   *([BindMount(self.workdir_root, read_only=False).nspawn_arg()] if self.workdir_base is None else [])]
         script = f"{join_cgroups} && {mount}exec {' '.join(nspawn)}"
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
+        # --pdeathsig: should the test process die, nspawn gets SIGTERM and the host halts cleanly.
+        return ["setpriv", "--pdeathsig", "TERM", "--", "unshare", "--mount", "--propagation", "private", "--",
+                "sh", "-c", script]
 
     def start(self) -> None:
         """Power on (boot systemd in the background); `wait_running` waits for it."""
@@ -558,6 +586,7 @@ def start_nspawn_hosts(base: Path, n: int, *, rootfs: Path | None = None, subnet
     problem = nspawn_problem()
     if problem:
         raise RuntimeError(problem)
+    remove_stale_cgroups()
     t0 = time.monotonic()
     rootfs = rootfs or build_rootfs(build=not isolated_netns())  # no mirror to download from in a private netns
     t_rootfs = time.monotonic() - t0

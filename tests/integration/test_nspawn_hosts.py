@@ -105,11 +105,17 @@ class Shell:
     def sh(self, command: str, timeout: float = 30) -> tuple[int, str, str]:
         """Run a shell command; (exit status, stdout, stderr)."""
         t0 = time.monotonic()
-        _, out, err = self.client.exec_command(command, timeout=timeout)
+        try:
+            _, out, err = self.client.exec_command(command, timeout=timeout)
+        except paramiko.SSHException as exc:  # say what the host's sshd and logind said about it
+            journal = self.host.run("journalctl", "-n", "40", "--no-pager", check=False).stdout
+            raise AssertionError(f"{self.host.name}: cannot run `{command}` over SSH: {exc!r}\n{journal}") from exc
         rc = out.channel.recv_exit_status()
+        result = rc, out.read().decode(), err.read().decode()
+        out.channel.close()
         if os.environ.get("PRIMECTL_TEST_TIMING"):
             print(f"[{time.monotonic() - t0:5.2f}s] {self.host.name}: {command[:100]} -> {rc}")
-        return rc, out.read().decode(), err.read().decode()
+        return result
 
     def ok(self, command: str, timeout: float = 30) -> str:
         """Run a command that must succeed; its stdout."""
