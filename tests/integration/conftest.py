@@ -294,7 +294,9 @@ def nspawn_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NspawnHos
         left_cgroups = [h.machine for h in cluster.hosts if cgroup_pids(h.machine) or
                         any((root / "primectl-nspawn" / h.machine).exists()
                             for root in (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")))]
+        left_mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(base) in line]
         print(f"\nnspawn hosts stopped in {cluster.timings['stop_s']:.2f}s; "
               f"boots {[(h.name, h.boots, round(h.timings.get('boot_s', 0), 2)) for h in cluster.hosts]}")
         assert not killed, f"the safety net had to kill container processes: {killed}"
-        assert not left_procs and not left_links and not left_cgroups, (left_procs, left_links, left_cgroups)
+        assert not (left_procs or left_links or left_cgroups or left_mounts), (left_procs, left_links, left_cgroups,
+                                                                               left_mounts)

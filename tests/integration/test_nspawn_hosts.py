@@ -364,6 +364,22 @@ def test_append_output_goes_to_the_file_and_lifecycle_to_the_journal(nspawn_host
         remove_unit(shell, unit)
 
 
+def test_stop_ends_every_process_of_the_unit_including_forked_children(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
+    """KillMode=control-group (the template's) kills what the service forked too; cgroups track it here (hybrid v1)."""
+    shell, unit = ssh(nspawn_hosts.hosts[2]), "primectl-forks"
+    shell.put("[Service]\nType=simple\nExecStart=/bin/sh -c 'setsid sleep 1001 & sleep 1002 & exec sleep 1003'\n"
+              "KillMode=control-group\nTimeoutStopSec=10\n", f"/etc/systemd/system/{unit}.service")
+    try:
+        shell.ok(f"systemctl daemon-reload && systemctl start {unit}")
+        wait_for(lambda: shell.sh("pgrep -c -f 'sleep 100[123]'")[1].strip(), lambda n: n == "3", 10, "three sleeps")
+        tasks = shell.ok(f"systemctl status {unit} --no-pager; true")
+        assert all(f"sleep 100{i}" in tasks for i in (1, 2, 3)), tasks  # the session-leaving one too
+        shell.ok(f"systemctl stop {unit}")
+        assert shell.sh("pgrep -f 'sleep 100[123]'")[0] == 1, "a process of the stopped unit survived"
+    finally:
+        remove_unit(shell, unit)
+
+
 def test_runtime_venv_is_usable_inside(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:
     """The runtime venv bound read-only imports Dynamo and Mooncake (whose engine links libibverbs, libnuma, libcurl)."""
     runtime = nspawn_runtime()
