@@ -243,6 +243,7 @@ class NspawnHost:
 
     @property
     def host_key(self) -> Path:
+        """The host's throw-away ssh host key (private; `.pub` beside it), also copied into its /etc/ssh."""
         return self.dir / "ssh_host_ed25519_key"
 
     @property
@@ -256,7 +257,8 @@ class NspawnHost:
         return _ns_pid1(self.pid) if self.pid else None
 
     def path(self, inside: str | os.PathLike[str]) -> Path:
-        """A path inside the host, as a path here: through /proc/PID1/root while it runs, else its own layer."""
+        """A path inside the host, as a path here: through /proc/PID1/root while it runs, else in its own layer
+        (for an overlay that holds only what the host changed; the rest is in rootfs)."""
         rel = str(inside).lstrip("/")
         init = self.init_pid
         return Path(f"/proc/{init}/root") / rel if init else self.upper / rel
