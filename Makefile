@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime clean
+.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime rootfs clean
 
 system:
 	bash scripts/install-system.sh
@@ -35,6 +35,11 @@ bench-tools: $(VENV)/.bench-stamp
 runtime:
 	bash scripts/install-runtime.sh $(RUNTIME)
 
+# The Debian root file system the systemd-nspawn test hosts boot (cached; rebuilt only when the
+# package list or the script changes). Built here, outside the tests' network namespace: it downloads.
+rootfs: system
+	bash scripts/make-rootfs.sh >/dev/null
+
 lint: venv
 	$(VENV)/bin/ruff check primectl kernels tests benchmarks
 
@@ -43,11 +48,11 @@ typecheck: venv
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
-test: system venv bench-tools runtime lint typecheck
+test: system venv bench-tools runtime rootfs lint typecheck
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest -q'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
-test-integration: venv
+test-integration: venv rootfs
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest tests/integration -q'
 
 demo: system venv

@@ -14,6 +14,8 @@ PACKAGES=(
   iproute2         # ip (netns / link set lo up)
   util-linux       # unshare
   systemd          # systemd-analyze verify (works without systemd as PID 1)
+  systemd-container  # systemd-nspawn: test hosts with systemd as PID 1 (tests/integration/nspawnhosts.py)
+  debootstrap      # their Debian root file system (scripts/make-rootfs.sh)
   curl
   ca-certificates
 )

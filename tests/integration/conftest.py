@@ -28,6 +28,14 @@ from typing import Any
 import pytest
 import yaml
 
+from .nspawnhosts import (
+    NspawnHosts,
+    cgroup_pids,
+    leftover_container_processes,
+    nspawn_problem,
+    runtime_binds,
+    start_nspawn_hosts,
+)
 from .sshhosts import (
     SSHHost,
     SSHHosts,
@@ -43,6 +51,8 @@ REPO = Path(__file__).resolve().parents[2]
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 FAKE_PYTHON = str(REPO / "tests" / "fakes" / "fake_python")
 ETCD = "/usr/bin/etcd"
+# The Dynamo/Mooncake runtime venv bound read-only into the nspawn hosts (and the Python it was made from).
+NSPAWN_RUNTIME_ENV = "PRIMECTL_NSPAWN_RUNTIME"
 # Where each service of the test recipe runs.
 LAYOUT = {"h1": {"etcd", "frontend"}, "h2": {"prefill-0"}, "h3": {"decode-0", "decode-1"}}
 _counter = iter(range(1, 10_000))
@@ -248,3 +258,45 @@ def deployment(ssh_hosts: SSHHosts, tmp_path: Path, request: pytest.FixtureReque
         kill_leftovers(dep.workdir(h))
     assert down.returncode == 0, f"teardown `down` failed:\n{down.stdout}\n{down.stderr}"
     assert not leftovers, f"processes left behind after `down`: {leftovers}"
+
+
+def nspawn_runtime() -> Path | None:
+    """The runtime venv for the nspawn hosts: $PRIMECTL_NSPAWN_RUNTIME, else the repo's .runtime when it exists."""
+    chosen = os.environ.get(NSPAWN_RUNTIME_ENV)
+    venv = Path(chosen) if chosen else REPO / ".runtime"
+    return venv if (venv / "bin" / "python").exists() else None
+
+
+@pytest.fixture(scope="session")
+def nspawn_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NspawnHosts]:
+    """Three systemd-nspawn hosts h1-h3 (10.77.0.2-4, bridge pmbr0 at 10.77.0.1), each with systemd as PID 1 and sshd.
+
+    Shared by the session (tests may reboot or power-cut a host; they leave it running). The runtime venv
+    from nspawn_runtime() is bound read-only at its own path when there is one. Afterwards every host is
+    shut down and nothing may remain: no process in a host's cgroups, no veth, no bridge, no cgroup dirs.
+    """
+    problem = nspawn_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    base = tmp_path_factory.mktemp("nspawnhosts")
+    runtime = nspawn_runtime()
+    cluster = start_nspawn_hosts(base, 3, binds=runtime_binds(runtime) if runtime else ())
+    print(f"\nnspawn hosts up in {cluster.timings['boot_all_s']:.2f}s (rootfs {cluster.timings['rootfs_s']:.2f}s, "
+          f"layer {cluster.hosts[0].used_layer}, runtime {runtime})")
+    try:
+        yield cluster
+    finally:
+        killed = cluster.close()
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        left_links = [line.split(":")[1].strip() for line in links.splitlines()
+                      if cluster.bridge in line or ": vb-" in line]
+        left_procs = leftover_container_processes(cluster.hosts)
+        left_cgroups = [h.machine for h in cluster.hosts if cgroup_pids(h.machine) or
+                        any((root / "primectl-nspawn" / h.machine).exists()
+                            for root in (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")))]
+        left_mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(base) in line]
+        print(f"\nnspawn hosts stopped in {cluster.timings['stop_s']:.2f}s; "
+              f"boots {[(h.name, h.boots, round(h.timings.get('boot_s', 0), 2)) for h in cluster.hosts]}")
+        assert not killed, f"the safety net had to kill container processes: {killed}"
+        assert not (left_procs or left_links or left_cgroups or left_mounts), (left_procs, left_links, left_cgroups,
+                                                                               left_mounts)
