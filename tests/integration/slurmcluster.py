@@ -221,10 +221,11 @@ def slurm_conf(base: Path, nodes: list[SlurmNode], *, hostname: str, ctld_port: 
         "ReturnToService=2",
         # Nodes are declared with the CPUs and GPUs of a small tray, not this machine's: use the config.
         "SlurmdParameters=config_overrides",
-        f"SchedulerParameters={scheduler_parameters}",
         f"KillWait={kill_wait}",
         "GresTypes=gpu",
     ]
+    if scheduler_parameters:  # an empty "SchedulerParameters=" is a parse error
+        lines.append(f"SchedulerParameters={scheduler_parameters}")
     for n in nodes:
         lines.append(f"NodeName={n.name} NodeHostname={hostname} NodeAddr={n.address} Port={n.port} "
                      f"CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
