@@ -188,8 +188,8 @@ class Daemon:
 
 def slurm_conf(base: Path, nodes: list[SlurmNode], *, hostname: str, ctld_port: int = CTLD_PORT,
                scheduler_parameters: str = DEFAULT_SCHEDULER_PARAMETERS, kill_wait: int = 3,
-               cpus: int = 4, gpus: int = 4) -> str:
-    """slurm.conf text for this cluster, every path under base."""
+               cpus: int = 4, gpus: int = 4, extra: str = "") -> str:
+    """slurm.conf text for this cluster, every path under base; `extra` lines go before the nodes."""
     names = ",".join(n.name for n in nodes)
     lines = [
         "# Written by tests/integration/slurmcluster.py: a throw-away cluster on loopback.",
@@ -226,6 +226,7 @@ def slurm_conf(base: Path, nodes: list[SlurmNode], *, hostname: str, ctld_port: 
     ]
     if scheduler_parameters:  # an empty "SchedulerParameters=" is a parse error
         lines.append(f"SchedulerParameters={scheduler_parameters}")
+    lines += [line for line in extra.splitlines() if line.strip()]
     for n in nodes:
         lines.append(f"NodeName={n.name} NodeHostname={hostname} NodeAddr={n.address} Port={n.port} "
                      f"CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
@@ -295,6 +296,8 @@ class SlurmCluster:
     kill_wait: int = 3
     cpus: int = 4
     gpus: int = 4
+    extra_conf: str = ""
+    topology: str | None = None
     daemons: dict[str, Daemon] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -348,7 +351,12 @@ class SlurmCluster:
         """(Re)write slurm.conf from the current settings."""
         self.conf.write_text(slurm_conf(self.base, self.nodes, hostname=self.hostname, ctld_port=self.ctld_port,
                                         scheduler_parameters=self.scheduler_parameters, kill_wait=self.kill_wait,
-                                        cpus=self.cpus, gpus=self.gpus))
+                                        cpus=self.cpus, gpus=self.gpus, extra=self.extra_conf))
+        topology = self.base / "etc" / "topology.conf"
+        if self.topology is not None:
+            topology.write_text(self.topology)
+        else:
+            topology.unlink(missing_ok=True)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, timeout: float = 30) -> None:

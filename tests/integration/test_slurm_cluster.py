@@ -170,6 +170,45 @@ def test_het_job_serves_on_each_nodes_address_and_term_then_stops_every_step(slu
     assert [r["JobState"] for r in slurm.jobs(job)] == ["COMPLETED"] * 3  # but scontrol keeps them (MinJobAge)
 
 
+def head_script(tmp: Path, srun_options: str) -> Path:
+    """Three head services as three steps of one single-task component, plus one worker component."""
+    lines = ["#!/bin/bash", f"#SBATCH --output={tmp}/batch.out", "#SBATCH --nodes=1 --ntasks=1", "#SBATCH hetjob",
+             "#SBATCH --nodes=1 --ntasks=1", f"mkdir -p {tmp}/logs"]
+    for i, svc in enumerate(("etcd", "nats", "frontend")):
+        lines.append(f"srun --het-group=0 {srun_options} --job-name={svc} --output={tmp}/logs/{svc}.out "
+                     f"{PY} {PAYLOAD} --port {PORT + 1 + i} &")
+    lines += [f"srun --het-group=1 --job-name=worker --output={tmp}/logs/worker.out {PY} {PAYLOAD} --port {PORT} &",
+              "wait"]
+    path = tmp / "head.sh"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_head_services_share_one_component_only_with_overlap(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # Without --overlap each step holds the component's one task slot: one head service runs, the
+    # others wait as pending steps (listed with Name=(null)) and would start once the first one ends.
+    job = slurm.sbatch(head_script(tmp_path, ""))
+    slurm.wait_state(job, "RUNNING")
+    wait_until(lambda: len(slurm.steps(job)) == 5, "five steps listed (running or pending)")
+    time.sleep(1)
+    names = sorted(s["Name"] for s in slurm.steps(job))
+    assert names.count("(null)") == 2 and "worker" in names and "batch" in names
+    slurm.scancel(job)  # cancels pending steps too; after --signal=TERM alone they started one by one
+    slurm.wait_state(job, "CANCELLED")
+    wait_until(lambda: not slurm.step_processes(), "steps gone", 15)
+
+    overlap = tmp_path / "overlap"
+    overlap.mkdir()
+    job = slurm.sbatch(head_script(overlap, "--overlap"))
+    recs = slurm.wait_state(job, "RUNNING")
+    head = slurm.node(recs[0]["NodeList"]).address
+    wait_until(lambda: all(health(head, PORT + 1 + i) for i in range(3)), "all three head services serve")
+    assert sorted(s["Name"] for s in slurm.steps(job)) == ["batch", "etcd", "frontend", "nats", "worker"]
+    slurm.scancel(job, "--signal=TERM")
+    slurm.wait_state(job, "COMPLETED")
+    wait_until(lambda: not slurm.step_processes(), "steps gone", 15)
+
+
 def test_scancel_kills_a_step_that_ignores_term_after_killwait(slurm: SlurmCluster, tmp_path: Path) -> None:
     comps = [Component("head"), Component("stubborn", args=f"--port {PORT} --ignore-term")]
     job = slurm.sbatch(het_script(tmp_path, comps))
