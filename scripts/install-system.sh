@@ -16,6 +16,9 @@ PACKAGES=(
   systemd          # systemd-analyze verify (works without systemd as PID 1)
   systemd-container  # systemd-nspawn: test hosts with systemd as PID 1 (tests/integration/nspawnhosts.py)
   debootstrap      # their Debian root file system (scripts/make-rootfs.sh)
+  slurm-wlm        # Slurm-target tests: slurmctld + slurmd (22.05 on bookworm), started by hand, stopped by pid
+  slurm-client     # sbatch, srun, squeue, scancel, scontrol, sinfo
+  munge            # munged: Slurm's authentication (the tests run their own, with a key of their own)
   curl
   ca-certificates
 )
@@ -46,7 +49,7 @@ export DEBIAN_FRONTEND=noninteractive
 echo "install-system: installing ${missing[*]}"
 apt-get update -qq
 # --no-install-recommends keeps the image small; policy-rc.d is honoured so
-# sshd/etcd are NOT started as services inside containers without systemd.
+# sshd/etcd/munge/slurm are NOT started as services inside containers without systemd.
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 
 # Debian's etcd-server ships a unit but we never rely on it: tests start etcd

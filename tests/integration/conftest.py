@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from . import slurmcluster
 from .nspawnhosts import (
     NspawnHosts,
     cgroup_pids,
@@ -300,3 +302,42 @@ def nspawn_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NspawnHos
         assert not killed, f"the safety net had to kill container processes: {killed}"
         assert not (left_procs or left_links or left_cgroups or left_mounts), (left_procs, left_links, left_cgroups,
                                                                                left_mounts)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[slurmcluster.SlurmCluster]:
+    """A real Slurm cluster (munged, slurmctld, slurmd n1-n3 on 127.0.0.2-4) for the session; stopped by pid.
+
+    Its directory (conf, logs, spool) is removed afterwards unless PRIMECTL_KEEP_SLURM=1.
+    PRIMECTL_TEST_TIMING=1 (with -s) prints how long start and stop took.
+    """
+    problem = slurmcluster.problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    base = slurmcluster.make_base_dir()
+    cluster = slurmcluster.start_cluster(base)
+    try:
+        yield cluster
+    finally:
+        left = cluster.stop()
+        if os.environ.get("PRIMECTL_TEST_TIMING"):
+            print(f"\n[slurm] start {cluster.timings['start']:.2f}s, stop {cluster.timings['stop']:.2f}s")
+        if left:
+            print(f"\nSlurm test cluster: stopped with leftovers (killed by pid): {left}")
+        if os.environ.get("PRIMECTL_KEEP_SLURM") == "1":
+            print(f"\nSlurm test cluster kept in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(slurm_cluster: slurmcluster.SlurmCluster) -> Iterator[slurmcluster.SlurmCluster]:
+    """The session's Slurm cluster for one test, which must leave no job or step process behind.
+
+    Afterwards whatever is left is cancelled and killed by pid, and the test fails if there was any.
+    """
+    before = slurm_cluster.leftovers()
+    assert not before, f"Slurm cluster not clean before the test: {before}"
+    yield slurm_cluster
+    left = slurm_cluster.clean_up()
+    assert not left, f"jobs or step processes left behind: {left}"
