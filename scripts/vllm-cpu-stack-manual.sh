@@ -20,6 +20,7 @@
 #      TOOL_REPS     repetitions per tool-calling case and mode (default 2; 0 skips)
 #      WORKER_ENV    extra "K=V K=V" for both workers (e.g. OMP_WAIT_POLICY=PASSIVE)
 #      KVCACHE_GIB   VLLM_CPU_KVCACHE_SPACE for both workers (default 1)
+#      WORKER_ARGS_EXTRA  extra dynamo.vllm/vLLM flags for both workers (e.g. "--block-size 64")
 #      WORK          scratch dir (default: new /tmp/primectl-vllm-cpu.XXXXXX; kept)
 set -euo pipefail
 
@@ -160,6 +161,8 @@ log "frontend /health 200 after $(wait_code http://$H:8000/health 200 60) ms"
 # ---- vLLM workers ----------------------------------------------------------------
 WORKER_ARGS=(--model "$MODEL" --served-model-name $SERVED --enforce-eager --dtype float32 --max-model-len 2048
   --enable-prefix-caching --structured-outputs-config '{"backend":"xgrammar"}' --dyn-tool-call-parser hermes)
+read -r -a ARGS_EXTRA <<<"${WORKER_ARGS_EXTRA:-}"
+WORKER_ARGS+=("${ARGS_EXTRA[@]}")
 NIXL_PRODUCER='{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_buffer_device":"cpu"}'
 NIXL_CONSUMER='{"kv_connector":"NixlConnector","kv_role":"kv_consumer","kv_buffer_device":"cpu"}'
 PREFILL_KV="$NIXL_PRODUCER"
