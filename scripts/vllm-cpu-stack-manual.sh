@@ -91,7 +91,7 @@ start() {
   "$@" >"$WORK/logs/$name.log" 2>&1 &
   PIDS+=($!); NAMES+=("$name")
 }
-pid_of() { local i; for i in "${!NAMES[@]}"; do [[ "${NAMES[i]}" == "$1" ]] && echo "${PIDS[i]}"; done; }
+pid_of() { local i; for i in "${!NAMES[@]}"; do [[ "${NAMES[i]}" == "$1" ]] && echo "${PIDS[i]}"; done; return 0; }
 # wait_code URL CODE TIMEOUT_S: poll until the HTTP status is CODE; prints ms waited.
 wait_code() {
   local url=$1 want=$2 limit=$3 t c
@@ -204,10 +204,10 @@ log "frontend /v1/models/$SERVED/ready 200 after $(wait_code http://$H:8000/v1/m
 P=$(pid_of prefill); D=$(pid_of decode); F=$(pid_of frontend); M=$(pid_of mooncake_master)
 
 # ---- KV cache size: what vLLM allocated vs the formula ------------------------------
-grep -h "CPU KV cache size\|GiB for KV cache" "$WORK/logs/decode.log" | sed 's/^.*\] //' | sed 's/^/  decode log: /'
+grep -ah "CPU KV cache size\|GiB for KV cache" "$WORK/logs/decode.log" | sed 's/^.*\] //' | sed 's/^/  decode log: /' || true
 curl -s http://$H:18082/metrics > "$WORK/metrics/decode-idle.txt"
-BLOCKS=$(grep -o 'num_gpu_blocks="[0-9]*"' "$WORK/metrics/decode-idle.txt" | head -1 | grep -o '[0-9]*')
-BLOCK=$(grep -o ' block_size="[0-9]*"\|{block_size="[0-9]*"\|,block_size="[0-9]*"' "$WORK/metrics/decode-idle.txt" | head -1 | grep -o '[0-9]*')
+BLOCKS=$(grep -o 'num_gpu_blocks="[0-9]*"' "$WORK/metrics/decode-idle.txt" | head -1 | grep -o '[0-9]*' || echo 0)
+BLOCK=$(grep -o '[{,]block_size="[0-9]*"' "$WORK/metrics/decode-idle.txt" | head -1 | grep -o '[0-9][0-9]*' || echo 0)
 "$PY" - "$MODEL/config.json" "$KVCACHE_GIB" "$BLOCK" "$BLOCKS" <<'PY'
 import json, sys
 cfg = json.load(open(sys.argv[1])); gib, block, blocks = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -276,7 +276,7 @@ for i in 1 2; do
 done
 sleep 1
 log "router: stored events applied ok = $(metric 8000 'dynamo_component_kv_cache_events_applied' 'event_type="stored",status="ok"'), kv zmq ingress batches = $(metric 8000 'dynamo_component_router_kv_zmq_ingress_batches_total'), selected cached prefix tokens = $(metric 8000 'dynamo_component_router_kv_selected_cached_prefix_tokens_total')"
-grep -a "Selected worker" "$WORK/logs/frontend.log" | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'worker_type=prefill.*' | tail -2 | sed 's/^/  frontend log: Selected worker ... /'
+grep -a "Selected worker" "$WORK/logs/frontend.log" | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'worker_type=prefill.*' | tail -2 | sed 's/^/  frontend log: Selected worker ... /' || true
 
 # ---- session affinity header is accepted ----------------------------------------------
 for i in 1 2 3; do
@@ -291,14 +291,14 @@ if [[ -n "$CLIENT_PY" && "$TOOL_REPS" != 0 ]]; then
   "$CLIENT_PY" "$REPO/scripts/vllm_cpu_toolcall_probe.py" http://$H:8000/v1 $SERVED "$TOOL_REPS" "$WORK/metrics/toolcalls.json" \
     > "$WORK/logs/toolcall-probe.log" 2>&1 || echo "  tool probe failed: see $WORK/logs/toolcall-probe.log"
   sed -n '/^| case/,$p' "$WORK/logs/toolcall-probe.log"
-  grep '"status"' "$WORK/logs/toolcall-probe.log" | sed 's/^/  malformed: /'
+  grep '"status"' "$WORK/logs/toolcall-probe.log" | sed 's/^/  malformed: /' || true
 fi
 log "busy->idle 20 s after the load: $(treestat 20 prefill=$P decode=$D)"
 
 # ---- Mooncake store ---------------------------------------------------------------------
 if (( MOONCAKE_STORE )); then
-  grep -a -i "mooncake" "$WORK/logs/prefill.log" | grep -a -iE "registered|setup|mode=|error|fail" | sed 's/\x1b\[[0-9;]*m//g' | head -8 | cut -c1-300 | sed 's/^/  prefill log: /'
-  curl -s http://$H:9003/metrics | grep -E '^(master_key_count|master_put_start_requests_total|master_put_end_requests_total|master_put_start_failures_total|master_allocated_bytes|master_total_capacity_bytes|master_exist_key_requests_total|master_get_replica_list_requests_total)' | sed 's/^/  mooncake_master: /'
+  grep -a -i "mooncake" "$WORK/logs/prefill.log" | grep -a -iE "registered|setup|mode=|error|fail" | sed 's/\x1b\[[0-9;]*m//g' | head -8 | cut -c1-300 | sed 's/^/  prefill log: /' || true
+  curl -s http://$H:9003/metrics | grep -E '^(master_key_count|master_put_start_requests_total|master_put_end_requests_total|master_put_start_failures_total|master_allocated_bytes|master_total_capacity_bytes|master_exist_key_requests_total|master_get_replica_list_requests_total)' | sed 's/^/  mooncake_master: /' || true
 fi
 
 # ---- decode worker killed -------------------------------------------------------------------
