@@ -301,16 +301,24 @@ if (( MOONCAKE_STORE )); then
   curl -s http://$H:9003/metrics | grep -E '^(master_key_count|master_put_start_requests_total|master_put_end_requests_total|master_put_start_failures_total|master_allocated_bytes|master_total_capacity_bytes|master_exist_key_requests_total|master_get_replica_list_requests_total)' | sed 's/^/  mooncake_master: /' || true
 fi
 
-# ---- decode worker killed -------------------------------------------------------------------
+# ---- decode worker killed ---------------------------------------------------------------------
+# SIGKILL only the decode worker's main process (a crash), ask the frontend at once and
+# again later, see whether vLLM's EngineCore/Worker children outlive it, then reap them by PID.
 if (( KILL_DECODE )); then
-  stop_tree decode "$D" KILL
-  for i in 1 2; do
-    t=$(date +%s%N)
-    out=$(curl -s -w ' HTTP %{http_code}' --max-time 120 http://$H:8000/v1/chat/completions -H 'Content-Type: application/json' \
+  KIDS=$(descendants "$D")
+  kill -KILL "$D"
+  TK=$(date +%s%N)
+  log "SIGKILLed decode main process $D (children: $(echo $KIDS))"
+  for at in 0 2 5 10 20 30; do
+    while (( ($(date +%s%N)-TK)/1000000000 < at )); do sleep 0.2; done
+    out=$(curl -s -w ' HTTP %{http_code}' --max-time 60 http://$H:8000/v1/chat/completions -H 'Content-Type: application/json' \
       -d "{\"model\":\"$SERVED\",\"messages\":[{\"role\":\"user\",\"content\":\"are you there?\"}],\"max_tokens\":4}")
-    log "request $i after decode SIGKILL ($(( ($(date +%s%N)-t)/1000000 )) ms): $out"
-    sleep 2
+    ready=$(curl -s -o /dev/null -w '%{http_code}' http://$H:8000/v1/models/$SERVED/ready)
+    alive=0; for k in $KIDS; do kill -0 "$k" 2>/dev/null && alive=$((alive+1)); done
+    log "t+${at}s: chat -> ${out:0:300}; ready -> HTTP $ready; decode children still alive: $alive"
   done
-  log "frontend ready endpoint now: $(curl -s -w ' HTTP %{http_code}' http://$H:8000/v1/models/$SERVED/ready); /v1/models: $(curl -s http://$H:8000/v1/models)"
+  log "frontend ready endpoint now: $(curl -s -w ' HTTP %{http_code}' http://$H:8000/v1/models/$SERVED/ready | head -c 400); /v1/models: $(curl -s http://$H:8000/v1/models)"
+  for k in $KIDS; do kill -0 "$k" 2>/dev/null && { echo "  reaping orphaned decode child $k ($(cat /proc/$k/comm 2>/dev/null))"; kill -KILL "$k"; }; done
+  sleep 1
 fi
 log "all steps done"
