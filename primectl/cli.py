@@ -74,7 +74,8 @@ def _guard(fn: Callable[[], T]) -> T:
             err.print(f"  {p}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except DeployError as exc:
-        err.print(f"[bold red]failed:[/] {exc}", markup=False, highlight=False, soft_wrap=True)
+        err.print("[bold red]failed:[/]", end=" ")
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         if exc.log_tail:
             err.print(f"--- last lines of {exc.service}'s log ---", highlight=False)
             err.print(exc.log_tail, markup=False, highlight=False, soft_wrap=True)
