@@ -4,7 +4,7 @@ No API server runs here (test-hosts.md), so a manifest is checked the way the
 API server's structural-schema validation would check it: the CRD's
 `spec.versions[].schema.openAPIV3Schema`, converted to JSON Schema draft
 2020-12, validated with `jsonschema`. Core kinds without a vendored schema
-(ConfigMap) get a small hand-written one.
+(ConfigMap, Service) get small hand-written ones.
 
 The CRD files themselves are upstream data, so they are not committed here:
 they live in the steering repository's shared/crds/ (found beside or inside
@@ -127,6 +127,19 @@ def crd_file(name: str) -> pathlib.Path:
         f"{name} not found (looked in {looked}); it is {pin['path']} of {pin['repo']} at {pin['commit']}: "
         f"put it in shared/crds or point ${CRD_DIR_ENV} at a folder holding it (scripts/refresh-crds.py)"
     )
+
+
+CRD_ABSENT = "CRD not present: see primectl/targets/data/crds/PROVENANCE"
+
+
+def crds_missing() -> str | None:
+    """None when every pinned CRD file is present (and matches its pin); else what is missing."""
+    try:
+        for name in crd_pins():
+            crd_file(name)
+    except CrdsUnavailable as exc:
+        return f"{CRD_ABSENT} ({exc})"
+    return None
 
 
 @functools.cache
@@ -304,11 +317,68 @@ def configmap_schema() -> JSONSchema:
     }
 
 
+def service_schema() -> JSONSchema:
+    """A hand-written schema for the core/v1 Service fields primectl renders (no vendored core OpenAPI).
+
+    A subset: selector, ports (name, port, targetPort, protocol, appProtocol),
+    type, clusterIP, publishNotReadyAddresses. Anything else under spec is
+    refused, so a field primectl starts rendering must be added here first.
+    """
+    port_name = {"type": "string", "maxLength": 15, "pattern": DNS1123_LABEL}
+    port_number = {"type": "integer", "minimum": 1, "maximum": 65535}
+    port = {
+        "type": "object",
+        "properties": {
+            "name": port_name,
+            "port": port_number,
+            "targetPort": {"anyOf": [port_number, port_name]},
+            "protocol": {"enum": ["TCP", "UDP", "SCTP"]},
+            "appProtocol": {"type": "string"},
+        },
+        "required": ["port"],
+        "additionalProperties": False,
+    }
+    spec = {
+        "type": "object",
+        "properties": {
+            "selector": {
+                "type": "object",
+                "propertyNames": {"pattern": LABEL_KEY, "maxLength": 317},
+                "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE},
+            },
+            "ports": {"type": "array", "items": port, "minItems": 1},
+            "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]},
+            "clusterIP": {"type": "string"},
+            "publishNotReadyAddresses": {"type": "boolean"},
+        },
+        "additionalProperties": False,
+    }
+    meta = object_meta_schema(namespaced=True)
+    # A Service name is a DNS-1035 label (RFC 1035: starts with a letter).
+    meta["properties"]["name"] = {"type": "string", "maxLength": 63, "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"}
+    return {
+        "$schema": DRAFT_2020_12,
+        "type": "object",
+        "properties": {
+            "apiVersion": {"const": "v1"},
+            "kind": {"const": "Service"},
+            "metadata": meta,
+            "spec": spec,
+        },
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+    }
+
+
+# Core kinds checked against the hand-written schemas above.
+CORE_SCHEMAS = {("v1", "ConfigMap"): configmap_schema, ("v1", "Service"): service_schema}
+
+
 @functools.cache
 def _validator(api_version: str, kind: str) -> Draft202012Validator:
     """The compiled validator for one apiVersion/kind (the DGD schema takes a while to build)."""
-    if (api_version, kind) == ("v1", "ConfigMap"):
-        schema = configmap_schema()
+    if (api_version, kind) in CORE_SCHEMAS:
+        schema = CORE_SCHEMAS[(api_version, kind)]()
     else:
         group, _, version = api_version.rpartition("/")
         schema = crd_json_schema(vendored_crd(group, kind), version)
@@ -317,7 +387,7 @@ def _validator(api_version: str, kind: str) -> Draft202012Validator:
 
 def known_kinds() -> list[tuple[str, str]]:
     """(apiVersion, kind) pairs this module can validate (reads the pinned CRDs)."""
-    pairs = [("v1", "ConfigMap")]
+    pairs = list(CORE_SCHEMAS)
     for group, kind in VENDORED_CRDS:
         pairs += [(f"{group}/{version}", kind) for version in crd_versions(vendored_crd(group, kind))]
     return pairs
@@ -340,9 +410,9 @@ def validate_resource(resource: Any) -> list[SchemaProblem]:
     if not isinstance(api_version, str) or not isinstance(kind, str):
         return [SchemaProblem("$", "apiVersion and kind must both be strings")]
     group, _, version = api_version.rpartition("/")
-    if (api_version, kind) != ("v1", "ConfigMap"):
+    if (api_version, kind) not in CORE_SCHEMAS:
         if (group, kind) not in VENDORED_CRDS:
-            supported = ", ".join(["ConfigMap v1", *(f"{k} {g}/*" for g, k in VENDORED_CRDS)])
+            supported = ", ".join([*(f"{k} {v}" for v, k in CORE_SCHEMAS), *(f"{k} {g}/*" for g, k in VENDORED_CRDS)])
             return [SchemaProblem("$", f"no schema for {kind} {api_version} (can check: {supported})")]
         served = crd_versions(vendored_crd(group, kind))
         if version not in served:
