@@ -455,3 +455,17 @@ def test_the_cli_reports_a_schema_bug_with_its_path_and_exit_1(cli, monkeypatch,
     assert result.exit_code == 1
     assert "$.spec.components[0].type: 'fronted' is not one of" in result.stderr
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_single_node_data_parallel_keeps_its_flags_with_the_pod_ip(tmp_path):
+    variant = tmp_path / "glm53-dep4.yaml"
+    variant.write_text(f"extends: {REPO / 'recipes' / 'glm53.yaml'}\nprefill: {{groups: 6, parallel: DEP4}}\nratio: '1:2'\n")
+    docs = docs_of(KubernetesTarget().render(plan_of(str(variant))))
+    prefill = comp(docs, "prefill")
+    assert (prefill["replicas"], "multinode" in prefill) == (6, False)
+    args = main(prefill)["args"]  # the operator injects DP flags only for multinode instances: keep them
+    assert args[args.index("--data-parallel-size-local") + 1] == "4"
+    assert args[args.index("--data-parallel-address") + 1] == "$(POD_IP)"
+    assert main(prefill)["env"][0]["name"] == "POD_IP"
+    (cd,) = docs["computedomain.yaml"]  # no slot spans hosts, so no named domain: one for the plan
+    assert cd["metadata"]["name"] == "glm53-nvlink"
