@@ -207,9 +207,13 @@ def render_for_target(plan: Plan, target: str | None, out: Path) -> list[str]:
         written = write_bundles(bundles, out)
         lines = [f"{out / host}: revision {b.revision}, {len(b.services)} services" for host, b in sorted(bundles.items())]
         return [*lines, f"{len(written)} files written"]
-    files = get(kind).render(plan)
+    chosen = get(kind)
+    files = chosen.render(plan)
     for rel, data in sorted(files.items()):
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}"]
+    # A target may say more about what it rendered (kubernetes: which schemas the manifests were checked against).
+    report = getattr(chosen, "render_report", None)
+    extra: list[str] = report(plan) if callable(report) else []
+    return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}", *extra]

@@ -1,0 +1,1 @@
+"""Deployment targets other than SSH hosts: what primectl renders for Kubernetes and, later, Slurm."""

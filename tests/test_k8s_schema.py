@@ -1,0 +1,325 @@
+"""Offline schema checks for the Kubernetes target: the hand-written demo and GLM-5.3
+DynamoGraphDeployments pass the pinned CRDs, and broken manifests fail naming the field.
+
+The CRDs are upstream data kept in shared/crds (primectl/targets/data/crds/PROVENANCE);
+tests that need them are skipped, with the reason, where that folder is absent. The
+converter and the ConfigMap schema are tested without them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import pathlib
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from primectl.targets import k8s_schema as ks
+
+DATA = pathlib.Path(__file__).parent / "data" / "k8s"
+
+
+# The CRDs are upstream data, not in the repository: without them these tests say so and skip.
+needs_crds = pytest.mark.skipif(ks.crds_missing() is not None, reason=ks.CRD_ABSENT)
+
+
+def manifest(name: str) -> list[dict[str, Any]]:
+    return ks.load_documents((DATA / name).read_text())
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def component(dgd: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in dgd["spec"]["components"] if c["name"] == name)
+
+
+def problems(resource: Any) -> list[str]:
+    return [str(p) for p in ks.validate_resource(resource)]
+
+
+# --- the pinned CRDs ---------------------------------------------------------------
+
+
+@needs_crds
+def test_pinned_crd_files_match_provenance_sha256():
+    for name, pin in ks.crd_pins().items():
+        assert hashlib.sha256(ks.crd_file(name).read_bytes()).hexdigest() == pin["sha256"]
+
+
+def test_a_crd_file_that_differs_from_its_pin_is_refused(tmp_path, monkeypatch):
+    name = "resource.nvidia.com_computedomains.yaml"
+    (tmp_path / name).write_text("apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n")
+    monkeypatch.setenv(ks.CRD_DIR_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="PROVENANCE pins"):
+        ks.crd_file(name)
+
+
+def test_missing_crds_say_where_to_put_them(tmp_path, monkeypatch):
+    monkeypatch.setenv(ks.CRD_DIR_ENV, str(tmp_path))
+    with pytest.raises(ks.CrdsUnavailable, match="shared/crds"):
+        ks.crd_file("nvidia.com_dynamographdeployments.yaml")
+
+
+@needs_crds
+def test_dgd_serves_v1beta1_with_a_components_list_and_v1alpha1_with_a_services_map():
+    crd = ks.vendored_crd("nvidia.com", "DynamoGraphDeployment")
+    assert ks.crd_versions(crd) == ["v1alpha1", "v1beta1"]
+    beta = ks.crd_json_schema(crd, "v1beta1")["properties"]["spec"]["properties"]
+    alpha = ks.crd_json_schema(crd, "v1alpha1")["properties"]["spec"]["properties"]
+    assert beta["components"]["type"] == "array" and "services" not in beta
+    assert alpha["services"]["type"] == "object" and "components" not in alpha
+
+
+@needs_crds
+def test_converted_schemas_are_valid_draft_2020_12():
+    for group, kind in ks.VENDORED_CRDS:
+        crd = ks.vendored_crd(group, kind)
+        for version in ks.crd_versions(crd):
+            Draft202012Validator.check_schema(ks.crd_json_schema(crd, version))
+    Draft202012Validator.check_schema(ks.configmap_schema())
+
+
+# --- the hand-written deployments pass ----------------------------------------------
+
+
+@needs_crds
+@pytest.mark.parametrize("name", ["demo.yaml", "glm53.yaml"])
+def test_hand_written_deployments_pass_the_schemas(name):
+    docs = manifest(name)
+    assert docs, name
+    assert ks.validate_documents(docs) == []
+
+
+@needs_crds
+def test_demo_graph_is_a_kv_routed_frontend_one_prefill_and_two_decode_mockers():
+    dgd = by_kind(manifest("demo.yaml"), "DynamoGraphDeployment")[0]
+    kinds = {c["name"]: (c["type"], c["replicas"]) for c in dgd["spec"]["components"]}
+    assert kinds == {"Frontend": ("frontend", 1), "prefill": ("prefill", 1), "decode": ("decode", 2)}
+    frontend_args = component(dgd, "Frontend")["podTemplate"]["spec"]["containers"][0]["args"]
+    assert frontend_args[frontend_args.index("--router-mode") + 1] == "kv"
+    for name in ("prefill", "decode"):
+        main = component(dgd, name)["podTemplate"]["spec"]["containers"][0]
+        assert main["command"] == ["python3", "-m", "dynamo.mocker"]
+        assert main["args"][main["args"].index("--disaggregation-mode") + 1] == name
+
+
+@needs_crds
+def test_glm53_graph_has_the_recipe_shape_on_one_compute_domain():
+    docs = manifest("glm53.yaml")
+    dgd = by_kind(docs, "DynamoGraphDeployment")[0]
+    prefill, decode = component(dgd, "prefill"), component(dgd, "decode")
+    assert (prefill["type"], prefill["replicas"], prefill["multinode"]["nodeCount"]) == ("prefill", 3, 2)
+    assert (decode["type"], decode["replicas"], "multinode" in decode) == ("decode", 12, False)
+    for comp in (prefill, decode):
+        main = comp["podTemplate"]["spec"]["containers"][0]
+        assert main["resources"]["limits"]["nvidia.com/gpu"] == "4"  # per node: 2 x 4 = DEP8
+    prefill_args = prefill["podTemplate"]["spec"]["containers"][0]["args"]
+    assert prefill_args[prefill_args.index("--data-parallel-size") + 1] == "8"
+    # The operator injects the per-node DP flags; rendering them too would duplicate them.
+    assert not {"--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address"} & set(prefill_args)
+
+    templates = {cd["spec"]["channel"]["resourceClaimTemplate"]["name"] for cd in by_kind(docs, "ComputeDomain")}
+    configmaps = {cm["metadata"]["name"] for cm in by_kind(docs, "ConfigMap")}
+    for comp in (prefill, decode):
+        pod = comp["podTemplate"]["spec"]
+        claims = {c["name"]: c["resourceClaimTemplateName"] for c in pod["resourceClaims"]}
+        assert set(claims.values()) <= templates
+        assert {c["name"] for c in pod["containers"][0]["resources"]["claims"]} <= set(claims)
+        assert {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v} <= configmaps
+
+
+# --- broken manifests fail, naming the field ----------------------------------------
+
+
+@pytest.fixture
+def glm53_dgd() -> dict[str, Any]:
+    return copy.deepcopy(by_kind(manifest("glm53.yaml"), "DynamoGraphDeployment")[0])
+
+
+def _prefill_index(dgd: dict[str, Any]) -> int:
+    return next(i for i, c in enumerate(dgd["spec"]["components"]) if c["name"] == "prefill")
+
+
+@needs_crds
+def test_unknown_component_field_is_reported_at_its_path(glm53_dgd):
+    i = _prefill_index(glm53_dgd)
+    glm53_dgd["spec"]["components"][i]["replica"] = 3
+    (found,) = problems(glm53_dgd)
+    assert found.startswith(f"$.spec.components[{i}].replica: unknown field 'replica'")
+    assert "replicas" in found  # the known fields are listed
+
+
+@needs_crds
+def test_unknown_container_field_inside_the_pod_template_is_reported(glm53_dgd):
+    i = _prefill_index(glm53_dgd)
+    glm53_dgd["spec"]["components"][i]["podTemplate"]["spec"]["containers"][0]["comand"] = ["python3"]
+    (found,) = problems(glm53_dgd)
+    assert found.startswith(f"$.spec.components[{i}].podTemplate.spec.containers[0].comand: unknown field")
+
+
+@needs_crds
+def test_v1alpha1_fields_in_a_v1beta1_graph_are_unknown(glm53_dgd):
+    glm53_dgd["spec"]["services"] = {"Frontend": {"componentType": "frontend"}}
+    assert problems(glm53_dgd) == [
+        "$.spec.services: unknown field 'services'; known fields: annotations, backendFramework, components, env, "
+        "experimental, labels, priorityClassName, providerOverride, restart, topologyConstraint"
+    ]
+
+
+@needs_crds
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("replicas", "3", "replicas: '3' is not of type 'integer'"),
+        ("replicas", -1, "replicas: -1 is less than the minimum of 0"),
+        ("replicas", 2**31, "replicas: 2147483648 is greater than the maximum of 2147483647"),
+        ("type", "prefil", "type: 'prefil' is not one of ['frontend', 'worker', 'prefill', 'decode', 'planner', 'epp']"),
+        ("multinode", {"nodeCount": 1}, "multinode.nodeCount: 1 is less than the minimum of 2"),
+        ("sharedMemorySize", "lots", "sharedMemorySize: 'lots' does not match"),
+    ],
+)
+def test_wrong_type_range_or_enum_names_the_component_field(glm53_dgd, field, value, expected):
+    i = _prefill_index(glm53_dgd)
+    glm53_dgd["spec"]["components"][i][field] = value
+    (found,) = problems(glm53_dgd)
+    assert found.startswith(f"$.spec.components[{i}].{expected}")
+
+
+@needs_crds
+def test_gpu_count_must_be_a_quantity(glm53_dgd):
+    i = _prefill_index(glm53_dgd)
+    limits = glm53_dgd["spec"]["components"][i]["podTemplate"]["spec"]["containers"][0]["resources"]["limits"]
+    limits["nvidia.com/gpu"] = ["4"]
+    path = f"$.spec.components[{i}].podTemplate.spec.containers[0].resources.limits['nvidia.com/gpu']"
+    assert problems(glm53_dgd) == [f"{path}: ['4'] is none of: integer, string"]
+
+
+@needs_crds
+def test_missing_required_fields_are_named(glm53_dgd):
+    i = _prefill_index(glm53_dgd)
+    del glm53_dgd["spec"]["components"][i]["name"]
+    del glm53_dgd["spec"]["components"][i]["podTemplate"]["spec"]["containers"]
+    assert problems(glm53_dgd) == [
+        f"$.spec.components[{i}].name: required field missing",
+        f"$.spec.components[{i}].podTemplate.spec.containers: required field missing",
+    ]
+
+
+@needs_crds
+def test_metadata_follows_the_api_servers_name_rules(glm53_dgd):
+    glm53_dgd["metadata"]["name"] = "GLM_53"
+    glm53_dgd["metadata"]["lables"] = {}
+    found = problems(glm53_dgd)
+    assert found[0].startswith("$.metadata.lables: unknown field")
+    assert found[1].startswith("$.metadata.name: 'GLM_53' does not match")
+
+
+@needs_crds
+def test_api_version_and_kind_pick_the_schema(glm53_dgd):
+    glm53_dgd["apiVersion"] = "nvidia.com/v1"
+    assert problems(glm53_dgd) == [
+        "$.apiVersion: DynamoGraphDeployment is served as nvidia.com/v1alpha1, nvidia.com/v1beta1, not nvidia.com/v1"
+    ]
+    glm53_dgd["apiVersion"] = "nvidia.com/v1alpha1"  # the same graph read as the old map-of-services API
+    assert "$.spec.components: unknown field 'components'" in " ".join(problems(glm53_dgd))
+    assert problems({"apiVersion": "apps/v1", "kind": "Deployment"})[0].startswith("$: no schema for Deployment apps/v1")
+
+
+@needs_crds
+def test_compute_domain_requires_num_nodes_and_a_known_allocation_mode():
+    cd = copy.deepcopy(by_kind(manifest("glm53.yaml"), "ComputeDomain")[0])
+    del cd["spec"]["numNodes"]
+    cd["spec"]["channel"]["allocationMode"] = "Many"
+    assert problems(cd) == [
+        "$.spec.channel.allocationMode: 'Many' is not one of ['All', 'Single']",
+        "$.spec.numNodes: required field missing",
+    ]
+
+
+def test_manifest_stream_problems_carry_the_document_index():
+    bad_cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"n": 3}}
+    good_cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "y"}, "data": {"a": "b"}}
+    assert ks.validate_documents([good_cm, bad_cm]) == [(1, ks.SchemaProblem("$.data.n", "3 is not of type 'string'"))]
+
+
+# --- ConfigMap (hand-written schema) --------------------------------------------------
+
+
+def test_configmaps_of_both_deployments_pass():
+    for name in ("demo.yaml", "glm53.yaml"):
+        for cm in by_kind(manifest(name), "ConfigMap"):
+            assert problems(cm) == [], cm["metadata"]["name"]
+
+
+def test_configmap_rejects_bad_keys_values_and_fields():
+    cm = copy.deepcopy(by_kind(manifest("glm53.yaml"), "ConfigMap")[0])
+    cm["data"]["store json"] = "{}"
+    cm["data"]["replicas"] = 3
+    cm["date"] = {}
+    assert problems(cm) == [
+        "$.data: key 'store json': does not match '^[-._a-zA-Z0-9]+$'",
+        "$.data.replicas: 3 is not of type 'string'",
+        "$.date: unknown field 'date'; known fields: apiVersion, binaryData, data, immutable, kind, metadata",
+    ]
+
+
+def test_configmap_over_one_mebibyte_is_refused():
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"}, "data": {"blob": "x" * (1024 * 1024)}}
+    assert problems(cm) == [f"$.data: {1024 * 1024 + 4} bytes of data; a ConfigMap holds at most {1024 * 1024}"]
+
+
+# --- the OpenAPI -> JSON Schema conversion, on small schemas -------------------------
+
+
+def _check(schema: dict[str, Any], instance: Any) -> list[str]:
+    return [str(p) for p in ks.validate_against(instance, ks.openapi_to_json_schema(schema))]
+
+
+def test_nullable_admits_null_only_where_declared():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "nullable": True}, "b": {"type": "string"}}}
+    assert _check(schema, {"a": None}) == []
+    assert _check(schema, {"b": None}) == ["$.b: None is not of type 'string'"]
+    enum = {"type": "string", "enum": ["x"], "nullable": True}
+    assert _check(enum, None) == []
+
+
+def test_int_or_string_takes_both_and_nothing_else():
+    schema = {"type": "object", "properties": {"port": {"x-kubernetes-int-or-string": True}}}
+    assert _check(schema, {"port": 8000}) == []
+    assert _check(schema, {"port": "http"}) == []
+    assert _check(schema, {"port": 1.5}) == ["$.port: 1.5 is none of: integer, string"]
+
+
+def test_unknown_fields_are_refused_unless_preserved():
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    open_ = {**closed, "x-kubernetes-preserve-unknown-fields": True}
+    assert _check(closed, {"a": 1, "b": 2}) == ["$.b: unknown field 'b'; known fields: a"]
+    assert _check(open_, {"a": 1, "b": 2}) == []
+    free_map = {"type": "object", "additionalProperties": {"type": "string"}}
+    assert _check(free_map, {"any": "thing"}) == []
+
+
+def test_embedded_resource_must_name_its_api_version_and_kind():
+    template = {"type": "object", "x-kubernetes-embedded-resource": True, "x-kubernetes-preserve-unknown-fields": True}
+    schema = {"type": "object", "properties": {"template": template}}
+    assert _check(schema, {"template": {"apiVersion": "v1", "kind": "Pod", "spec": {}}}) == []
+    assert _check(schema, {"template": {"spec": {}}}) == [
+        "$.template.apiVersion: required field missing",
+        "$.template.kind: required field missing",
+    ]
+
+
+def test_integer_formats_bound_the_value_and_cel_rules_are_dropped():
+    schema = {
+        "type": "integer",
+        "format": "int32",
+        "minimum": 1,
+        "x-kubernetes-validations": [{"rule": "self % 2 == 0", "message": "even"}],
+    }
+    assert _check(schema, 3) == []  # CEL is not evaluated: odd passes
+    assert _check(schema, 0) == ["$: 0 is less than the minimum of 1"]
+    assert _check(schema, 2**31) == ["$: 2147483648 is greater than the maximum of 2147483647"]
