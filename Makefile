@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime clean
+.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime wheels clean
 
 system:
 	bash scripts/install-system.sh
@@ -34,6 +34,11 @@ bench-tools: $(VENV)/.bench-stamp
 # ai-dynamo-runtime pins pydantic<=2.13.5). Idempotent: skipped when the lock is unchanged.
 runtime:
 	bash scripts/install-runtime.sh $(RUNTIME)
+
+# The release wheels scripts/gen_compat.py and the import-check test read as zip files (about 1.1 GB,
+# downloaded once into .cache/wheels/; never installed). CI: cache .cache/wheels keyed on this line.
+wheels: venv
+	$(VENV)/bin/python scripts/wheel_cache.py ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 vllm==0.31.0 vllm==0.32.0 vllm==0.33.0
 
 lint: venv
 	$(VENV)/bin/ruff check primectl kernels tests benchmarks
