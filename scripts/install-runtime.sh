@@ -18,7 +18,7 @@
 #  * ai-dynamo 1.6.1 requires `aisimulate`, an unreachable placeholder ->
 #    ai-dynamo and ai-dynamo-runtime go in with --no-deps, their other
 #    requirements are listed explicitly.
-#  * nixl-cu12 1.5.1 requires torch but only needs numpy to run on CPU ->
+#  * nixl-cu12 1.4.1 requires torch but only needs numpy to run on CPU ->
 #    --no-deps.
 set -euo pipefail
 
@@ -33,7 +33,7 @@ PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 NODEPS=(
   "ai-dynamo==1.6.1"
   "ai-dynamo-runtime==1.6.1"
-  "nixl-cu12==1.5.1"
+  "nixl-cu12==1.4.1"
 )
 # Real requirements of the above (from the wheels' METADATA Requires-Dist),
 # minus aisimulate, torch and the vllm/sglang/trtllm extras; plus Mooncake.

@@ -26,7 +26,7 @@ def test_runtime_venv_name_changes_with_the_pins():
 
 def test_drift_names_each_pin_that_differs_or_is_missing():
     plan = plan_of("demo.yaml")
-    freeze = "ai-dynamo==1.6.1\nai-dynamo-runtime==1.6.0\nnixl-cu12==1.5.1\n"
+    freeze = "ai-dynamo==1.6.1\nai-dynamo-runtime==1.6.0\nnixl-cu12==1.4.1\n"
     assert drift(plan, freeze) == {
         "ai-dynamo-runtime": ("1.6.1", "1.6.0"),
         "mooncake-transfer-engine": ("0.3.13.post1", None),
