@@ -17,7 +17,7 @@ from primectl.recipe.load import Finding, did_you_mean
 from primectl.recipe.model import Recipe
 
 CATALOGS = {
-    "vllm": ("vllm-0.33.0.json", "dynamo-vllm-1.6.1.json"),
+    "vllm": ("vllm-0.31.0.json", "dynamo-vllm-1.6.1.json"),
     "mocker": ("dynamo-mocker-1.6.1.json",),
 }
 
