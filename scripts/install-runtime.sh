@@ -9,9 +9,10 @@
 #              the lock's sha256 + python version.
 #   --resolve  ignore the lock, resolve from the top-level pins below and
 #              rewrite scripts/runtime-requirements-cpu.txt from `pip freeze`.
-#   --cuda     GPU hosts: ai-dynamo + runtime with --no-deps, then the top-level
-#              pins in runtime-requirements-cuda.in resolved by pip (no lock yet;
-#              never run here: no GPU host was available to build or test it).
+#   --cuda     GPU hosts: install exactly scripts/runtime-requirements-cuda.txt
+#              (CPython 3.11, x86_64; ai-dynamo + ai-dynamo-runtime included) with
+#              --no-deps --require-hashes; the lock is made by scripts/lock-cuda.sh
+#              from runtime-requirements-cuda.in. Same stamp logic as the default.
 # Env: PYTHON (default python3.11, else python3), PIP_INDEX_URL etc. as usual.
 #
 # Packaging quirks handled here (see docs/runtime-notes.md):
@@ -73,20 +74,28 @@ case "$pyver" in 3.10|3.11|3.12|3.13) ;; *) echo "install-runtime: unsupported p
 
 STAMP="$VENV/.primectl-runtime.stamp"
 if [[ "$MODE" == "--cuda" ]]; then
-  CUDA_IN="$HERE/runtime-requirements-cuda.in"
-  want="$(sha256sum "$CUDA_IN" | cut -d' ' -f1) py$pyver"
+  CUDA_LOCK="$HERE/runtime-requirements-cuda.txt"
+  [[ -f "$CUDA_LOCK" ]] || { echo "install-runtime: $CUDA_LOCK missing; run scripts/lock-cuda.sh" >&2; exit 1; }
+  arch="$(uname -m)"
+  if [[ "$arch" != "x86_64" || "$pyver" != "3.11" ]]; then
+    echo "install-runtime: the GPU lock is for CPython 3.11 on x86_64; this host has python $pyver on $arch" \
+         "(set PYTHON to a python3.11, or make a lock for this platform with scripts/lock-cuda.sh)" >&2
+    exit 1
+  fi
+  want="$(sha256sum "$CUDA_LOCK" | cut -d' ' -f1) py$pyver"
   if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/python" ]]; then
     echo "install-runtime: $VENV up to date ($want)"
     exit 0
   fi
+  t0=$(date +%s)
   [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
   PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
   [[ -n "${PIP_NO_INDEX:-}" ]] || "${PIP[@]}" install --upgrade "pip>=24"
-  "${PIP[@]}" install --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1"
-  "${PIP[@]}" install -r "$CUDA_IN"
+  "${PIP[@]}" install --no-deps --require-hashes -r "$CUDA_LOCK"
   "$VENV/bin/python" -c 'import dynamo.vllm, dynamo.frontend, vllm, nixl._api, mooncake.store; print("runtime smoke ok")'
   "$VENV/bin/python" -m pip freeze --all > "$VENV/pip-freeze.txt"
   echo "$want" > "$STAMP"
+  echo "install-runtime: done in $(( $(date +%s) - t0 ))s; size $(du -sh "$VENV" | cut -f1)"
   exit 0
 fi
 

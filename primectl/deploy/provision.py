@@ -30,9 +30,9 @@ def scripts_dir() -> Path:
 
 
 def lock_file(plan: Plan) -> Path:
-    """The pinned requirement set for the plan's runtime flavour (CPU: a full lock; GPU: top-level pins)."""
+    """The lock for the plan's runtime flavour (both installed with --no-deps by install-runtime.sh)."""
     if plan.engine == "vllm":
-        return scripts_dir() / "runtime-requirements-cuda.in"
+        return scripts_dir() / "runtime-requirements-cuda.txt"
     return scripts_dir() / "runtime-requirements-cpu.txt"
 
 
