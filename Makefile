@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime rootfs clean
+.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime rootfs wheels clean
 
 system:
 	bash scripts/install-system.sh
@@ -39,6 +39,11 @@ runtime:
 # package list or the script changes). Built here, outside the tests' network namespace: it downloads.
 rootfs: system
 	bash scripts/make-rootfs.sh >/dev/null
+
+# The release wheels scripts/gen_compat.py and the import-check test read as zip files (about 1.1 GB,
+# downloaded once into .cache/wheels/; never installed). CI: cache .cache/wheels keyed on this line.
+wheels: venv
+	$(VENV)/bin/python scripts/wheel_cache.py ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 vllm==0.31.0 vllm==0.32.0 vllm==0.33.0
 
 lint: venv
 	$(VENV)/bin/ruff check primectl kernels tests benchmarks

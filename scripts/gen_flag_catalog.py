@@ -6,13 +6,13 @@ did-you-mean. The files are data, committed to the repo; this script is the only
 
 What it writes (one file per parser set, sorted keys, byte-identical on rerun):
 
-  vllm-0.33.0.json            ``AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())`` of vllm 0.33.0, plus
+  vllm-0.31.0.json            ``AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())`` of vllm 0.31.0, plus
                               values the parser itself does not check: ``kv_cache_dtypes`` (vllm/config/cache.py
                               CacheDType), ``kv_cache_layouts`` (vllm/envs.py VLLM_KV_CACHE_LAYOUT choices),
                               ``reasoning_parsers`` (ReasoningParserManager) and ``structured_outputs_backends``.
   dynamo-vllm-1.6.1.json      ``python -m dynamo.vllm``'s own flags (runtime + vLLM-backend groups, stage
                               "dynamo") and its router-advertisement flags (stage "router"). Everything else
-                              on that command line goes to vLLM's engine parser: see vllm-0.33.0.json.
+                              on that command line goes to vLLM's engine parser: see vllm-0.31.0.json.
   dynamo-mocker-1.6.1.json    ``python -m dynamo.mocker``.
   dynamo-frontend-1.6.1.json  ``python -m dynamo.frontend``.
 
@@ -28,13 +28,13 @@ Run steps (about 3.5 GB of scratch venv, no GPU, no CUDA torch):
 
   python3 -m venv .venv-flags
   .venv-flags/bin/pip install torch==2.13.0                 # CPU build; vLLM only needs torch importable
-  .venv-flags/bin/pip install --no-deps vllm==0.33.0
+  .venv-flags/bin/pip install --no-deps vllm==0.31.0               # the vLLM ai-dynamo 1.6.1 declares
   .venv-flags/bin/pip install regex cachetools psutil sentencepiece numpy requests tqdm blake3 py-cpuinfo \\
-      'transformers>=5.16.1,<5.21.0' 'huggingface_hub>=1.31.0' 'tokenizers>=0.23.2' safetensors protobuf \\
+      'transformers>=5.10.4,<5.18.0' 'huggingface_hub>=1.31.0' 'tokenizers>=0.21.1' safetensors protobuf \\
       'fastapi>=0.133.0,<0.137.0' aiohttp openai 'pydantic>=2.12.0,<=2.13.5' orjson prometheus_client pillow \\
       prometheus-fastapi-instrumentator tiktoken msgspec pyzmq pyyaml einops cloudpickle cbor2 ijson \\
       setproctitle partial-json-parser jsonschema filelock typing_extensions pybase64 python-json-logger \\
-      watchfiles oss-harmony 'mcp>=2.2.0,<3' uvloop xgrammar llguidance
+      watchfiles oss-harmony 'mcp>=2.0.0,<3' uvloop 'xgrammar==0.2.7' 'llguidance>=1.7.0,<1.8.0'
   .venv-flags/bin/pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1   # aisimulate is unreachable
   .venv-flags/bin/pip install 'kubernetes>=32.0.1,<33' 'redis>=6.2.0,<9' 'zstandard>=0.23.0,<1'
   .venv-flags/bin/python scripts/gen_flag_catalog.py            # writes primectl/recipe/data/*.json
@@ -68,11 +68,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / "primectl" / "recipe" / "data"
 GENERATED_BY = "scripts/gen_flag_catalog.py"
-PINS = {"vllm": "0.33.0", "ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1"}
+PINS = {"vllm": "0.31.0", "ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1"}
 
 # name -> (output file, component, package whose version is recorded)
 TARGETS: dict[str, tuple[str, str, str]] = {
-    "vllm": ("vllm-0.33.0.json", "vllm", "vllm"),
+    "vllm": ("vllm-0.31.0.json", "vllm", "vllm"),
     "dynamo-vllm": ("dynamo-vllm-1.6.1.json", "dynamo.vllm", "ai-dynamo"),
     "dynamo-mocker": ("dynamo-mocker-1.6.1.json", "dynamo.mocker", "ai-dynamo"),
     "dynamo-frontend": ("dynamo-frontend-1.6.1.json", "dynamo.frontend", "ai-dynamo"),
@@ -345,7 +345,7 @@ def _dump_dynamo_vllm() -> dict[str, Any]:
     for grp in parser._action_groups:
         title = grp.title or ""
         if title.startswith("vLLM Engine Options"):
-            continue  # vLLM's own engine flags: vllm-0.33.0.json
+            continue  # vLLM's own engine flags: vllm-0.31.0.json
         for action in grp._group_actions:
             if not action.option_strings or isinstance(action, argparse._HelpAction | argparse._VersionAction):
                 continue
@@ -358,7 +358,7 @@ def _dump_dynamo_vllm() -> dict[str, Any]:
         "parsers": [
             _parser_info(parser, "dynamo"),
             _parser_info(router, "router"),
-            {"stage": "engine", "class": "FlexibleArgumentParser", "allow_abbrev": True, "catalog": "vllm-0.33.0.json"},
+            {"stage": "engine", "class": "FlexibleArgumentParser", "allow_abbrev": True, "catalog": "vllm-0.31.0.json"},
         ],
     }
 

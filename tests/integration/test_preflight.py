@@ -135,7 +135,7 @@ def test_runtime_without_the_pinned_versions_fails(deployment: Deployment, tmp_p
     for h in ("h1", "h2", "h3"):
         r = c[(h, "runtime")]
         assert r["status"] == "fail", r
-        assert "ai-dynamo pinned 1.6.1, installed missing" in r["detail"] and "nixl pinned 1.5.1, installed missing" in r["detail"]
+        assert "ai-dynamo pinned 1.6.1, installed missing" in r["detail"] and "nixl pinned 1.4.1, installed missing" in r["detail"]
         assert "install the pinned versions into that runtime" in r["remediation"]
     # the fabric probes still run with that Python, and fail for the same reason
     assert c[("h3", "nixl")]["status"] == "fail" and "nixl_cu12" in c[("h3", "nixl")]["detail"], c[("h3", "nixl")]
@@ -158,7 +158,7 @@ def test_gpu_profile_on_hosts_without_nvidia_smi_fails(deployment: Deployment, r
         for check in ("driver", "ecc_xid", "nvlink", "ib", "peermem", "numa", "selftest"):
             assert c[(h, check)]["status"] == "n/a", c[(h, check)]
     assert c[("h1", "gpu")]["status"] == "n/a"  # gpus: 0
-    assert "vllm pinned 0.33.0, installed missing" in c[("h2", "runtime")]["detail"]
+    assert "vllm pinned 0.31.0, installed missing" in c[("h2", "runtime")]["detail"]
 
 
 def test_table_output_and_exit_code(deployment: Deployment, runtime_python: str) -> None:

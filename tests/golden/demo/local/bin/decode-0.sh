@@ -18,7 +18,7 @@ export DYN_TCP_RPC_HOST=127.0.0.1
 export DYN_TCP_RPC_PORT=23101
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
-exec /tmp/primectl-demo/runtime/d6945a35dc43/bin/python \
+exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.mocker \
   --model-path "${release_dir}"/model \
   --model-name demo \

@@ -16,7 +16,7 @@ export DYN_TCP_RESPONSE_STREAM_PORT=23000
 export DYN_TCP_RPC_HOST=127.0.0.1
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
-exec /tmp/primectl-demo/runtime/d6945a35dc43/bin/python \
+exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.frontend \
   --namespace demo \
   --http-host 127.0.0.1 \

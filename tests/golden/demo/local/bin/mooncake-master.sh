@@ -4,7 +4,7 @@ set -euo pipefail
 release_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 secrets=/tmp/primectl-demo/secrets/demo.env
 if [[ -r "$secrets" ]]; then set -a; source "$secrets"; set +a; fi
-exec /tmp/primectl-demo/runtime/d6945a35dc43/bin/mooncake_master \
+exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/mooncake_master \
   --rpc_address=127.0.0.1 \
   --rpc_port=50051 \
   --enable_http_metadata_server=true \

@@ -16,7 +16,7 @@ export DYN_TCP_RPC_HOST=10.20.0.10
 export ETCD_ENDPOINTS=http://10.20.0.10:2379
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
-exec /var/lib/primectl/runtime/03f450940f42/bin/python \
+exec /var/lib/primectl/runtime/89029acd6af7/bin/python \
   -m dynamo.frontend \
   --namespace glm53 \
   --http-host 10.20.0.10 \

@@ -4,7 +4,7 @@ set -euo pipefail
 release_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 secrets=/var/lib/primectl/secrets/glm53.env
 if [[ -r "$secrets" ]]; then set -a; source "$secrets"; set +a; fi
-exec /var/lib/primectl/runtime/03f450940f42/bin/mooncake_master \
+exec /var/lib/primectl/runtime/89029acd6af7/bin/mooncake_master \
   --rpc_address=10.20.0.10 \
   --rpc_port=50051 \
   --enable_http_metadata_server=true \

@@ -22,7 +22,7 @@ export VLLM_HOST_IP=10.20.1.14
 export VLLM_KV_CACHE_LAYOUT=BLHNC
 export VLLM_NIXL_SIDE_CHANNEL_HOST=10.20.1.14
 export VLLM_NIXL_SIDE_CHANNEL_PORT=5600
-exec /var/lib/primectl/runtime/03f450940f42/bin/python \
+exec /var/lib/primectl/runtime/89029acd6af7/bin/python \
   -m dynamo.vllm \
   --model /models/GLM-5.3-NVFP4 \
   --served-model-name glm-5.3 \
