@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from primectl.engines.vllm_worker import VLLM_KV_DTYPE
+from primectl.engines.base import get as get_engine
+from primectl.engines.vllm import CATALOGS, VLLM_KV_DTYPE
 from primectl.plan.build import build_plan
-from primectl.recipe.flags import CATALOGS, catalog
 from primectl.recipe.load import load_recipe
 from primectl.recipe.model import Software
 
@@ -24,14 +24,14 @@ GPU_RECIPES = ["glm53.yaml", "glm53-fp8.yaml", "bench-4rack.yaml"]
 
 
 def test_the_vllm_catalog_is_the_pinned_vllm() -> None:
-    assert CATALOGS["vllm"][0] == f"vllm-{Software().vllm}.json"
+    assert CATALOGS[0] == f"vllm-{Software().vllm}.json"
     assert VLLM_CATALOG["version"] == Software().vllm == "0.31.0"
 
 
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
 def test_every_worker_flag_and_value_is_accepted_by_the_pinned_parsers(recipe: str) -> None:
     plan = build_plan(load_recipe(REPO / "recipes" / recipe).recipe)
-    known = catalog("vllm")
+    known = get_engine("vllm").flag_catalog()
     workers = [s for s in plan.services if s.component == "dynamo-vllm"]
     assert workers
     for svc in workers:

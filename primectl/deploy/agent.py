@@ -322,16 +322,27 @@ def readable(text: str) -> str:
     return "".join(c for c in text if c in "\t\n" or c >= " ")
 
 
+ERROR_LINE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): \S")
+
+
 def _tail_file(path: str, lines: int) -> str:
+    """The last lines of a log (plain text), led by the first exception it names when that is further up."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - 65536))
+            f.seek(max(0, size - 262144))
             text = readable(f.read().decode(errors="replace")).splitlines()
     except FileNotFoundError:
         text = []
-    return "\n".join(line[:400] + (" [...]" if len(line) > 400 else "") for line in text[-lines:])
+    starts = [i for i, line in enumerate(text) if line.startswith("--- primectl: starting")]
+    start = starts[-1] if starts else 0  # only this run: from the last start marker on
+    last = text[-lines:]
+    first_error = next((line for line in text[start:] if ERROR_LINE.search(line)), None)
+    out = [line[:400] + (" [...]" if len(line) > 400 else "") for line in last]
+    if first_error and first_error not in last:
+        out.insert(0, f"(first error in this start's log) {first_error.strip()[:400]}")
+    return "\n".join(out)
 
 
 def op_tail(h: Host) -> TailResult:

@@ -380,14 +380,13 @@ class ProcessSupervisor(Supervisor):
     def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
         name = svc["name"]
         pid = self._pid(name)
-        if pid is None:
-            return False
-        kill_session(pid, float(svc.get("stop_timeout", 30)))
-        try:
+        if pid is not None:
+            kill_session(pid, float(svc.get("stop_timeout", 30)))
+        try:  # a process that exited by itself leaves its pidfile behind: it goes too
             os.unlink(self.layout.pidfile(name))
         except FileNotFoundError:
             pass
-        return True
+        return pid is not None
 
 
 class SystemdSupervisor(Supervisor):

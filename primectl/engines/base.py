@@ -39,7 +39,7 @@ class EngineServing:
     context_limit: int | None
     prefill_budget: int
     capabilities: Capabilities
-    kv_tokens_per_worker: int | None = None
+    kv_tokens_per_worker: dict[str, int] | None = None
 
 
 class Engine(Protocol):
@@ -143,7 +143,9 @@ class PlanContext:
             "DYN_EVENT_PLANE_HOST": addr,
             "DYN_HTTP_RPC_HOST": addr,
             "PYTHONUNBUFFERED": "1",
-            # Logs go to files that operators read with `primectl logs` and that failed `up`s quote: no colour.
+            # Logs go to files that operators read with `primectl logs` and that failed `up`s quote: no colour
+            # (Dynamo's Rust logger reads DYN_SDK_DISABLE_ANSI_LOGGING; NO_COLOR for everything else).
+            "DYN_SDK_DISABLE_ANSI_LOGGING": "1",
             "NO_COLOR": "1",
         }
         if self.etcd_endpoint:

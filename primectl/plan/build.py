@@ -155,7 +155,7 @@ def build_plan(recipe: Recipe) -> Plan:
     serving = Serving(
         engine=engine.name, context_limit=served.context_limit, prefill_budget=served.prefill_budget,
         block_size=recipe.kv.block_size, kv_dtype=recipe.kv.dtype, model=ctx.model, tier=ctx.tier,
-        capabilities=served.capabilities, runtime=runtime, kv_tokens_per_worker=served.kv_tokens_per_worker,
+        capabilities=served.capabilities, runtime=runtime, kv_tokens_per_worker=served.kv_tokens_per_worker or {},
     )
     plan = Plan(
         name=recipe.name, namespace=recipe.dynamo_namespace, engine=engine.name, supervisor=recipe.supervisor,

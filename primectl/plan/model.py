@@ -29,7 +29,7 @@ RELEASE = "@release@"
 Role = Literal["control", "cache", "prefill", "decode", "frontend"]
 WORKER_ROLES: tuple[str, ...] = ("prefill", "decode")
 # Fields of a service that change how its process runs: a change restarts it.
-RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "env", "files", "listens")
+RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "env", "files", "dirs", "listens")
 # Fields that only say what to expect of it (start order, readiness, metrics): a change is recorded, no restart.
 EXPECT_FIELDS = ("role", "group", "slot", "ports", "depends_on", "ready", "metrics_url", "stop_timeout_s")
 
@@ -89,6 +89,7 @@ class Slot(Frozen):
     role: Literal["prefill", "decode"]
     parallel: str = Field(..., description="The role's parallel spec, e.g. DEP8.")
     gpus: list[int] = Field(default_factory=list, description="GPU indices on the bound host.")
+    cpus: list[int] = Field(default_factory=list, description="CPU cores on the bound host (hosts without GPUs).")
     data_parallel: DataParallel | None = None
     group: str | None = Field(None, description="Instance this process belongs to when it spans hosts.")
     hosts_per_instance: int = Field(1, description="Hosts one instance of this slot's role spans.")
@@ -112,6 +113,7 @@ class Service(Frozen):
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
     files: list[FileSpec] = Field(default_factory=list)
+    dirs: list[str] = Field(default_factory=list, description="Directories the run script creates before it starts.")
     ports: dict[str, int] = Field(default_factory=dict, description="Named ports this service listens on.")
     listens: list[int] = Field(default_factory=list, description="Every port it binds (ranges expanded).")
     depends_on: list[str] = Field(default_factory=list)
@@ -185,6 +187,8 @@ class Capabilities(Frozen):
     exercises_host_tier: bool = Field(..., description="Workers use the Mooncake store (else readiness proves it).")
     reports_kv_cache: bool = Field(False, description="Workers report the KV cache they allocated (vllm:cache_config_info).")
     workload: str = Field("agentic", description="Default `bench` workload preset.")
+    first_request_timeout_s: float = Field(60, description="How long the first request after start may take (warm-up).")
+    tool_call_end_tag: str = Field("</tool_call>", description="The tag the tool-call parser ends a call with.")
 
 
 class Serving(Frozen):
@@ -199,8 +203,8 @@ class Serving(Frozen):
     tier: Tier | None = None
     capabilities: Capabilities
     runtime: dict[str, Runtime] = Field(default_factory=dict, description="Runtime per host.")
-    kv_tokens_per_worker: int | None = Field(
-        None, description="KV tokens each worker is predicted to allocate (CPU engines, from the KV budget).")
+    kv_tokens_per_worker: dict[str, int] = Field(
+        default_factory=dict, description="KV tokens each worker of a role is predicted to allocate (role -> tokens).")
 
 
 class HardwareFacts(Frozen):

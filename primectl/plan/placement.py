@@ -111,9 +111,10 @@ def _name(role: str, i: int, part: int | None) -> str:
 
 
 def _slot(role: str, i: int, part: int | None, par: Parallel, h: _HostGpus, gpus: list[int], dp: DataParallel | None,
-          ports: dict[str, int], *, span: int = 1, domain: str | None = None) -> Slot:
+          ports: dict[str, int], *, span: int = 1, domain: str | None = None, cpus: list[int] | None = None) -> Slot:
     return Slot(
-        name=_name(role, i, part), role=role, parallel=f"{par.kind}{par.size}", gpus=gpus, data_parallel=dp,
+        name=_name(role, i, part), role=role, parallel=f"{par.kind}{par.size}", gpus=gpus, cpus=cpus or [],
+        data_parallel=dp,
         group=_name(role, i, None) if part is not None else None, hosts_per_instance=span, domain=domain,
         host=h.plan.name, ports=ports,
     )
@@ -128,7 +129,8 @@ def _place_cpu(
     k = target.workers
     target.workers += 1
     dp = DataParallel(size=par.dp, local=par.dp, start_rank=0, address=target.plan.address) if par.dp > 1 else None
-    out.slots.append(_slot(role, i, None, par, target, [], dp, _ports(recipe, k, block)))
+    # one process per core: the host's k-th worker gets core k (engines pin their threads to it)
+    out.slots.append(_slot(role, i, None, par, target, [], dp, _ports(recipe, k, block), cpus=[k]))
 
 
 def _place_gpu(

@@ -81,6 +81,11 @@ MODELS: dict[str, Architecture] = {
         attention="mha", layers=2, hidden_size=64, kv_lora_rank=0, rope_dim=0, kv_heads=2, head_dim=32,
         total_params_b=0.001, active_params_b=0.001, max_context=32768, vocab_size=2048,
     ),
+    # primectl.tiny_model: the random-weight Qwen2 real vLLM serves on CPU (float32 weights and KV).
+    "tiny-qwen2": Architecture(
+        attention="mha", layers=2, hidden_size=128, kv_lora_rank=0, rope_dim=0, kv_heads=2, head_dim=32,
+        total_params_b=0.0004, active_params_b=0.0004, max_context=2048, vocab_size=1088,
+    ),
 }
 
 HARDWARE: dict[str, Hardware] = {

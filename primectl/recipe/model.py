@@ -54,7 +54,9 @@ class ModelSpec(Strict):
     )
     arch: str | None = Field(None, description="Architecture from the built-in catalog: glm-5.3, deepseek-v3.2, demo-tiny.")
     architecture: Architecture | None = Field(None, description="Explicit architecture (instead of `arch`).")
-    generate: Literal["demo-tiny"] | None = Field(None, description="Generate a tiny model directory (no download).")
+    generate: Literal["demo-tiny", "tiny-qwen2"] | None = Field(
+        None, description="Generate a tiny model into the bundle (no download): demo-tiny (tokenizer only, for the "
+        "mocker) or tiny-qwen2 (random-weight Qwen2 with tool-call tokens, that real vLLM serves on CPU).")
     weights: dict[Literal["experts", "dense"], Literal["bf16", "fp8", "nvfp4"]] = Field(
         default_factory=lambda: {"experts": "fp8", "dense": "fp8"},  # type: ignore[arg-type]
         description="Storage dtype per part: routed experts and everything else.",
@@ -150,6 +152,9 @@ class Role(Strict):
     )
     hosts: list[str] | None = Field(None, description="Restrict placement to these hosts (in order).")
     startup_timeout_s: int | None = Field(None, gt=0, description="Readiness budget per instance.")
+    cpu_kv_cache_gib: int = Field(
+        1, ge=1, description="CPU hosts: GiB of host memory each worker of this role gives its KV cache "
+        "(vLLM's VLLM_CPU_KVCACHE_SPACE, whole GiB); GPU hosts size KV from gpu_memory_utilization.")
 
     @field_validator("parallel")
     @classmethod

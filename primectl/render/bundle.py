@@ -107,7 +107,7 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
         raise ValueError(f"{svc.name}: {bad[0]!r} is not an environment variable name")
     script = env.get_template("run.sh.j2").render(
         plan=plan, service=svc, unit=unit, secrets_file=shlex.quote(secrets_path(plan, host)),
-        env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())],
+        env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())], dirs=[shell_word(d) for d in svc.dirs],
         argv=_argv_lines(svc.argv),
     )
     after = [protocol_unit_name(plan.name, d) + ".service" for d in svc.depends_on
@@ -120,11 +120,15 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
 
 @lru_cache(maxsize=8)
 def _generated_model(kind: str, served_name: str, max_context: int) -> tuple[tuple[str, bytes], ...]:
-    from primectl.demo_model import demo_model_files
+    if kind == "demo-tiny":
+        from primectl.demo_model import demo_model_files
 
-    if kind != "demo-tiny":
-        raise ValueError(f"no generator for model {kind!r}")
-    return tuple((f"model/{k}", v.encode()) for k, v in demo_model_files(served_name, max_context).items())
+        return tuple((f"model/{k}", v.encode()) for k, v in demo_model_files(served_name, max_context).items())
+    if kind == "tiny-qwen2":
+        from primectl.tiny_model import tiny_model_files
+
+        return tuple((f"model/{k}", v) for k, v in tiny_model_files(served_name, max_context).items())
+    raise ValueError(f"no generator for model {kind!r}")
 
 
 def model_files(plan: Plan) -> dict[str, bytes]:

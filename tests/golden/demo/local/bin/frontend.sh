@@ -11,11 +11,15 @@ export DYN_FILE_KV=/tmp/primectl-demo/discovery/demo
 export DYN_HTTP_RPC_HOST=127.0.0.1
 export DYN_NAMESPACE=demo
 export DYN_REQUEST_PLANE=tcp
+export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1
 export DYN_TCP_RESPONSE_STREAM_PORT=23000
 export DYN_TCP_RPC_HOST=127.0.0.1
+export HOME=/tmp/primectl-demo/data/frontend/home
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
+export XDG_CACHE_HOME=/tmp/primectl-demo/data/frontend/cache
+mkdir -p /tmp/primectl-demo/data/frontend/home /tmp/primectl-demo/data/frontend/cache
 exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.frontend \
   --namespace demo \

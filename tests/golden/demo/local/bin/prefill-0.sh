@@ -11,6 +11,7 @@ export DYN_FILE_KV=/tmp/primectl-demo/discovery/demo
 export DYN_HTTP_RPC_HOST=127.0.0.1
 export DYN_NAMESPACE=demo
 export DYN_REQUEST_PLANE=tcp
+export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_SYSTEM_HOST=127.0.0.1
 export DYN_SYSTEM_PORT=8081
 export DYN_SYSTEM_STARTING_HEALTH_STATUS=ready

@@ -10,12 +10,16 @@ export DYN_EVENT_PLANE_HOST=10.20.0.10
 export DYN_HTTP_RPC_HOST=10.20.0.10
 export DYN_NAMESPACE=glm53
 export DYN_REQUEST_PLANE=tcp
+export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_TCP_RESPONSE_STREAM_HOST=10.20.0.10
 export DYN_TCP_RESPONSE_STREAM_PORT=23000
 export DYN_TCP_RPC_HOST=10.20.0.10
 export ETCD_ENDPOINTS=http://10.20.0.10:2379
+export HOME=/var/lib/primectl/data/frontend/home
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
+export XDG_CACHE_HOME=/var/lib/primectl/data/frontend/cache
+mkdir -p /var/lib/primectl/data/frontend/home /var/lib/primectl/data/frontend/cache
 exec /var/lib/primectl/runtime/89029acd6af7/bin/python \
   -m dynamo.frontend \
   --namespace glm53 \
