@@ -283,6 +283,7 @@ def kill_session(pid: int, timeout: float) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
+        kill_session_members(pid)
         return
     deadline = time.time() + timeout
     while time.time() < deadline and starttime(pid) is not None:
@@ -294,13 +295,22 @@ def kill_session(pid: int, timeout: float) -> None:
             pass
         while starttime(pid) is not None:
             time.sleep(0.05)
-    for entry in os.listdir("/proc"):  # children that left the group are still ours if they hold the session id
+    kill_session_members(pid)
+
+
+def kill_session_members(sid: int) -> list[int]:
+    """SIGKILL every process still in session `sid` (children that left the group, or that outlived a leader
+    that died: Linux never hands out a pid still in use as a session id, so they are ours)."""
+    killed = []
+    for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.getsid(int(entry)) == pid:
+                if os.getsid(int(entry)) == sid:
                     os.kill(int(entry), signal.SIGKILL)
+                    killed.append(int(entry))
             except (ProcessLookupError, PermissionError):
                 pass
+    return killed
 
 
 # -- supervisors ----------------------------------------------------------------------------------------
@@ -343,13 +353,19 @@ class ProcessSupervisor(Supervisor):
 
     name = "process"
 
-    def _pid(self, name: str) -> int | None:
+    def _recorded(self, name: str) -> tuple[int, str] | None:
         try:
             with open(self.layout.pidfile(name)) as f:
                 pid_s, start = f.read().split()
         except (OSError, ValueError):
             return None
-        pid = int(pid_s)
+        return int(pid_s), start
+
+    def _pid(self, name: str) -> int | None:
+        recorded = self._recorded(name)
+        if recorded is None:
+            return None
+        pid, start = recorded
         return pid if starttime(pid) == start else None
 
     def liveness(self, name: str, unit: str) -> Liveness:
@@ -382,6 +398,10 @@ class ProcessSupervisor(Supervisor):
         pid = self._pid(name)
         if pid is not None:
             kill_session(pid, float(svc.get("stop_timeout", 30)))
+        elif (recorded := self._recorded(name)) is not None:
+            # the main process died (a crash, kill -9); what it started may live on in its session (vLLM's
+            # engine core and workers do): stop them too
+            kill_session_members(recorded[0])
         try:  # a process that exited by itself leaves its pidfile behind: it goes too
             os.unlink(self.layout.pidfile(name))
         except FileNotFoundError:

@@ -1,0 +1,65 @@
+"""The process supervisor stops what a service started, also after its main process died.
+
+vLLM's main process starts an engine core and workers; a kill -9 of the main process leaves them
+running in its session. Real processes, a temp workdir, stopped by pid/session only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from primectl.deploy.protocol import Layout, ProcessSupervisor, starttime
+
+
+def _release(workdir: Path, script: str) -> Layout:
+    (workdir / "releases" / "r1" / "bin").mkdir(parents=True)
+    (workdir / "releases" / "r1" / "bin" / "svc.sh").write_text(script)
+    (workdir / "current").symlink_to("releases/r1")
+    return Layout(str(workdir))
+
+
+def _wait_file(path: Path) -> str:
+    deadline = time.monotonic() + 10
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+def test_stop_after_the_main_process_was_killed_stops_its_orphaned_children(tmp_path: Path) -> None:
+    child_pid_file = tmp_path / "child.pid"
+    layout = _release(tmp_path / "wd", f"#!/bin/bash\nsleep 300 &\necho $! > {child_pid_file}\nexec sleep 300\n")
+    sup = ProcessSupervisor(layout)
+    pid, error = sup.start({"name": "svc", "unit": "u", "stop_timeout": 5})
+    assert error is None and pid
+    child = int(_wait_file(child_pid_file))
+    assert starttime(child) is not None
+    os.kill(pid, signal.SIGKILL)  # the operator's (or the OOM killer's) kill -9 of the main process
+    deadline = time.monotonic() + 5
+    while starttime(pid) is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert sup.liveness("svc", "u")["alive"] is False
+    assert starttime(child) is not None, "the child outlived its parent, as vLLM's engine core does"
+    sup.stop({"name": "svc", "unit": "u", "stop_timeout": 5}, remove=False)
+    deadline = time.monotonic() + 5
+    while starttime(child) is not None:
+        assert time.monotonic() < deadline, "the orphaned child was left running"
+        time.sleep(0.02)
+    assert not Path(layout.pidfile("svc")).exists()
+
+
+def test_stop_of_a_running_service_ends_its_whole_session(tmp_path: Path) -> None:
+    child_pid_file = tmp_path / "child.pid"
+    layout = _release(tmp_path / "wd", f"#!/bin/bash\nsetsid sleep 300 &\necho $! > {child_pid_file}\nexec sleep 300\n")
+    sup = ProcessSupervisor(layout)
+    pid, _ = sup.start({"name": "svc", "unit": "u"})
+    child = int(_wait_file(child_pid_file))
+    assert sup.stop({"name": "svc", "unit": "u", "stop_timeout": 5}, remove=False) is True
+    assert starttime(pid) is None
+    # a child that made a session of its own is not the service's: it must be left alone
+    assert starttime(child) is not None
+    os.kill(child, signal.SIGKILL)
