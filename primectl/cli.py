@@ -330,6 +330,24 @@ def smoke(
 
 
 @app.command()
+def chat(
+    recipe: RecipeArg,
+    message: Annotated[str, typer.Argument(help="What to say.")] = "Hello! Who are you?",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer.")] = 48,
+) -> None:
+    """Stream one chat answer from the deployment (the openai client against its endpoint)."""
+
+    def body() -> None:
+        from primectl.chat import stream_chat
+
+        p = _plan(recipe)
+        chunks, seconds = stream_chat(p, message, max_tokens=max_tokens)
+        _say(f"({chunks} chunks streamed from {p.endpoint} in {seconds:.1f}s; model {p.served_model}, engine {p.engine})")
+
+    _guard(body)
+
+
+@app.command()
 def preflight(
     recipe: RecipeArg,
     output: OutputOpt = Output.table,

@@ -19,9 +19,14 @@ def is_terminal(stream: TextIO | None = None) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
+def one_line(text: str) -> str:
+    """A cell's text on one line: line breaks and tabs written as \\n, \\t (a row stays one line in a pipe)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+
+
 def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Space-padded columns, upper-case headers, nothing truncated (the last column is not padded)."""
-    cells = [[h.upper() for h in headers], *[[str(c) for c in row] for row in rows]]
+    cells = [[h.upper() for h in headers], *[[one_line(str(c)) for c in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for r in cells:

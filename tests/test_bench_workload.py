@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from primectl.bench.workload import PRESETS, WorkloadSpec, default_preset, generate, inspect_trace, preset
+from primectl.bench.workload import PRESETS, WorkloadSpec, generate, inspect_trace, preset
 
 BLOCK = 64
 
@@ -18,8 +18,18 @@ def demo(sessions: int = 40, seed: int = 7, **over):
 
 
 def test_presets_and_engine_default() -> None:
-    assert default_preset("mocker") == "agentic-demo"
-    assert default_preset("vllm") == "agentic"
+    from pathlib import Path
+
+    from primectl.plan.build import plan_recipe
+
+    recipes = Path(__file__).resolve().parent.parent / "recipes"
+    # the engine's capabilities name the default preset: the demo scale for the mocker, production for vLLM on
+    # GPUs, and prompts that fit a 2K-context model for vLLM on CPU
+    assert plan_recipe(recipes / "demo.yaml")[1].serving.capabilities.workload == "agentic-demo"
+    assert plan_recipe(recipes / "glm53.yaml")[1].serving.capabilities.workload == "agentic"
+    assert plan_recipe(recipes / "demo-vllm.yaml")[1].serving.capabilities.workload == "agentic-tiny"
+    assert all(r.prompt_tokens + r.output_tokens < 2048
+               for r in generate(PRESETS["agentic-tiny"], seed=1, block_size=64, sessions=8).requests)
     prod = PRESETS["agentic"]
     assert prod.turn_tokens == 6_000
     w = generate(prod, seed=1, block_size=64, sessions=3)

@@ -148,7 +148,7 @@ def test_etcd_is_no_component_and_operator_provided_env_stays_out(glm53, demo):
             if c.get("type"):
                 assert "readinessProbe" not in main(c) and "ports" not in main(c)
         assert {e["name"] for e in graph["spec"]["env"]} == {"DYN_REQUEST_PLANE", "DYN_EVENT_PLANE", "PYTHONUNBUFFERED",
-                                                             "NO_COLOR"}
+                                                             "NO_COLOR", "DYN_SDK_DISABLE_ANSI_LOGGING"}
 
 
 def test_no_host_address_reaches_any_rendered_manifest(glm53_plan, demo_plan):

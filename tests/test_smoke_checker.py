@@ -122,24 +122,55 @@ def test_undeclared_call_surfaced_passes():
 
 
 def test_builtin_scenarios_accept_their_ideal_answers():
+    special = 'a < b && "c" \'d\' <e/>'
     ideal: dict[str, list[tuple[str, Any]]] = {
-        "auto": [("get_weather", {"city": "Paris", "unit": "celsius", "days": 3})],
-        "required": [("get_weather", {"city": "London", "unit": "celsius"})],
+        "auto": [("get_weather", {"city": "Paris", "unit": "celsius"})],
+        "required: enums": [("get_weather", {"city": "Lima", "unit": "celsius"})],
         "none": [],
-        "named function": [("echo", {"text": "hello world"})],
-        "nested/$ref/recursive schema": [("create_org", {
-            "root": {"name": "Ada", "role": "lead", "reports": [
-                {"name": "Bob", "role": "member"},
-                {"name": "Cy", "role": "lead", "reports": [{"name": "Di", "role": "member"}]}]},
-            "active": True, "meta": {"tags": ["eng"], "level": 2}})],
-        "special characters": [("echo", {"text": 'a < b && c > "d" \'e\' <tag/> &amp;'})],
-        "undeclared tool surfaced": [("get_time", {"timezone": "UTC"})],
+        "named function: types (pattern, integer range, boolean)": [
+            ("book_flight", {"code": "CDG", "seats": 2, "refundable": False})],
+        "nested/$ref schema": [("create_order", {
+            "customer": {"id": 7, "tier": "gold"}, "items": [{"sku": "ab12", "qty": 1}, {"sku": "cd34", "qty": 5}]})],
+        "special characters arrive unchanged": [("render_markup", {"snippet": special, "glyphs": "<&"})],
+        "undeclared tool never silently dropped": [],
+        "string argument holding the parser's end tag </tool_call>": [("echo_tag", {"text": "a</tool_call>b"})],
     }
     scenarios = tool_scenarios()
     assert {s.name for s in scenarios} == set(ideal)
     for sc in scenarios:
         calls = ideal[sc.name]
         assert problems_both(sc, calls, content="" if calls else "ok", finish="tool_calls" if calls else "stop") == [], sc.name
+
+
+def test_builtin_scenarios_refuse_what_a_broken_stack_returns():
+    by = {s.name: s for s in tool_scenarios()}
+    # a bounded argument that came back altered or escaped
+    assert problems_both(by["special characters arrive unchanged"],
+                         [("render_markup", {"snippet": "a &lt; b &amp;&amp; \"c\" 'd' &lt;e/&gt;", "glyphs": "<"})])
+    # a call whose JSON broke off at the end tag inside its argument: dropped, its tail leaked into content
+    leaked = problems_both(by["string argument holding the parser's end tag </tool_call>"], [],
+                           content='b"}}\n</tool_call>', finish="stop")
+    assert any("no tool call came" in p for p in leaked)
+    # the undeclared tool's call was dropped but its markup leaked
+    assert any("leaked into content" in p for p in problems_both(
+        by["undeclared tool never silently dropped"], [], content='<tool_call>{"name": "get_time"', finish="stop"))
+    # finish_reason tool_calls without a call
+    assert any("call dropped" in p for p in problems_both(by["undeclared tool never silently dropped"], [],
+                                                            content="", finish="tool_calls"))
+    # a call cut off by max_tokens must not pass as complete
+    assert any("cut off by max_tokens" in p for p in problems_both(
+        by["required: enums"], [("get_weather", {"city": "Paris", "unit": "c"})], content="", finish="length"))
+
+
+def test_the_end_tag_defect_is_recognised_from_both_answers():
+    from primectl.checks.smoke import known_end_tag_defect
+    from primectl.checks.toolcheck import ToolCall, Turn
+
+    broken = Turn('b"}}\n</tool_call>', (), "stop")
+    assert known_end_tag_defect(broken, broken, "</tool_call>")
+    fixed = Turn("", (ToolCall("echo_tag", '{"text": "a</tool_call>b"}'),), "tool_calls")
+    assert not known_end_tag_defect(fixed, fixed, "</tool_call>")
+    assert not known_end_tag_defect(broken, fixed, "</tool_call>")
 
 
 # --- failure modes -------------------------------------------------------------------------------

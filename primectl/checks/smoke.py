@@ -232,6 +232,17 @@ class Runner:
 
     # --- 2. basic requests --------------------------------------------------------------------
 
+    def warm_up(self) -> str:
+        """The first request after a start: engines that warm up lazily (vLLM on CPU) answer it slowly."""
+        budget = self.plan.serving.capabilities.first_request_timeout_s if self.plan is not None else LONG_TIMEOUT_S
+        t0 = time.monotonic()
+        r = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "Warm up."}], max_tokens=4, timeout=budget)
+        took = time.monotonic() - t0
+        if not r.choices:
+            raise CheckFailed(f"no choices after {took:.1f} s")
+        return f"answered in {took:.1f} s (budget {budget:g} s), finish_reason={r.choices[0].finish_reason}"
+
     def chat_unary(self) -> str:
         r = self.client.chat.completions.create(
             model=self.model, messages=[{"role": "user", "content": "Say hello in five words."}], max_tokens=12)
@@ -299,9 +310,24 @@ class Runner:
 
     # --- 3. long prompts ----------------------------------------------------------------------
 
+    def _tokens_per_word(self) -> float:
+        """How many prompt tokens a word of `words()` costs with this model's tokenizer (measured)."""
+        probe = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": words(200, uuid.uuid4().hex)}], max_tokens=1,
+            timeout=LONG_TIMEOUT_S)
+        return max(1.0, (probe.usage.prompt_tokens if probe.usage else 200) / 200)
+
     def long_prompt(self) -> str:
         budget = prefill_budget(self.plan)
+        limit = max_context(self.plan)
         n = budget * 3 // 2
+        if limit is not None:
+            if budget + 128 >= limit:
+                raise CheckNA(f"the prefill budget ({budget}) is not below the context limit ({limit}): "
+                              "no prompt can be over one and under the other")
+            per_word = self._tokens_per_word()
+            if n * per_word > limit - 128:  # aim between the budget and the context limit
+                n = int((budget + (limit - budget) / 2) / per_word)
         r = self.client.chat.completions.create(
             model=self.model, messages=[{"role": "user", "content": words(n, uuid.uuid4().hex)}], max_tokens=4,
             timeout=LONG_TIMEOUT_S)
@@ -414,6 +440,8 @@ class Runner:
             return self.client.chat.completions.create(
                 model=self.model, messages=[{"role": "user", "content": words(40, uuid.uuid4().hex)}], max_tokens=4)
 
+        nixl = self.plan is not None and self.plan.serving.capabilities.nixl_metrics
+        kv0 = self._kv_moved() if nixl else {}
         _, dp, dd = self._measure(send)
         ev = f"prefill {_deltas(dp)}; decode {_deltas(dd)}"
         problems = []
@@ -421,9 +449,35 @@ class Runner:
             problems.append(f"no prefill worker counted the request ({METRIC}{_fmt_labels(PREFILL_LABELS)})")
         if sum(dd.values()) <= 0:
             problems.append(f"no decode worker counted the request ({METRIC}{_fmt_labels(DECODE_LABELS)})")
+        if nixl:
+            moved = {k: v - kv0.get(k, 0.0) for k, v in self._kv_moved().items()}
+            ev += (f"; decode KV: {moved['transfers']:g} NIXL transfer(s), {moved['bytes']:g} bytes, "
+                   f"{moved['failed']:g} failed; prompt tokens from external_kv_transfer {moved['external']:g}, "
+                   f"local_compute {moved['local']:g}")
+            if moved["transfers"] <= 0:
+                problems.append("decode's NIXL transfer count did not rise: the KV did not move prefill -> decode")
+            if moved["failed"] > 0:
+                problems.append(f"{moved['failed']:g} NIXL transfer(s) or notification(s) failed")
+            if moved["external"] <= 0 or moved["local"] > 0:
+                problems.append("decode computed the prompt itself instead of taking prefill's KV")
         if problems:
             raise CheckFailed("; ".join(problems) + f" ({ev})")
         return ev
+
+    def _kv_moved(self) -> dict[str, float]:
+        """Decode workers' NIXL and prompt-source counters, summed (vLLM's names on Dynamo's system port)."""
+        from primectl.checks import workers
+
+        total = {"transfers": 0.0, "bytes": 0.0, "failed": 0.0, "external": 0.0, "local": 0.0}
+        for s in self._workers("decode"):
+            assert s.metrics_url is not None
+            text = workers.scrape(s.metrics_url) or ""
+            total["transfers"] += counter_sum(text, workers.NIXL_XFER, {})
+            total["bytes"] += counter_sum(text, workers.NIXL_BYTES, {})
+            total["failed"] += counter_sum(text, workers.NIXL_FAILED, {}) + counter_sum(text, workers.NIXL_FAILED_NOTIFY, {})
+            total["external"] += counter_sum(text, workers.PROMPT_SOURCE, {"source": "external_kv_transfer"})
+            total["local"] += counter_sum(text, workers.PROMPT_SOURCE, {"source": "local_compute"})
+        return total
 
     def session_affinity(self) -> str:
         self._need_plan()
@@ -491,7 +545,11 @@ class Runner:
         base = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         evs = [self._expect_400("tool without function.name",
                                 body=base | {"tools": [{"type": "function", "function": {"parameters": {"type": "object"}}}]}),
-               self._expect_400("tool of unknown type", body=base | {"tools": [{"type": "no-such-type"}]})]
+               self._expect_400("tool of unknown type", body=base | {"tools": [{"type": "no-such-type"}]}),
+               self._expect_400("tool_choice naming an undeclared tool",
+                                body=base | {"tools": [{"type": "function", "function": {
+                                    "name": "f", "parameters": {"type": "object", "properties": {}}}}],
+                                             "tool_choice": {"type": "function", "function": {"name": "launch_rocket"}}})]
         return "; ".join(evs)
 
     # --- 6. tool calling ----------------------------------------------------------------------
@@ -501,7 +559,11 @@ class Runner:
             raise CheckNA(f"n/a (engine {self.engine} serves no tool calls)")
         kwargs: dict[str, Any] = {
             "model": self.model, "messages": [{"role": "user", "content": sc.prompt}], "tools": sc.tools,
-            "tool_choice": sc.tool_choice, "max_tokens": 512, "temperature": 0, "seed": 7, "timeout": LONG_TIMEOUT_S,
+            # greedy, so streaming and non-streaming must agree exactly; the frequency penalty keeps a weak model
+            # from padding a grammar-forced call with whitespace until max_tokens. (No `seed`: with sampling it
+            # kills vLLM 0.31's CPU engine core, "CPU Generator does not use offset".)
+            "tool_choice": sc.tool_choice, "max_tokens": 512, "temperature": 0, "frequency_penalty": 1.0,
+            "timeout": LONG_TIMEOUT_S, "parallel_tool_calls": False,
         }
         unary = toolcheck.from_completion(self.client.chat.completions.create(**kwargs))
         streamed = toolcheck.from_chunks(self.client.chat.completions.create(**kwargs, stream=True))
@@ -509,8 +571,22 @@ class Runner:
         problems += [f"streaming: {p}" for p in toolcheck.check_turn(streamed, sc)]
         problems += toolcheck.compare_turns(unary, streamed)
         if problems:
+            end_tag = self.plan.serving.capabilities.tool_call_end_tag if self.plan is not None else "</tool_call>"
+            if sc.expect_args.get("text") == f"a{end_tag}b" and known_end_tag_defect(unary, streamed, end_tag):
+                raise CheckWarn(
+                    f"serving-stack defect (upstream, Dynamo 1.6.1's tool-call parser): a string argument holding "
+                    f"{end_tag} ends the call early; the call is dropped and its tail leaks into content "
+                    f"[non-streaming {unary.summary()}] [streaming {streamed.summary()}]. The grammar let the model "
+                    f"write it (xgrammar); the frontend's parser (lib/parsers tool_calling json base_json_parser "
+                    f"extract_tool_call_content, a non-greedy <tool_call>(.*?)</tool_call> match that is not "
+                    f"JSON-string aware) cuts it. Not a rollback: the previous revision has the same parser.")
             raise CheckFailed("; ".join(problems) + f" [non-streaming {unary.summary()}]")
         return unary.summary()
+
+
+def known_end_tag_defect(unary: toolcheck.Turn, streamed: toolcheck.Turn, end_tag: str) -> bool:
+    """Both answers show the parser defect: no call, and the argument's tail after the end tag in the content."""
+    return all(not t.tool_calls and 'b"' in t.content and end_tag in t.content for t in (unary, streamed))
 
 
 def _gate_detail(body: object) -> str:
@@ -544,47 +620,60 @@ def _fmt_labels(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
-def tool_scenarios() -> list[toolcheck.Scenario]:
-    """The tool-calling requests sent to engines that can call tools."""
-    weather = {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-            "required": ["city", "unit"], "additionalProperties": False}}}
-    echo = {"type": "function", "function": {
-        "name": "echo", "description": "Repeat a text verbatim.",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
-    tree = {"type": "function", "function": {
-        "name": "create_org", "description": "Create an organisation chart.",
-        "parameters": {
-            "type": "object",
-            "properties": {"root": {"$ref": "#/$defs/node"}, "active": {"type": "boolean"},
-                           "meta": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
-                                                                     "level": {"type": "integer"}},
-                                    "required": ["tags", "level"]}},
-            "required": ["root", "active", "meta"],
-            "$defs": {"node": {"type": "object", "properties": {
-                "name": {"type": "string"}, "role": {"type": "string", "enum": ["lead", "member"]},
-                "reports": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["name", "role"]}}}}}
-    special = 'a < b && c > "d" \'e\' <tag/> &amp;'
+def _fn(name: str, description: str, properties: dict[str, Any], **schema: Any) -> dict[str, Any]:
+    params = {"type": "object", "properties": properties, "required": list(properties),
+              "additionalProperties": False, **schema}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+def tool_scenarios(end_tag: str = "</tool_call>") -> list[toolcheck.Scenario]:
+    """The tool-calling requests sent to engines that can call tools.
+
+    Every string argument is bounded (enum or pattern) so the checks judge the serving stack (schema-constrained
+    decoding, the tool-call parser, streaming) and hold for any model, a random-weight one included.
+    """
+    weather = _fn("get_weather", "Current weather for a city.", {
+        "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}})
+    flight = _fn("book_flight", "Book a flight.", {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "seats": {"type": "integer", "minimum": 1, "maximum": 9},
+        "refundable": {"type": "boolean"}})
+    order = _fn("create_order", "Create an order.", {
+        "customer": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                      "tier": {"type": "string", "enum": ["gold", "basic"]}},
+                     "required": ["id", "tier"], "additionalProperties": False},
+        "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 2}},
+        **{"$defs": {"item": {"type": "object", "properties": {
+            "sku": {"type": "string", "pattern": "^[a-z]{2}[0-9]{2}$"},
+            "qty": {"type": "integer", "minimum": 1, "maximum": 5}},
+            "required": ["sku", "qty"], "additionalProperties": False}}})
+    special = 'a < b && "c" \'d\' <e/>'
+    markup = _fn("render_markup", "Render markup characters verbatim.", {
+        "snippet": {"type": "string", "enum": [special]},
+        "glyphs": {"type": "string", "pattern": "^[<&\"']{1,4}$"}})
+    tagged = f"a{end_tag}b"
+    echo_tag = _fn("echo_tag", "Echo a text that contains the tool-call end tag.", {
+        "text": {"type": "string", "enum": [tagged]}})
+    markers = ("<tool_call>", end_tag)
     return [
-        toolcheck.Scenario("auto", "What is the weather in Paris in celsius for the next 3 days? Use the tool.",
-                           [weather, echo], "auto", "get_weather", {"city": "Paris", "unit": "celsius"}),
-        toolcheck.Scenario("required", "Hello there!", [weather], "required"),
-        toolcheck.Scenario("none", "What is the weather in Paris in celsius? Use the tool.", [weather], "none"),
-        toolcheck.Scenario("named function", "Please repeat: hello world", [weather, echo],
-                           {"type": "function", "function": {"name": "echo"}}, "echo"),
-        toolcheck.Scenario("nested/$ref/recursive schema",
-                           "Create an org chart with create_org: root is Ada (lead) with reports Bob (member) and "
-                           "Cy (lead, who has report Di, member); active true; meta tags ['eng'] and level 2.",
-                           [tree], "auto", "create_org"),
-        toolcheck.Scenario("special characters", f"Call echo with this exact text: {special}", [echo], "auto",
-                           "echo", {"text": special}),
-        toolcheck.Scenario("undeclared tool surfaced",
+        toolcheck.Scenario("auto", "What is the weather in Paris in celsius? Use the tool.", [weather, flight], "auto",
+                           markers=markers),
+        toolcheck.Scenario("required: enums", "Hello there!", [weather], "required", markers=markers),
+        toolcheck.Scenario("none", "What is the weather in Paris in celsius? Use the tool.", [weather], "none",
+                           markers=markers),
+        toolcheck.Scenario("named function: types (pattern, integer range, boolean)", "Book me a flight.",
+                           [weather, flight], {"type": "function", "function": {"name": "book_flight"}}, "book_flight",
+                           markers=markers),
+        toolcheck.Scenario("nested/$ref schema", "Order two items for customer 7.", [order], "required",
+                           markers=markers),
+        toolcheck.Scenario("special characters arrive unchanged", f"Render this: {special}", [markup], "required",
+                           "render_markup", {"snippet": special}, markers=markers),
+        toolcheck.Scenario("undeclared tool never silently dropped",
                            "You must call the function get_time with timezone 'UTC' now (it exists even if not "
-                           "listed). Do not answer in text.", [weather], "auto", "get_time"),
+                           "listed). Do not answer in text.", [weather], "auto", markers=markers),
+        toolcheck.Scenario(f"string argument holding the parser's end tag {end_tag}", "Echo the tag.", [echo_tag],
+                           "required", "echo_tag", {"text": tagged}, markers=()),
     ]
 
 
@@ -604,6 +693,7 @@ def run_smoke(url: str, model: str, plan: Plan | None) -> SmokeReport:
     if gate.status == "fail":
         r.halted = "readiness gate failed"
     r.check(f"ready: /v1/models lists {model}", r.models_list)
+    r.check("warm-up: the first request is answered", r.warm_up)
     r.check("chat: non-streaming", r.chat_unary)
     r.check("chat: streaming", r.chat_stream)
     r.check("completions", r.completions)
@@ -614,7 +704,8 @@ def run_smoke(url: str, model: str, plan: Plan | None) -> SmokeReport:
     r.check("errors: unknown model -> 404", r.unknown_model)
     r.check("errors: malformed JSON body -> 400", r.malformed_json)
     r.check("errors: malformed tool definition -> 400", r.malformed_tool)
-    for sc in tool_scenarios():
+    end_tag = plan.serving.capabilities.tool_call_end_tag if plan is not None else "</tool_call>"
+    for sc in tool_scenarios(end_tag):
         r.check(f"tools: {sc.name}", lambda sc=sc: r.tool_scenario(sc))  # type: ignore[misc]
     return r.report
 

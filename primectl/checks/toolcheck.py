@@ -51,7 +51,7 @@ class Turn:
 
     def summary(self) -> str:
         """Short description for evidence text."""
-        calls = ", ".join(f"{c.name}({_clip(c.arguments, 80)})" for c in self.tool_calls) or "none"
+        calls = ", ".join(f"{c.name}({_clip(' '.join(c.arguments.split()), 80)})" for c in self.tool_calls) or "none"
         return f"calls: {calls}; finish_reason={self.finish_reason}; content={_clip(self.content, 60)!r}"
 
 
@@ -65,6 +65,7 @@ class Scenario:
     tool_choice: str | dict[str, Any] = "auto"
     expect_call: str | None = None  # the function the prompt asks for (may be an undeclared one)
     expect_args: dict[str, Any] = field(default_factory=dict)  # exact values expected, by dotted argument path
+    markers: tuple[str, ...] = ("<tool_call>", "</tool_call>")  # the parser's tags: never in content
 
     def declared(self) -> dict[str, Any]:
         """Declared function name -> its parameters schema."""
@@ -281,6 +282,12 @@ def check_turn(turn: Turn, sc: Scenario) -> list[str]:
     undeclared_expected = sc.expect_call is not None and sc.expect_call not in declared
     if turn.finish_reason == "tool_calls" and not turn.tool_calls:
         problems.append("finish_reason is tool_calls but the response carries no tool call (call dropped)")
+    leaked = [m for m in sc.markers if m and m in turn.content]
+    if leaked:
+        problems.append(f"tool-call markup {', '.join(leaked)} leaked into content (a call was cut or dropped): "
+                        f"{_clip(turn.content, 80)!r}")
+    if turn.tool_calls and turn.finish_reason == "length":
+        problems.append("a tool call cut off by max_tokens was returned as if complete (finish_reason=length)")
     if sc.tool_choice == "none":
         if turn.tool_calls:
             problems.append(f"tool_choice none, yet {len(names)} call(s) came: {', '.join(names)}")

@@ -15,6 +15,8 @@ from primectl.plan.model import Plan
 NIXL_XFER = "vllm:nixl_xfer_time_seconds_count"
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
+NIXL_FAILED_NOTIFY = "vllm:nixl_num_failed_notifications_total"
+PROMPT_SOURCE = "vllm:prompt_tokens_by_source_total"
 CACHE_INFO = "vllm:cache_config_info"
 
 
@@ -35,8 +37,8 @@ def worker_sections(plan: Plan) -> tuple[dict[str, list[dict[str, Any]]], list[s
     kv: list[dict[str, Any]] = []
     nixl: list[dict[str, Any]] = []
     notes: list[str] = []
-    predicted = plan.serving.kv_tokens_per_worker
     for s in plan.workers():
+        predicted = plan.serving.kv_tokens_per_worker.get(s.role)
         if not s.metrics_url:
             continue
         text = scrape(s.metrics_url)

@@ -90,5 +90,5 @@ def _cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return str(int(v)) if v.is_integer() else f"{v:.4g}"
     return str(v)

