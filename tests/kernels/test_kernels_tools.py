@@ -32,6 +32,10 @@ def test_every_kernel_compiles_for_hopper_and_blackwell() -> None:
             assert (arch, kernel) in labels
     for r in report["results"]:
         assert r["ok"] and 0 < r["registers"] <= 255, r
+        if r["label"].startswith("decode_"):  # the loop over tiles is found and counted in the SASS
+            assert r["loop"]["source"] == "sass"
+            assert 0 < r["loop"]["instructions"] < r["loop"]["total_instructions"], r["loop"]
+            assert r["loop"]["classes"]["mma"] > 0
 
 
 def test_compile_check_refuses_to_run_under_the_interpreter() -> None:
@@ -86,3 +90,29 @@ def test_gather_probe_reads_exactly_the_selected_rows() -> None:
     flat = cache.view(-1, 352).to(torch.int64)
     want = [int(flat[row[row >= 0].long()].sum()) for row in idx]
     assert sums.view(2, -1).sum(dim=1).tolist() == want
+
+
+def test_compile_check_counts_the_main_loop_against_a_revision() -> None:
+    """`--against REV` builds REV's kernels too and prints registers, spills, shared memory and the
+    main loop's SASS instruction count side by side (the check CI runs, for one kernel and arch)."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("not a git checkout")
+    res = _run(["kernels.compile_check", "--arch", "90", "--only", "decode_nvfp4", "--against", "HEAD"], interpret=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"cells: {head.stdout.strip()} -> working tree"
+    assert "loop instr" in lines[1] and "regs" in lines[1]
+    rows = [ln for ln in lines if ln.startswith("sm_90  decode_nvfp4")]
+    assert len(rows) == 1, res.stdout
+    assert " sass " in rows[0]  # counted in the cubin's SASS, not the PTX fallback
+    # every number in the row (regs, spills, shared, instruction counts) is there for both sides
+    assert "FAIL" not in rows[0] and rows[0].count(" - ") == 0, rows[0]
+
+
+def test_compile_check_unknown_revision_exits_4() -> None:
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("not a git checkout")
+    res = _run(["kernels.compile_check", "--arch", "90", "--only", "merge", "--against", "no-such-rev-0000"], interpret=False)
+    assert res.returncode == 4
+    assert "unknown revision" in res.stderr
