@@ -57,12 +57,25 @@ LN2 = 0.6931471805599453
 
 
 @jit
-def _row_offsets(idx_ptr, n, end, num_rows, block_size, stride_block, ROW_BYTES: tl.constexpr):  # type: ignore[no-untyped-def]
+def _row_byte_offset(idx, block_size, stride_block, ROW_BYTES: tl.constexpr, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
+    """int64 byte offset of global rows ``idx`` (int32, >= 0).
+
+    Rows of a cache whose blocks are packed back to back sit at ``idx * ROW_BYTES``;
+    only a padded block stride (``PAGED``) needs the division by the block size, and
+    that one is done in 32 bits (ptxas turns a 64-bit division into a ~90-instruction
+    subroutine call per row).
+    """
+    if PAGED:
+        return (idx // block_size).to(tl.int64) * stride_block + (idx % block_size).to(tl.int64) * ROW_BYTES
+    return idx.to(tl.int64) * ROW_BYTES
+
+
+@jit
+def _row_offsets(idx_ptr, n, end, num_rows, block_size, stride_block, ROW_BYTES: tl.constexpr, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
     """Load slot indices ``n`` and return (valid mask, int64 byte offset of each row)."""
     idx = tl.load(idx_ptr + n, mask=n < end, other=-1)
     valid = (idx >= 0) & (idx < num_rows)
-    idx64 = tl.where(valid, idx, 0).to(tl.int64)
-    off = (idx64 // block_size) * stride_block + (idx64 % block_size) * ROW_BYTES
+    off = _row_byte_offset(tl.where(valid, idx, 0), block_size, stride_block, ROW_BYTES, PAGED)
     return valid, off
 
 
@@ -119,17 +132,17 @@ def _scaled_pv(p, sc, k, acc):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block):  # type: ignore[no-untyped-def]
+def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
     """Gather the raw bytes of one tile of nvfp4 rows: (valid, packed latent, scale codes, rope codes)."""
-    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
+    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352, PAGED)
     packed, sc, pe = nvfp4_gather(cache_ptr + off, valid)
     return valid, packed, sc, pe
 
 
 @jit
-def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block):  # type: ignore[no-untyped-def]
+def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
     """Gather the raw bytes of one tile of fp8 rows: (valid, 4 latent chunks, 4 scales, rope bits)."""
-    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
+    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656, PAGED)
     d = tl.arange(0, 128)
     r = tl.arange(0, 64)
     row = cache_ptr + off
@@ -173,6 +186,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
     j = tl.arange(0, 256)
@@ -191,10 +205,10 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
 
     start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
     nb = tl.arange(0, BLOCK_N)
-    valid, packed, sc, pe = _load_nvfp4_tile(cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block)
+    valid, packed, sc, pe = _load_nvfp4_tile(cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block, PAGED)
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
             k_lo, k_hi = nvfp4_dequant_halves(packed, sc, BLOCK_N, tl.float16)
             k_pe = e4m3_decode(pe).to(tl.float16)
@@ -206,7 +220,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
             acc_lo = tl.dot(pf, k_lo, acc_lo * alpha[:, None])
             acc_hi = tl.dot(pf, k_hi, acc_hi * alpha[:, None])
         if not PREFETCH:
-            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, packed, sc, pe = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
@@ -239,6 +253,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
     d = tl.arange(0, 128)
@@ -263,11 +278,11 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     nb = tl.arange(0, BLOCK_N)
     cache = (cache_ptr, cache_f32_ptr, cache_i16_ptr)
     valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = _load_fp8_tile(
-        *cache, idx_row, start + nb, end, num_rows, block_size, stride_block
+        *cache, idx_row, start + nb, end, num_rows, block_size, stride_block, PAGED
     )
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
             k0 = e4m3_decode(c0).to(tl.float16)
             k1 = e4m3_decode(c1).to(tl.float16)
@@ -286,7 +301,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
             acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
             acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
         if not PREFETCH:
-            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
@@ -352,6 +367,7 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
     block_size,
     stride_block,
     BLOCK_T: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     """Dequantise selected nvfp4 rows and re-quantise them into a dense fp8_ds_mla buffer."""
     pid = tl.program_id(0)
@@ -360,8 +376,7 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
     idx = tl.load(idx_ptr + slot, mask=inb, other=-1)
     valid = inb & (idx >= 0) & (idx < num_rows)
     tl.store(new_idx_ptr + slot, tl.where(valid, slot, -1), mask=inb)
-    idx64 = tl.where(valid, idx, 0).to(tl.int64)
-    row = cache_ptr + (idx64 // block_size) * stride_block + (idx64 % block_size) * 352
+    row = cache_ptr + _row_byte_offset(tl.where(valid, idx, 0), block_size, stride_block, 352, PAGED)
     packed, sc, pe = nvfp4_gather(row, valid)
     lo, hi = nvfp4_dequant_halves(packed, sc, BLOCK_T, tl.float32)
     rope = e4m3_decode(pe)
@@ -454,6 +469,11 @@ def choose_num_splits(t: int, h: int, topk: int, device: torch.device, tuning: D
     return int(max(1, min(max_splits, want, 64)))
 
 
+def _paged(cache: torch.Tensor, row_bytes: int) -> bool:
+    """True when the cache's blocks are not packed back to back (row offsets need the block size)."""
+    return int(cache.stride(0)) != int(cache.shape[1]) * row_bytes
+
+
 def _check(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, row_bytes: int) -> None:
     if q.dim() != 3 or q.shape[-1] != HEAD_DIM_QK:
         raise ValueError(f"q must be [T, H, 576], got {tuple(q.shape)}")
@@ -524,6 +544,7 @@ def _run(
         BLOCK_N=block_n,
         SKIP_EMPTY=tune.skip_empty_tiles,
         PREFETCH=tune.prefetch,
+        PAGED=_paged(cache, row_bytes),
         **tune.launch_options(),
     )
     _merge_kernel[(t, h, KV_LORA_RANK // MERGE_BLOCK_D)](
@@ -604,6 +625,7 @@ def stage_nvfp4_to_fp8(cache: torch.Tensor, indices: torch.Tensor, block_t: int 
             cache.shape[1],
             cache.stride(0),
             BLOCK_T=block_t,
+            PAGED=_paged(cache, NVFP4_DS_MLA_ROW_BYTES),
         )
     return stage, new_idx
 
