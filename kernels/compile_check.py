@@ -12,7 +12,8 @@ triton wheel) for the requested SM versions and reports per kernel:
   counted in the SASS that the wheel's ``nvdisasm`` prints for the cubin
   (``kernels.sass``), with the subroutines it calls counted separately; when no
   ``nvdisasm`` is found the count comes from the PTX between the loop labels
-  (the ``src`` column says which).
+  (the ``src`` column says which); ``--lines N`` also lists the N source lines
+  that contribute most instructions to each loop body (from the line info).
 
 ``--against REV`` also builds the kernels of git revision ``REV`` (its
 ``kernels/`` tree from ``git archive``, measured with this file's code in a
@@ -238,7 +239,7 @@ def loop_stats(cubin: bytes, ptx: str) -> LoopStats:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
-            out = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=False)
+            out = subprocess.run([nvdisasm, "-c", "-g", f.name], capture_output=True, text=True, check=False)
         if out.returncode == 0 and out.stdout.strip():
             return sass_loop_stats(out.stdout)
     return ptx_loop_stats(ptx)
@@ -452,6 +453,29 @@ def format_table(after: list[CompileResult], before: list[CompileResult] | None 
     return "\n".join(lines)
 
 
+def format_lines(results: list[CompileResult], top: int) -> str:
+    """The ``top`` source lines that put most instructions into each kernel's loop body."""
+    here = Path(__file__).resolve().parent
+    sources: dict[str, list[str]] = {}
+
+    def text(where: str) -> str:
+        name, _, num = where.rpartition(":")
+        if name not in sources:
+            path = here / name
+            sources[name] = path.read_text().splitlines() if path.is_file() else []
+        src = sources[name]
+        return src[int(num) - 1].strip()[:100] if num.isdigit() and 0 < int(num) <= len(src) else ""
+
+    out = []
+    for r in results:
+        lines = (r.loop or {}).get("lines") or {}
+        if not lines:
+            continue
+        out.append(f"sm_{r.arch} {r.label}: loop body instructions by source line")
+        out.extend(f"  {n:>5}  {where:<16} {text(where)}" for where, n in list(lines.items())[:top])
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compile the kernels for the given architectures; returns the process exit code."""
     ap = argparse.ArgumentParser(
@@ -462,12 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all-tunings", action="store_true", help="decode at every candidate tuning, not just the default")
     ap.add_argument("--only", metavar="TEXT", help="only kernels whose label contains TEXT (e.g. decode_nvfp4)")
     ap.add_argument("--against", metavar="REV", help="also compile git revision REV's kernels and print both side by side")
+    ap.add_argument("--lines", metavar="N", type=int, default=0, help="list the N source lines with most instructions in each loop")
     ap.add_argument("--dump", metavar="DIR", type=Path, help="write each kernel's TTGIR, PTX and cubin into DIR")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("kernels compile_check: unset TRITON_INTERPRET (the interpreter replaces the compiler)", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    if args.lines:  # Triton's cache key ignores where a function sits in its file: cached line info can be stale
+        os.environ["TRITON_ALWAYS_COMPILE"] = "1"
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -497,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         print(format_table(results, before, rev))
+        if args.lines:
+            print(format_lines(results, args.lines))
         extra = f", plus {len(before)} at {rev}" if before is not None else ""
         print(f"kernels compile_check: {'PASS' if not failed else 'FAIL'} ({len(results)} compiles{extra})")
     return EXIT_FAILED if failed else EXIT_OK

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 # one SASS instruction line of nvdisasm / cuobjdump: "/*0af0*/   @!P1 BRA `(.L_x_3) ;"
 _SASS_INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;?\s*$")
 _SASS_LABEL = re.compile(r"^([.$\w]+):")
+# nvdisasm -g: '//## File "/x/kernels/decode.py", line 223' (optionally ', inlined at ...')
+_SASS_LINE = re.compile(r'^//## File "([^"]+)", line (\d+)')
 _SASS_TARGET = re.compile(r"`\(([.$\w]+)\)")
 _PRED = re.compile(r"^@!?U?P[0-9T]\s+")
 # PTX: "$L__BB0_3:" labels, "@%p1 bra $L__BB0_3;" / "bra.uni $L__BB0_3;"
@@ -51,6 +53,7 @@ class LoopStats:
     call_instructions: int = 0  # sum over the body's calls of the callee's size
     classes: dict[str, int] = field(default_factory=dict)
     opcodes: dict[str, int] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)  # "file.py:line" -> body instructions (with nvdisasm -g)
 
     @property
     def effective(self) -> int:
@@ -79,10 +82,17 @@ def _loop_span(positions: list[tuple[int, str | None]], labels: dict[str, int]) 
 def sass_loop_stats(sass: str) -> LoopStats:
     """Count the main loop of a kernel in ``nvdisasm -c`` output."""
     insns: list[tuple[int, str]] = []  # (index, text)
+    where: list[str] = []  # source line of each instruction ("" without line info)
     labels: dict[str, int] = {}
+    here = ""
     for line in sass.splitlines():
         s = line.strip()
-        if not s or s.startswith("//"):
+        if s.startswith("//"):
+            m = _SASS_LINE.match(s)
+            if m:
+                here = f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}"
+            continue
+        if not s:
             continue
         m = _SASS_LABEL.match(s)
         if m and not s.startswith("/*"):
@@ -91,6 +101,7 @@ def sass_loop_stats(sass: str) -> LoopStats:
         m = _SASS_INSN.match(line)
         if m:
             insns.append((len(insns), m.group(2)))
+            where.append(here)
     stats = LoopStats("sass", total_instructions=len(insns))
     branches = [(i, (m.group(1) if (m := _SASS_TARGET.search(t)) else None)) for i, t in insns if _opcode(t) == "BRA"]
     span = _loop_span(branches, labels)
@@ -101,6 +112,7 @@ def sass_loop_stats(sass: str) -> LoopStats:
     stats.instructions = len(body)
     stats.opcodes = dict(ops.most_common())
     stats.classes = {name: sum(ops[o] for o in members) for name, members in SASS_CLASSES.items()}
+    stats.lines = dict(Counter(w for w in where[span[0] : span[1] + 1] if w).most_common())
     for _, text in body:
         if _opcode(text) != "CALL":
             continue
