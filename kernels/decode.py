@@ -16,8 +16,12 @@ plus its log2-sum-exp.  Slots with index ``-1`` (or out of range) are masked:
 their rows are never loaded, and tiles without a valid slot are skipped.  A
 second small kernel merges the splits.
 
-The nvfp4 kernel keeps the latent as even/odd halves (low/high nibbles): the
-query is split the same way, so no in-register shuffle is needed.  The FP8
+The nvfp4 kernel reads the latent as int32 words of 8 E2M1 nibbles and turns
+each word into FP16 pairs with integer operations (E2M1 x 2^-14 is an FP16 bit
+pattern), multiplied by the block scale x 2^7: that is exact in FP16, and the
+2^7 goes into the softmax scale and the output.  The latent is kept as eight
+slices (slice k = element 8w + k), the query and the output are split the same
+way, so no value moves between threads before the MMAs.  The FP8
 kernel works in four 128-wide chunks of raw e4m3 values (exact in FP16),
 applying each chunk's FP32 scale to the scores and to the probabilities instead
 of to the 512-wide rows.
@@ -39,6 +43,7 @@ from kernels.codec import (
     jit,
     nvfp4_dequant_halves,
     nvfp4_gather,
+    nvfp4_k_slices,
 )
 from kernels.layout import (
     FP8_DS_MLA_ROW_BYTES,
@@ -132,11 +137,32 @@ def _scaled_pv(p, sc, k, acc):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Gather the raw bytes of one tile of nvfp4 rows: (valid, packed latent, scale codes, rope codes)."""
+def _load_q16(ptrs, mask):  # type: ignore[no-untyped-def]
+    """Query values at ``ptrs`` as FP16 (through FP32: the interpreter cannot compute on bf16)."""
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32).to(tl.float16)
+
+
+@jit
+def _interleave8(a0, a1, a2, a3, a4, a5, a6, a7, ROWS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``[ROWS, 64]`` x 8 -> ``[ROWS, 512]`` with ``a_k[:, w]`` at column ``8w + k``."""
+    x = tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
+    return tl.reshape(x, (ROWS, 512))
+
+
+@jit
+def _load_nvfp4_tile(cache_ptr, cache_i32_ptr, idx_row, n, end, num_rows, block_size, stride_block, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Gather the raw bytes of one tile of nvfp4 rows: (valid, latent words [N, 64] int32, the scale code of
+    each word's block [N, 64], rope codes [N, 64]).  Loading the scale once per word (rather than once per
+    block and broadcasting) keeps every tensor of the tile in one register layout: no shared-memory shuffle."""
     valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352, PAGED)
-    packed, sc, pe = nvfp4_gather(cache_ptr + off, valid)
-    return valid, packed, sc, pe
+    m2 = valid[:, None]
+    w = tl.arange(0, 64)
+    row = cache_ptr + off
+    words = tl.load(cache_i32_ptr + (off >> 2)[:, None] + w[None, :], mask=m2, other=0)
+    b = w // 2  # the block of latent word w: its scale code is loaded once per word
+    sc = tl.load(row[:, None] + (320 + 8 * (b & 3) + (b >> 2))[None, :], mask=m2, other=0)
+    pe = tl.load(row[:, None] + 256 + w[None, :], mask=m2, other=0)
+    return valid, words, sc, pe
 
 
 @jit
@@ -169,6 +195,7 @@ def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num
 def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     cache_ptr,
+    cache_i32_ptr,
     idx_ptr,
     o_ptr,
     lse_ptr,
@@ -189,42 +216,65 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     PAGED: tl.constexpr,
 ):
     t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
-    j = tl.arange(0, 256)
-    r = tl.arange(0, 64)
+    w = tl.arange(0, 64)
 
+    # latent element 8w + k of the query (k = 0..7), to match the K slices below
     q_row = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
     hm2 = hmask[:, None]
-    q_lo = tl.load(q_row + 2 * j[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
-    q_hi = tl.load(q_row + 2 * j[None, :] + 1, mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
-    q_pe = tl.load(q_row + 512 + r[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q0 = _load_q16(q_row + 8 * w[None, :] + 0, hm2)
+    q1 = _load_q16(q_row + 8 * w[None, :] + 1, hm2)
+    q2 = _load_q16(q_row + 8 * w[None, :] + 2, hm2)
+    q3 = _load_q16(q_row + 8 * w[None, :] + 3, hm2)
+    q4 = _load_q16(q_row + 8 * w[None, :] + 4, hm2)
+    q5 = _load_q16(q_row + 8 * w[None, :] + 5, hm2)
+    q6 = _load_q16(q_row + 8 * w[None, :] + 6, hm2)
+    q7 = _load_q16(q_row + 8 * w[None, :] + 7, hm2)
+    q_pe = _load_q16(q_row + 512 + w[None, :], hm2)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc_lo = tl.zeros([BLOCK_H, 256], tl.float32)
-    acc_hi = tl.zeros([BLOCK_H, 256], tl.float32)
+    a0 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a1 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a2 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a3 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a4 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a5 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a6 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a7 = tl.zeros([BLOCK_H, 64], tl.float32)
 
     start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
     nb = tl.arange(0, BLOCK_N)
-    valid, packed, sc, pe = _load_nvfp4_tile(cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block, PAGED)
+    cache = (cache_ptr, cache_i32_ptr)
+    valid, words, sc, pe = _load_nvfp4_tile(*cache, idx_row, start + nb, end, num_rows, block_size, stride_block, PAGED)
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+            nxt = _load_nvfp4_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            k_lo, k_hi = nvfp4_dequant_halves(packed, sc, BLOCK_N, tl.float16)
-            k_pe = e4m3_decode(pe).to(tl.float16)
-            s = tl.dot(q_lo, tl.trans(k_lo))
-            s = tl.dot(q_hi, tl.trans(k_hi), s)
-            s = tl.dot(q_pe, tl.trans(k_pe), s)
-            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
+            # K slice k = latent element 8w + k of each row, x 2^-7 (exact in FP16, see nvfp4_k_slices)
+            k0, k1, k2, k3, k4, k5, k6, k7 = nvfp4_k_slices(words, sc, BLOCK_N)
+            k_pe = pe.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.0078125
+            s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
+            s += tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2)))
+            s += tl.dot(q5, tl.trans(k5), tl.dot(q4, tl.trans(k4)))
+            s += tl.dot(q7, tl.trans(k7), tl.dot(q6, tl.trans(k6), tl.dot(q_pe, tl.trans(k_pe))))
+            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale * 128.0)
             pf = p.to(tl.float16)
-            acc_lo = tl.dot(pf, k_lo, acc_lo * alpha[:, None])
-            acc_hi = tl.dot(pf, k_hi, acc_hi * alpha[:, None])
+            a2d = alpha[:, None]
+            a0 = tl.dot(pf, k0, a0 * a2d)
+            a1 = tl.dot(pf, k1, a1 * a2d)
+            a2 = tl.dot(pf, k2, a2 * a2d)
+            a3 = tl.dot(pf, k3, a3 * a2d)
+            a4 = tl.dot(pf, k4, a4 * a2d)
+            a5 = tl.dot(pf, k5, a5 * a2d)
+            a6 = tl.dot(pf, k6, a6 * a2d)
+            a7 = tl.dot(pf, k7, a7 * a2d)
         if not PREFETCH:
-            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
-        valid, packed, sc, pe = nxt
+            nxt = _load_nvfp4_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+        valid, words, sc, pe = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
-    out = tl.reshape(tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_H, 512))
+    inv = (128.0 / l_safe)[:, None]  # the latent went through the MMAs scaled by 2^-7
+    out = _interleave8(a0 * inv, a1 * inv, a2 * inv, a3 * inv, a4 * inv, a5 * inv, a6 * inv, a7 * inv, BLOCK_H)
     d = tl.arange(0, 512)
     tl.store(o_ptr + part.to(tl.int64)[:, None] * 512 + d[None, :], out, mask=hm2)
     tl.store(lse_ptr + part, lse, mask=hmask)
@@ -529,8 +579,8 @@ def _run(
         sm_scale * LOG2E,
     )
     caches: tuple[torch.Tensor, ...]
-    if fmt == "nvfp4":
-        kernel, caches = _decode_nvfp4_kernel, (cache,)
+    if fmt == "nvfp4":  # the latent is read as int32 words (8 E2M1 values each)
+        kernel, caches = _decode_nvfp4_kernel, (cache, cache.view(torch.int32))
     else:  # the fp8 kernel also reads the scales and rope through float32 / int16 views of the rows
         kernel, caches = _decode_fp8_kernel, (cache, cache.view(torch.float32), cache.view(torch.int16))
     kernel[grid](
