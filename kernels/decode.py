@@ -13,8 +13,9 @@ takes one query token, a block of heads and a contiguous slice of that token's
 top-k slots, walks it in tiles of ``BLOCK_N`` rows (online softmax, FP16 dot
 operands, FP32 accumulation) and writes an un-normalised-free partial output
 plus its log2-sum-exp.  Slots with index ``-1`` (or out of range) are masked:
-their rows are never loaded, and tiles without a valid slot are skipped.  A
-second small kernel merges the splits.
+their rows are never loaded.  With compaction (the default), a token's valid
+slots are ranked first and only those are split over the programs, so no tile is
+spent on empty slots.  A second small kernel merges the splits.
 
 The nvfp4 kernel reads the latent as int32 words of 8 E2M1 nibbles and turns
 each word into FP16 pairs with integer operations (E2M1 x 2^-14 is an FP16 bit
@@ -95,11 +96,60 @@ def _program_heads(H, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it):  # type: ignore[no-untyped-def]
-    """This split's [start, end) of the token's top-k slots and the token's row of indices."""
+def _count_valid(idx_row, TOPK, num_rows, SCAN: tl.constexpr):  # type: ignore[no-untyped-def]
+    """How many of the token's ``TOPK`` slots hold a row (not ``-1``, not out of range)."""
+    cnt = 0
+    for c0 in range(0, TOPK, SCAN):
+        n = c0 + tl.arange(0, SCAN)
+        idx = tl.load(idx_row + n, mask=n < TOPK, other=-1)
+        cnt += tl.sum(((idx >= 0) & (idx < num_rows)).to(tl.int32), axis=0)
+    return cnt
+
+
+@jit
+def _slot_list(  # type: ignore[no-untyped-def]
+    idx_ptr, stride_it, scratch_ptr, t, sp, num_splits, rows_per_split, TOPK, num_rows,
+    BLOCK_N: tl.constexpr, SCAN: tl.constexpr, COMPACT: tl.constexpr,
+):
+    """This program's list of slots to walk: (pointer to its first slot index, how many).
+
+    Without empty slots (or without ``COMPACT``) that is the split's own stretch of the
+    token's top-k list.  With ``COMPACT`` and at least one empty or out-of-range slot,
+    the token's valid slots are ranked (a prefix sum over the list, in this program) and
+    split evenly over the splits; each program writes its share, in order, into its
+    ``scratch`` row and walks that instead.  So no tile is spent on empty slots, work
+    stays balanced when the empties are bunched (e.g. a tail of ``-1``), and the loop
+    over tiles keeps no branch that would stop Triton from pipelining it.
+    """
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
     start = sp * rows_per_split
-    end = tl.minimum(start + rows_per_split, TOPK)
-    return start, end, idx_ptr + t.to(tl.int64) * stride_it
+    lst = idx_row + start
+    length = tl.minimum(TOPK - start, rows_per_split)
+    if COMPACT:
+        cnt = _count_valid(idx_row, TOPK, num_rows, SCAN)
+        if cnt < TOPK:
+            per = tl.cdiv(tl.cdiv(cnt, num_splits), BLOCK_N) * BLOCK_N
+            lo = sp * per
+            hi = tl.maximum(tl.minimum(lo + per, cnt), lo)
+            base = 0
+            for c0 in range(0, TOPK, SCAN):
+                n = c0 + tl.arange(0, SCAN)
+                idx = tl.load(idx_row + n, mask=n < TOPK, other=-1)
+                v = ((idx >= 0) & (idx < num_rows)).to(tl.int32)
+                rank = base + tl.cumsum(v, axis=0) - v
+                tl.store(scratch_ptr + (rank - lo), idx, mask=(v > 0) & (rank >= lo) & (rank < hi))
+                base += tl.sum(v, axis=0)
+            tl.debug_barrier()  # the list is written and read by different threads
+            lst = scratch_ptr
+            length = hi - lo
+    return lst, length
+
+
+@jit
+def _scratch_row(scratch_ptr, t, sp, num_splits, H, BLOCK_H: tl.constexpr, rows_per_split):  # type: ignore[no-untyped-def]
+    """This program's row of the compaction scratch buffer ``[T, splits, head blocks, rows_per_split]``."""
+    prog = (t.to(tl.int64) * num_splits + sp) * tl.cdiv(H, BLOCK_H) + tl.program_id(2)
+    return scratch_ptr + prog * rows_per_split
 
 
 @jit
@@ -197,6 +247,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     cache_ptr,
     cache_i32_ptr,
     idx_ptr,
+    scratch_ptr,
     o_ptr,
     lse_ptr,
     H,
@@ -211,7 +262,8 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SKIP_EMPTY: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SCAN: tl.constexpr,
     PREFETCH: tl.constexpr,
     PAGED: tl.constexpr,
 ):
@@ -242,34 +294,34 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     a6 = tl.zeros([BLOCK_H, 64], tl.float32)
     a7 = tl.zeros([BLOCK_H, 64], tl.float32)
 
-    start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
+    lst, end = _slot_list(idx_ptr, stride_it, _scratch_row(scratch_ptr, t, sp, num_splits, H, BLOCK_H, rows_per_split),
+                          t, sp, num_splits, rows_per_split, TOPK, num_rows, BLOCK_N, SCAN, COMPACT)
     nb = tl.arange(0, BLOCK_N)
     cache = (cache_ptr, cache_i32_ptr)
-    valid, words, sc, pe = _load_nvfp4_tile(*cache, idx_row, start + nb, end, num_rows, block_size, stride_block, PAGED)
-    for n0 in range(start, end, BLOCK_N):
+    valid, words, sc, pe = _load_nvfp4_tile(*cache, lst, nb, end, num_rows, block_size, stride_block, PAGED)
+    for n0 in range(0, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_nvfp4_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
-        if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            # K slice k = latent element 8w + k of each row, x 2^-7 (exact in FP16, see nvfp4_k_slices)
-            k0, k1, k2, k3, k4, k5, k6, k7 = nvfp4_k_slices(words, sc, BLOCK_N)
-            k_pe = pe.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.0078125
-            s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
-            s += tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2)))
-            s += tl.dot(q5, tl.trans(k5), tl.dot(q4, tl.trans(k4)))
-            s += tl.dot(q7, tl.trans(k7), tl.dot(q6, tl.trans(k6), tl.dot(q_pe, tl.trans(k_pe))))
-            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale * 128.0)
-            pf = p.to(tl.float16)
-            a2d = alpha[:, None]
-            a0 = tl.dot(pf, k0, a0 * a2d)
-            a1 = tl.dot(pf, k1, a1 * a2d)
-            a2 = tl.dot(pf, k2, a2 * a2d)
-            a3 = tl.dot(pf, k3, a3 * a2d)
-            a4 = tl.dot(pf, k4, a4 * a2d)
-            a5 = tl.dot(pf, k5, a5 * a2d)
-            a6 = tl.dot(pf, k6, a6 * a2d)
-            a7 = tl.dot(pf, k7, a7 * a2d)
+            nxt = _load_nvfp4_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+        # K slice k = latent element 8w + k of each row, x 2^-7 (exact in FP16, see nvfp4_k_slices)
+        k0, k1, k2, k3, k4, k5, k6, k7 = nvfp4_k_slices(words, sc, BLOCK_N)
+        k_pe = pe.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.0078125
+        s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
+        s += tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2)))
+        s += tl.dot(q5, tl.trans(k5), tl.dot(q4, tl.trans(k4)))
+        s += tl.dot(q7, tl.trans(k7), tl.dot(q6, tl.trans(k6), tl.dot(q_pe, tl.trans(k_pe))))
+        p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale * 128.0)
+        pf = p.to(tl.float16)
+        a2d = alpha[:, None]
+        a0 = tl.dot(pf, k0, a0 * a2d)
+        a1 = tl.dot(pf, k1, a1 * a2d)
+        a2 = tl.dot(pf, k2, a2 * a2d)
+        a3 = tl.dot(pf, k3, a3 * a2d)
+        a4 = tl.dot(pf, k4, a4 * a2d)
+        a5 = tl.dot(pf, k5, a5 * a2d)
+        a6 = tl.dot(pf, k6, a6 * a2d)
+        a7 = tl.dot(pf, k7, a7 * a2d)
         if not PREFETCH:
-            nxt = _load_nvfp4_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+            nxt = _load_nvfp4_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, words, sc, pe = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
@@ -287,6 +339,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     cache_f32_ptr,
     cache_i16_ptr,
     idx_ptr,
+    scratch_ptr,
     o_ptr,
     lse_ptr,
     H,
@@ -301,7 +354,8 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SKIP_EMPTY: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SCAN: tl.constexpr,
     PREFETCH: tl.constexpr,
     PAGED: tl.constexpr,
 ):
@@ -324,34 +378,34 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
 
-    start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
+    lst, end = _slot_list(idx_ptr, stride_it, _scratch_row(scratch_ptr, t, sp, num_splits, H, BLOCK_H, rows_per_split),
+                          t, sp, num_splits, rows_per_split, TOPK, num_rows, BLOCK_N, SCAN, COMPACT)
     nb = tl.arange(0, BLOCK_N)
     cache = (cache_ptr, cache_f32_ptr, cache_i16_ptr)
     valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = _load_fp8_tile(
-        *cache, idx_row, start + nb, end, num_rows, block_size, stride_block, PAGED
+        *cache, lst, nb, end, num_rows, block_size, stride_block, PAGED
     )
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(0, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
-        if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            k0 = e4m3_decode(c0).to(tl.float16)
-            k1 = e4m3_decode(c1).to(tl.float16)
-            k2 = e4m3_decode(c2).to(tl.float16)
-            k3 = e4m3_decode(c3).to(tl.float16)
-            k_pe = bf16_bits_to_f32(pe_bits).to(tl.float16)
-            s = tl.dot(q0, tl.trans(k0)) * sc0[None, :]
-            s += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
-            s += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
-            s += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
-            s = tl.dot(q_pe, tl.trans(k_pe), s)
-            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
-            a2 = alpha[:, None]
-            acc0 = _scaled_pv(p, sc0, k0, acc0 * a2)
-            acc1 = _scaled_pv(p, sc1, k1, acc1 * a2)
-            acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
-            acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
+            nxt = _load_fp8_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+        k0 = e4m3_decode(c0).to(tl.float16)
+        k1 = e4m3_decode(c1).to(tl.float16)
+        k2 = e4m3_decode(c2).to(tl.float16)
+        k3 = e4m3_decode(c3).to(tl.float16)
+        k_pe = bf16_bits_to_f32(pe_bits).to(tl.float16)
+        s = tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+        s += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+        s += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+        s += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+        s = tl.dot(q_pe, tl.trans(k_pe), s)
+        p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
+        a2 = alpha[:, None]
+        acc0 = _scaled_pv(p, sc0, k0, acc0 * a2)
+        acc1 = _scaled_pv(p, sc1, k1, acc1 * a2)
+        acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
+        acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
         if not PREFETCH:
-            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+            nxt = _load_fp8_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
@@ -448,9 +502,11 @@ class DecodeTuning:
     """Launch parameters of the decode kernels (they change speed, never the result beyond rounding).
 
     ``block_n``: rows per tile (power of two, >= 16).  ``num_warps`` / ``num_stages``:
-    Triton launch options (``num_stages=None`` = Triton's default).  ``skip_empty_tiles``:
-    branch over tiles whose slots are all ``-1`` (saves work at low fill; the
-    branch also keeps Triton from pipelining the row gathers).  ``prefetch``: gather
+    Triton launch options (``num_stages=None`` = Triton's default).  ``compact``:
+    when a token has empty (``-1``) or out-of-range slots, rank its valid slots first
+    and split only those evenly over the programs (no tile is spent on empty slots and
+    the tile loop stays branch-free; a token without empty slots costs one extra pass
+    over its index list).  ``prefetch``: gather
     the next tile's rows before this tile's math, so the memory latency overlaps
     the compute (a register double buffer of the raw bytes).  ``max_registers``:
     cap registers per thread (ptxas ``maxnreg``) so more programs fit on an SM.
@@ -462,7 +518,7 @@ class DecodeTuning:
     block_n: int = BLOCK_N
     num_warps: int = 8
     num_stages: int | None = None
-    skip_empty_tiles: bool = True
+    compact: bool = True
     prefetch: bool = True
     max_registers: int | None = None
     programs_per_sm: int = 1
@@ -479,25 +535,27 @@ class DecodeTuning:
 
 # the fastest launches at T=15 x 2,048 x 16 heads on an H200 (kernels/RESULTS.md)
 DEFAULT_TUNINGS: dict[str, DecodeTuning] = {
-    "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=True),
+    "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
     "fp8": DecodeTuning(block_n=32, num_warps=4, prefetch=False, programs_per_sm=2),
 }
 
 # what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
-    # the two winners of the previous H200 runs (fp8, nvfp4)
+    # the two winners of the previous H200 runs (fp8, nvfp4), and both without compaction
     DecodeTuning(block_n=32, num_warps=4, prefetch=False),
-    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=True),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
+    DecodeTuning(block_n=32, num_warps=4, prefetch=False, compact=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True, compact=False),
+    # after the nvfp4 rework (compile_check): 64 rows without prefetch (177 registers),
+    # 32 rows x 4 warps (203-209 registers: two programs per SM)
+    DecodeTuning(block_n=64, num_warps=8, prefetch=False),
+    DecodeTuning(block_n=32, num_warps=4, prefetch=True),
     DecodeTuning(block_n=16, num_warps=4, prefetch=False),
-    # capped registers: two 8-warp or three 4-warp programs per SM (small spills, see compile_check)
+    # capped registers: two 8-warp or three 4-warp programs per SM
     DecodeTuning(block_n=16, num_warps=8, prefetch=False, max_registers=128),
-    DecodeTuning(block_n=16, num_warps=8, prefetch=True, max_registers=128),
-    DecodeTuning(block_n=16, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=128),
     DecodeTuning(block_n=32, num_warps=8, prefetch=False, max_registers=128),
     DecodeTuning(block_n=32, num_warps=8, prefetch=True, max_registers=128),
-    DecodeTuning(block_n=32, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=128),
     DecodeTuning(block_n=16, num_warps=4, prefetch=False, max_registers=168),
-    DecodeTuning(block_n=16, num_warps=4, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=168),
     DecodeTuning(block_n=32, num_warps=4, prefetch=False, max_registers=168),
 )
 
@@ -566,6 +624,8 @@ def _run(
     if t == 0:
         return (out, lse) if return_lse else out
     grid = (t, splits, triton.cdiv(h, BLOCK_H))
+    # compaction: each program's share of a token's valid slots (never more than rows_per_split)
+    scratch = torch.empty(t * splits * grid[2] * rows_per_split if tune.compact else 1, dtype=torch.int32, device=q.device)
     common = (
         h,
         topk,
@@ -587,12 +647,14 @@ def _run(
         q,
         *caches,
         idx,
+        scratch,
         o_part,
         lse_part,
         *common,
         BLOCK_H=BLOCK_H,
         BLOCK_N=block_n,
-        SKIP_EMPTY=tune.skip_empty_tiles,
+        COMPACT=tune.compact,
+        SCAN=min(triton.next_power_of_2(max(topk, 1)), 2048),
         PREFETCH=tune.prefetch,
         PAGED=_paged(cache, row_bytes),
         **tune.launch_options(),
