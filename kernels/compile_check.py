@@ -346,7 +346,9 @@ def revision_results(rev: str, archs: tuple[int, ...], all_tunings: bool, only: 
         if only:
             cmd += ["--only", only]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-        env["PYTHONPATH"] = tmp
+        # the revision's kernels first; keep the rest of the path (e.g. another triton) but no other kernels/
+        keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not (Path(p) / "kernels").is_dir()]
+        env["PYTHONPATH"] = os.pathsep.join([tmp, *keep])
         out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, check=False)
         try:
             report = json.loads(out.stdout)
