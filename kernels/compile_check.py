@@ -385,7 +385,7 @@ def _pair(before: list[CompileResult], after: list[CompileResult]) -> list[tuple
 # report
 # ----------------------------------------------------------------------------
 
-_LOOP_CLASSES = ("mma", "smem", "shfl", "bar", "cvt", "int", "fp")
+_LOOP_CLASSES = ("mma", "smem", "lmem", "shfl", "bar", "cvt", "int", "fp")
 
 
 def _cell(r: CompileResult | None, what: str) -> str:

@@ -34,6 +34,7 @@ SASS_CLASSES: dict[str, frozenset[str]] = {
     "mma": frozenset({"HMMA", "HGMMA", "IMMA", "QMMA", "UTCHMMA", "UTCQMMA", "UTCIMMA", "UTCOMMA"}),
     "smem": frozenset({"LDS", "STS", "LDSM", "STSM", "LDGSTS", "ATOMS"}),
     "gmem": frozenset({"LDG", "STG", "LD", "ST", "UBLKCP", "UTMALDG"}),
+    "lmem": frozenset({"LDL", "STL"}),  # local memory: register spills / stack
     "cvt": frozenset({"F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "FRND"}),
     "shfl": frozenset({"SHFL"}),
     "bar": frozenset({"BAR", "WARPSYNC", "SYNCS", "MEMBAR"}),
