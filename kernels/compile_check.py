@@ -163,8 +163,8 @@ def _tuning_tag(tune: Any) -> str:
     flags = [f"n{tune.block_n}", f"w{tune.num_warps}", f"s{tune.num_stages or '-'}"]
     if getattr(tune, "compact", False):
         flags.append("compact")
-    if hasattr(tune, "skip_empty_tiles"):
-        flags.append("skip" if tune.skip_empty_tiles else "noskip")
+    if getattr(tune, "skip_empty_tiles", False):
+        flags.append("skip")
     if tune.prefetch:
         flags.append("pf")
     if tune.max_registers:

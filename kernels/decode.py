@@ -264,6 +264,7 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     COMPACT: tl.constexpr,
     SCAN: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
     PAGED: tl.constexpr,
 ):
@@ -302,24 +303,27 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     for n0 in range(0, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
             nxt = _load_nvfp4_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
-        # K slice k = latent element 8w + k of each row, x 2^-7 (exact in FP16, see nvfp4_k_slices)
-        k0, k1, k2, k3, k4, k5, k6, k7 = nvfp4_k_slices(words, sc, BLOCK_N)
-        k_pe = pe.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.0078125
-        s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
-        s += tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2)))
-        s += tl.dot(q5, tl.trans(k5), tl.dot(q4, tl.trans(k4)))
-        s += tl.dot(q7, tl.trans(k7), tl.dot(q6, tl.trans(k6), tl.dot(q_pe, tl.trans(k_pe))))
-        p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale * 128.0)
-        pf = p.to(tl.float16)
-        a2d = alpha[:, None]
-        a0 = tl.dot(pf, k0, a0 * a2d)
-        a1 = tl.dot(pf, k1, a1 * a2d)
-        a2 = tl.dot(pf, k2, a2 * a2d)
-        a3 = tl.dot(pf, k3, a3 * a2d)
-        a4 = tl.dot(pf, k4, a4 * a2d)
-        a5 = tl.dot(pf, k5, a5 * a2d)
-        a6 = tl.dot(pf, k6, a6 * a2d)
-        a7 = tl.dot(pf, k7, a7 * a2d)
+        # with compaction only a split's last tile can hold empty slots; the branch is there for
+        # register allocation (fp8 on sm_100 spills in the loop without it, see compile_check)
+        if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
+            # K slice k = latent element 8w + k of each row, x 2^-7 (exact in FP16, see nvfp4_k_slices)
+            k0, k1, k2, k3, k4, k5, k6, k7 = nvfp4_k_slices(words, sc, BLOCK_N)
+            k_pe = pe.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.0078125
+            s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
+            s += tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2)))
+            s += tl.dot(q5, tl.trans(k5), tl.dot(q4, tl.trans(k4)))
+            s += tl.dot(q7, tl.trans(k7), tl.dot(q6, tl.trans(k6), tl.dot(q_pe, tl.trans(k_pe))))
+            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale * 128.0)
+            pf = p.to(tl.float16)
+            a2d = alpha[:, None]
+            a0 = tl.dot(pf, k0, a0 * a2d)
+            a1 = tl.dot(pf, k1, a1 * a2d)
+            a2 = tl.dot(pf, k2, a2 * a2d)
+            a3 = tl.dot(pf, k3, a3 * a2d)
+            a4 = tl.dot(pf, k4, a4 * a2d)
+            a5 = tl.dot(pf, k5, a5 * a2d)
+            a6 = tl.dot(pf, k6, a6 * a2d)
+            a7 = tl.dot(pf, k7, a7 * a2d)
         if not PREFETCH:
             nxt = _load_nvfp4_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, words, sc, pe = nxt
@@ -356,6 +360,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     COMPACT: tl.constexpr,
     SCAN: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
     PAGED: tl.constexpr,
 ):
@@ -388,22 +393,25 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     for n0 in range(0, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
             nxt = _load_fp8_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
-        k0 = e4m3_decode(c0).to(tl.float16)
-        k1 = e4m3_decode(c1).to(tl.float16)
-        k2 = e4m3_decode(c2).to(tl.float16)
-        k3 = e4m3_decode(c3).to(tl.float16)
-        k_pe = bf16_bits_to_f32(pe_bits).to(tl.float16)
-        s = tl.dot(q0, tl.trans(k0)) * sc0[None, :]
-        s += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
-        s += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
-        s += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
-        s = tl.dot(q_pe, tl.trans(k_pe), s)
-        p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
-        a2 = alpha[:, None]
-        acc0 = _scaled_pv(p, sc0, k0, acc0 * a2)
-        acc1 = _scaled_pv(p, sc1, k1, acc1 * a2)
-        acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
-        acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
+        # with compaction only a split's last tile can hold empty slots; the branch is there for
+        # register allocation (fp8 on sm_100 spills in the loop without it, see compile_check)
+        if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
+            k0 = e4m3_decode(c0).to(tl.float16)
+            k1 = e4m3_decode(c1).to(tl.float16)
+            k2 = e4m3_decode(c2).to(tl.float16)
+            k3 = e4m3_decode(c3).to(tl.float16)
+            k_pe = bf16_bits_to_f32(pe_bits).to(tl.float16)
+            s = tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+            s += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+            s += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+            s += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+            s = tl.dot(q_pe, tl.trans(k_pe), s)
+            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
+            a2 = alpha[:, None]
+            acc0 = _scaled_pv(p, sc0, k0, acc0 * a2)
+            acc1 = _scaled_pv(p, sc1, k1, acc1 * a2)
+            acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
+            acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
         if not PREFETCH:
             nxt = _load_fp8_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = nxt
@@ -506,7 +514,10 @@ class DecodeTuning:
     when a token has empty (``-1``) or out-of-range slots, rank its valid slots first
     and split only those evenly over the programs (no tile is spent on empty slots and
     the tile loop stays branch-free; a token without empty slots costs one extra pass
-    over its index list).  ``prefetch``: gather
+    over its index list).  ``skip_empty_tiles``: branch over a tile whose slots are
+    all empty (without compaction that saves work at low fill, but the branch keeps
+    Triton from pipelining the loop; with it, it changes only register allocation).
+    ``prefetch``: gather
     the next tile's rows before this tile's math, so the memory latency overlaps
     the compute (a register double buffer of the raw bytes).  ``max_registers``:
     cap registers per thread (ptxas ``maxnreg``) so more programs fit on an SM.
@@ -519,6 +530,7 @@ class DecodeTuning:
     num_warps: int = 8
     num_stages: int | None = None
     compact: bool = True
+    skip_empty_tiles: bool = False
     prefetch: bool = True
     max_registers: int | None = None
     programs_per_sm: int = 1
@@ -536,15 +548,15 @@ class DecodeTuning:
 # the fastest launches at T=15 x 2,048 x 16 heads on an H200 (kernels/RESULTS.md)
 DEFAULT_TUNINGS: dict[str, DecodeTuning] = {
     "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
-    "fp8": DecodeTuning(block_n=32, num_warps=4, prefetch=False, programs_per_sm=2),
+    "fp8": DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False, programs_per_sm=2),
 }
 
 # what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
     # the two winners of the previous H200 runs (fp8, nvfp4), and both without compaction
-    DecodeTuning(block_n=32, num_warps=4, prefetch=False),
+    DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False),
     DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
-    DecodeTuning(block_n=32, num_warps=4, prefetch=False, compact=False),
+    DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False, compact=False),
     DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True, compact=False),
     # after the nvfp4 rework (compile_check): 64 rows without prefetch (177 registers),
     # 32 rows x 4 warps (203-209 registers: two programs per SM)
@@ -655,6 +667,7 @@ def _run(
         BLOCK_N=block_n,
         COMPACT=tune.compact,
         SCAN=min(triton.next_power_of_2(max(topk, 1)), 2048),
+        SKIP_EMPTY=tune.skip_empty_tiles,
         PREFETCH=tune.prefetch,
         PAGED=_paged(cache, row_bytes),
         **tune.launch_options(),

@@ -108,16 +108,23 @@ def _cache(fmt: str) -> torch.Tensor:
     return rows.view(NUM_BLOCKS, BLOCK_SIZE, -1)
 
 
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "no-compact"])
+TUNINGS = [
+    decode.DecodeTuning(block_n=32, num_warps=4),
+    decode.DecodeTuning(block_n=32, num_warps=4, compact=False),
+    decode.DecodeTuning(block_n=32, num_warps=4, compact=False, skip_empty_tiles=True),
+]
+TUNING_IDS = ["compact", "no-compact", "no-compact-skip"]
+
+
+@pytest.mark.parametrize("tuning", TUNINGS, ids=TUNING_IDS)
 @pytest.mark.parametrize("variant", ["nvfp4", "fp8", "nvfp4_staged"])
-def test_empty_slots_skipped_and_never_read(variant: str, compact: bool) -> None:
+def test_empty_slots_skipped_and_never_read(variant: str, tuning: decode.DecodeTuning) -> None:
     """Whole / partly / all-empty tiles, a -1 tail and out-of-range slots in one launch: the result matches
     the reference on a clean cache although every row that no valid slot selects is poisoned."""
     fmt = "fp8" if variant == "fp8" else "nvfp4"
     cache = _cache(fmt)
     idx = _patterns()
     q = (torch.randn(idx.shape[0], 16, 576, generator=torch.Generator().manual_seed(43)) * 2).to(torch.bfloat16)
-    tuning = decode.DecodeTuning(block_n=32, num_warps=4, compact=compact)
     poisoned = _poison_unselected(cache, fmt, idx)
     got = decode.sparse_mla_decode(
         q.to(DEVICE), poisoned.to(DEVICE), idx.to(DEVICE), SM_SCALE, variant=variant, num_splits=3, return_lse=True, tuning=tuning
@@ -137,9 +144,9 @@ def test_empty_slots_skipped_and_never_read(variant: str, compact: bool) -> None
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="watches the Triton interpreter's loads")
-@pytest.mark.parametrize("compact", [True, False], ids=["compact", "no-compact"])
+@pytest.mark.parametrize("tuning", TUNINGS, ids=TUNING_IDS)
 @pytest.mark.parametrize("variant", ["nvfp4", "fp8", "nvfp4_staged"])
-def test_exactly_the_selected_rows_are_loaded(monkeypatch: pytest.MonkeyPatch, variant: str, compact: bool) -> None:
+def test_exactly_the_selected_rows_are_loaded(monkeypatch: pytest.MonkeyPatch, variant: str, tuning: decode.DecodeTuning) -> None:
     """Every byte address the kernels load from the cache lies in a row some valid slot selects, and every
     selected row is read.  (The poisoned-cache test above cannot show this for nvfp4 on the CPU: the
     interpreter decodes e4m3 0x7F as 480, not NaN, and a finite row that a masked slot pulled in would
@@ -159,7 +166,6 @@ def test_exactly_the_selected_rows_are_loaded(monkeypatch: pytest.MonkeyPatch, v
     cache = _cache(fmt)
     idx = _patterns()
     q = torch.randn(idx.shape[0], 16, 576).to(torch.bfloat16)
-    tuning = decode.DecodeTuning(block_n=32, num_warps=4, compact=compact)
     decode.sparse_mla_decode(q, cache, idx, SM_SCALE, variant=variant, num_splits=3, tuning=tuning)
     addrs = np.concatenate(seen)
     base, size, row_bytes = cache.data_ptr(), cache.numel(), cache.shape[-1]
