@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--fill", type=float, action="append", help="fraction of valid (non -1) slots; repeatable")
     ap.add_argument("--tune", action="store_true", help="search tile/warps/stages/splits at T=15 first")
+    ap.add_argument("--candidates", type=int, help="tune over the first N of decode.TUNING_CANDIDATES only (each one compiles twice)")
     ap.add_argument("--sweep", help="comma-separated T values (default 1,2,4,8,15,20,32,35,64; 1,2 on CPU)")
+    ap.add_argument("--no-codec", action="store_true", help="skip the codec table and the unfused PyTorch reference")
     ap.add_argument("--json-out", type=Path, help="write every measurement as JSON here")
     ap.add_argument("--allow-cpu", action="store_true", help="without a GPU, run every code path at toy sizes (no speed figures)")
     args = ap.parse_args(argv)
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     block_size = args.block_size if gpu else 16
     sweep_txt = args.sweep or (",".join(map(str, SWEEP_T)) if gpu else "1,2")
     t_tune = 15 if gpu else 2
-    candidates = decode.TUNING_CANDIDATES if gpu else decode.TUNING_CANDIDATES[:2]
+    candidates = decode.TUNING_CANDIDATES[: args.candidates or (None if gpu else 2)]
     split_candidates = SPLIT_CANDIDATES if gpu else (None, 2)
     name = torch.cuda.get_device_name() if gpu else "cpu (Triton interpreter; timings are meaningless)"
     peak = hbm_peak_bytes_per_s(name) if gpu else None
@@ -352,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             results["tune"] = rows
         results["tunings"] = {v: dataclasses.asdict(t) for v, t in tunings.items()}
         _sweep(bench, sweep, fills, tunings, split_candidates, t_tune, peak, copy_bw, results, log)
-        _reference_and_codec(bench, t_tune, results, log)
+        if not args.no_codec:
+            _reference_and_codec(bench, t_tune, results, log)
     finally:
         if args.json_out:
             args.json_out.write_text(json.dumps(results, indent=1, default=str))

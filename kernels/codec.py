@@ -110,6 +110,43 @@ def nvfp4_dequant_halves(packed, sc, ROWS: tl.constexpr, DTYPE: tl.constexpr):  
 
 
 @jit
+def e2m1x8_to_f16x8(u):  # type: ignore[no-untyped-def]
+    """uint32 words of 8 E2M1 nibbles -> 4 uint32 words of two FP16 bit patterns each, worth the
+    E2M1 values x 2^-14 (magnitude bits to bits 9-11, sign to bit 15 of each half):
+    word ``k`` holds nibble ``k`` (low half) and nibble ``k + 4`` (high half)."""
+    f0 = ((u & 0x00070007) << 9) | ((u & 0x00080008) << 12)
+    f1 = ((u & 0x00700070) << 5) | ((u & 0x00800080) << 8)
+    f2 = ((u & 0x07000700) << 1) | ((u & 0x08000800) << 4)
+    f3 = ((u >> 3) & 0x0E000E00) | (u & 0x80008000)
+    return f0, f1, f2, f3
+
+
+@jit
+def f16_halves(x):  # type: ignore[no-untyped-def]
+    """uint32 holding two FP16 bit patterns -> (low, high) FP16 tensors."""
+    return x.to(tl.uint16).to(tl.float16, bitcast=True), (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@jit
+def nvfp4_k_slices(words, sc, ROWS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Eight FP16 slices ``[ROWS, 64]`` of the latent, slice ``k`` = element ``8w + k`` of each row,
+    scaled by 2^-7, from packed latent words ``[ROWS, 64]`` (int32) and e4m3 block-scale codes
+    ``[ROWS, 32]`` in block order (word ``w`` lies in block ``w // 2``).
+
+    Exact: E2M1 x 2^-14 is an FP16 bit pattern; scale x 2^7 is an FP16 value in
+    [2^-2, 57344]; their product E2M1 x scale x 2^-7 has at most 6 significant bits,
+    is a multiple of 2^-17 and at most 21, so FP16 holds it without rounding.
+    """
+    f0, f1, f2, f3 = e2m1x8_to_f16x8(words.to(tl.uint32, bitcast=True))
+    sf_w = sc.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 128.0
+    k0, k4 = f16_halves(f0)
+    k1, k5 = f16_halves(f1)
+    k2, k6 = f16_halves(f2)
+    k3, k7 = f16_halves(f3)
+    return k0 * sf_w, k1 * sf_w, k2 * sf_w, k3 * sf_w, k4 * sf_w, k5 * sf_w, k6 * sf_w, k7 * sf_w
+
+
+@jit
 def bf16_rne_bits(x):  # type: ignore[no-untyped-def]
     """FP32 -> bf16 bit pattern (int32 in [0, 65536)), round-to-nearest-even."""
     u = x.to(tl.int32, bitcast=True)

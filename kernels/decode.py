@@ -13,11 +13,16 @@ takes one query token, a block of heads and a contiguous slice of that token's
 top-k slots, walks it in tiles of ``BLOCK_N`` rows (online softmax, FP16 dot
 operands, FP32 accumulation) and writes an un-normalised-free partial output
 plus its log2-sum-exp.  Slots with index ``-1`` (or out of range) are masked:
-their rows are never loaded, and tiles without a valid slot are skipped.  A
-second small kernel merges the splits.
+their rows are never loaded.  With compaction (the default), a token's valid
+slots are ranked first and only those are split over the programs, so no tile is
+spent on empty slots.  A second small kernel merges the splits.
 
-The nvfp4 kernel keeps the latent as even/odd halves (low/high nibbles): the
-query is split the same way, so no in-register shuffle is needed.  The FP8
+The nvfp4 kernel reads the latent as int32 words of 8 E2M1 nibbles and turns
+each word into FP16 pairs with integer operations (E2M1 x 2^-14 is an FP16 bit
+pattern), multiplied by the block scale x 2^7: that is exact in FP16, and the
+2^7 goes into the softmax scale and the output.  The latent is kept as eight
+slices (slice k = element 8w + k), the query and the output are split the same
+way, so no value moves between threads before the MMAs.  The FP8
 kernel works in four 128-wide chunks of raw e4m3 values (exact in FP16),
 applying each chunk's FP32 scale to the scores and to the probabilities instead
 of to the 512-wide rows.
@@ -39,6 +44,7 @@ from kernels.codec import (
     jit,
     nvfp4_dequant_halves,
     nvfp4_gather,
+    nvfp4_k_slices,
 )
 from kernels.layout import (
     FP8_DS_MLA_ROW_BYTES,
@@ -57,12 +63,25 @@ LN2 = 0.6931471805599453
 
 
 @jit
-def _row_offsets(idx_ptr, n, end, num_rows, block_size, stride_block, ROW_BYTES: tl.constexpr):  # type: ignore[no-untyped-def]
+def _row_byte_offset(idx, block_size, stride_block, ROW_BYTES: tl.constexpr, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
+    """int64 byte offset of global rows ``idx`` (int32, >= 0).
+
+    Rows of a cache whose blocks are packed back to back sit at ``idx * ROW_BYTES``;
+    only a padded block stride (``PAGED``) needs the division by the block size, and
+    that one is done in 32 bits (ptxas turns a 64-bit division into a ~90-instruction
+    subroutine call per row).
+    """
+    if PAGED:
+        return (idx // block_size).to(tl.int64) * stride_block + (idx % block_size).to(tl.int64) * ROW_BYTES
+    return idx.to(tl.int64) * ROW_BYTES
+
+
+@jit
+def _row_offsets(idx_ptr, n, end, num_rows, block_size, stride_block, ROW_BYTES: tl.constexpr, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
     """Load slot indices ``n`` and return (valid mask, int64 byte offset of each row)."""
     idx = tl.load(idx_ptr + n, mask=n < end, other=-1)
     valid = (idx >= 0) & (idx < num_rows)
-    idx64 = tl.where(valid, idx, 0).to(tl.int64)
-    off = (idx64 // block_size) * stride_block + (idx64 % block_size) * ROW_BYTES
+    off = _row_byte_offset(tl.where(valid, idx, 0), block_size, stride_block, ROW_BYTES, PAGED)
     return valid, off
 
 
@@ -77,11 +96,60 @@ def _program_heads(H, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it):  # type: ignore[no-untyped-def]
-    """This split's [start, end) of the token's top-k slots and the token's row of indices."""
+def _count_valid(idx_row, TOPK, num_rows, SCAN: tl.constexpr):  # type: ignore[no-untyped-def]
+    """How many of the token's ``TOPK`` slots hold a row (not ``-1``, not out of range)."""
+    cnt = 0
+    for c0 in range(0, TOPK, SCAN):
+        n = c0 + tl.arange(0, SCAN)
+        idx = tl.load(idx_row + n, mask=n < TOPK, other=-1)
+        cnt += tl.sum(((idx >= 0) & (idx < num_rows)).to(tl.int32), axis=0)
+    return cnt
+
+
+@jit
+def _slot_list(  # type: ignore[no-untyped-def]
+    idx_ptr, stride_it, scratch_ptr, t, sp, num_splits, rows_per_split, TOPK, num_rows,
+    BLOCK_N: tl.constexpr, SCAN: tl.constexpr, COMPACT: tl.constexpr,
+):
+    """This program's list of slots to walk: (pointer to its first slot index, how many).
+
+    Without empty slots (or without ``COMPACT``) that is the split's own stretch of the
+    token's top-k list.  With ``COMPACT`` and at least one empty or out-of-range slot,
+    the token's valid slots are ranked (a prefix sum over the list, in this program) and
+    split evenly over the splits; each program writes its share, in order, into its
+    ``scratch`` row and walks that instead.  So no tile is spent on empty slots, work
+    stays balanced when the empties are bunched (e.g. a tail of ``-1``), and the loop
+    over tiles keeps no branch that would stop Triton from pipelining it.
+    """
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
     start = sp * rows_per_split
-    end = tl.minimum(start + rows_per_split, TOPK)
-    return start, end, idx_ptr + t.to(tl.int64) * stride_it
+    lst = idx_row + start
+    length = tl.minimum(TOPK - start, rows_per_split)
+    if COMPACT:
+        cnt = _count_valid(idx_row, TOPK, num_rows, SCAN)
+        if cnt < TOPK:
+            per = tl.cdiv(tl.cdiv(cnt, num_splits), BLOCK_N) * BLOCK_N
+            lo = sp * per
+            hi = tl.maximum(tl.minimum(lo + per, cnt), lo)
+            base = 0
+            for c0 in range(0, TOPK, SCAN):
+                n = c0 + tl.arange(0, SCAN)
+                idx = tl.load(idx_row + n, mask=n < TOPK, other=-1)
+                v = ((idx >= 0) & (idx < num_rows)).to(tl.int32)
+                rank = base + tl.cumsum(v, axis=0) - v
+                tl.store(scratch_ptr + (rank - lo), idx, mask=(v > 0) & (rank >= lo) & (rank < hi))
+                base += tl.sum(v, axis=0)
+            tl.debug_barrier()  # the list is written and read by different threads
+            lst = scratch_ptr
+            length = hi - lo
+    return lst, length
+
+
+@jit
+def _scratch_row(scratch_ptr, t, sp, num_splits, H, BLOCK_H: tl.constexpr, rows_per_split):  # type: ignore[no-untyped-def]
+    """This program's row of the compaction scratch buffer ``[T, splits, head blocks, rows_per_split]``."""
+    prog = (t.to(tl.int64) * num_splits + sp) * tl.cdiv(H, BLOCK_H) + tl.program_id(2)
+    return scratch_ptr + prog * rows_per_split
 
 
 @jit
@@ -119,17 +187,38 @@ def _scaled_pv(p, sc, k, acc):  # type: ignore[no-untyped-def]
 
 
 @jit
-def _load_nvfp4_tile(cache_ptr, idx_row, n, end, num_rows, block_size, stride_block):  # type: ignore[no-untyped-def]
-    """Gather the raw bytes of one tile of nvfp4 rows: (valid, packed latent, scale codes, rope codes)."""
-    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352)
-    packed, sc, pe = nvfp4_gather(cache_ptr + off, valid)
-    return valid, packed, sc, pe
+def _load_q16(ptrs, mask):  # type: ignore[no-untyped-def]
+    """Query values at ``ptrs`` as FP16 (through FP32: the interpreter cannot compute on bf16)."""
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32).to(tl.float16)
 
 
 @jit
-def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block):  # type: ignore[no-untyped-def]
+def _interleave8(a0, a1, a2, a3, a4, a5, a6, a7, ROWS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``[ROWS, 64]`` x 8 -> ``[ROWS, 512]`` with ``a_k[:, w]`` at column ``8w + k``."""
+    x = tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
+    return tl.reshape(x, (ROWS, 512))
+
+
+@jit
+def _load_nvfp4_tile(cache_ptr, cache_i32_ptr, idx_row, n, end, num_rows, block_size, stride_block, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Gather the raw bytes of one tile of nvfp4 rows: (valid, latent words [N, 64] int32, the scale code of
+    each word's block [N, 64], rope codes [N, 64]).  Loading the scale once per word (rather than once per
+    block and broadcasting) keeps every tensor of the tile in one register layout: no shared-memory shuffle."""
+    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 352, PAGED)
+    m2 = valid[:, None]
+    w = tl.arange(0, 64)
+    row = cache_ptr + off
+    words = tl.load(cache_i32_ptr + (off >> 2)[:, None] + w[None, :], mask=m2, other=0)
+    b = w // 2  # the block of latent word w: its scale code is loaded once per word
+    sc = tl.load(row[:, None] + (320 + 8 * (b & 3) + (b >> 2))[None, :], mask=m2, other=0)
+    pe = tl.load(row[:, None] + 256 + w[None, :], mask=m2, other=0)
+    return valid, words, sc, pe
+
+
+@jit
+def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num_rows, block_size, stride_block, PAGED: tl.constexpr):  # type: ignore[no-untyped-def]
     """Gather the raw bytes of one tile of fp8 rows: (valid, 4 latent chunks, 4 scales, rope bits)."""
-    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656)
+    valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, 656, PAGED)
     d = tl.arange(0, 128)
     r = tl.arange(0, 64)
     row = cache_ptr + off
@@ -156,7 +245,9 @@ def _load_fp8_tile(cache_ptr, cache_f32_ptr, cache_i16_ptr, idx_row, n, end, num
 def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     cache_ptr,
+    cache_i32_ptr,
     idx_ptr,
+    scratch_ptr,
     o_ptr,
     lse_ptr,
     H,
@@ -171,46 +262,75 @@ def _decode_nvfp4_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SCAN: tl.constexpr,
     SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
-    j = tl.arange(0, 256)
-    r = tl.arange(0, 64)
+    w = tl.arange(0, 64)
 
+    # latent element 8w + k of the query (k = 0..7), to match the K slices below
     q_row = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
     hm2 = hmask[:, None]
-    q_lo = tl.load(q_row + 2 * j[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
-    q_hi = tl.load(q_row + 2 * j[None, :] + 1, mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
-    q_pe = tl.load(q_row + 512 + r[None, :], mask=hm2, other=0.0).to(tl.float32).to(tl.float16)
+    q0 = _load_q16(q_row + 8 * w[None, :] + 0, hm2)
+    q1 = _load_q16(q_row + 8 * w[None, :] + 1, hm2)
+    q2 = _load_q16(q_row + 8 * w[None, :] + 2, hm2)
+    q3 = _load_q16(q_row + 8 * w[None, :] + 3, hm2)
+    q4 = _load_q16(q_row + 8 * w[None, :] + 4, hm2)
+    q5 = _load_q16(q_row + 8 * w[None, :] + 5, hm2)
+    q6 = _load_q16(q_row + 8 * w[None, :] + 6, hm2)
+    q7 = _load_q16(q_row + 8 * w[None, :] + 7, hm2)
+    q_pe = _load_q16(q_row + 512 + w[None, :], hm2)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc_lo = tl.zeros([BLOCK_H, 256], tl.float32)
-    acc_hi = tl.zeros([BLOCK_H, 256], tl.float32)
+    a0 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a1 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a2 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a3 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a4 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a5 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a6 = tl.zeros([BLOCK_H, 64], tl.float32)
+    a7 = tl.zeros([BLOCK_H, 64], tl.float32)
 
-    start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
+    lst, end = _slot_list(idx_ptr, stride_it, _scratch_row(scratch_ptr, t, sp, num_splits, H, BLOCK_H, rows_per_split),
+                          t, sp, num_splits, rows_per_split, TOPK, num_rows, BLOCK_N, SCAN, COMPACT)
     nb = tl.arange(0, BLOCK_N)
-    valid, packed, sc, pe = _load_nvfp4_tile(cache_ptr, idx_row, start + nb, end, num_rows, block_size, stride_block)
-    for n0 in range(start, end, BLOCK_N):
+    cache = (cache_ptr, cache_i32_ptr)
+    valid, words, sc, pe = _load_nvfp4_tile(*cache, lst, nb, end, num_rows, block_size, stride_block, PAGED)
+    for n0 in range(0, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_nvfp4_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+        # with compaction only a split's last tile can hold empty slots; the branch is there for
+        # register allocation (fp8 on sm_100 spills in the loop without it, see compile_check)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
-            k_lo, k_hi = nvfp4_dequant_halves(packed, sc, BLOCK_N, tl.float16)
-            k_pe = e4m3_decode(pe).to(tl.float16)
-            s = tl.dot(q_lo, tl.trans(k_lo))
-            s = tl.dot(q_hi, tl.trans(k_hi), s)
-            s = tl.dot(q_pe, tl.trans(k_pe), s)
-            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale)
+            # K slice k = latent element 8w + k of each row, x 2^-7 (exact in FP16, see nvfp4_k_slices)
+            k0, k1, k2, k3, k4, k5, k6, k7 = nvfp4_k_slices(words, sc, BLOCK_N)
+            k_pe = pe.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.0078125
+            s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
+            s += tl.dot(q3, tl.trans(k3), tl.dot(q2, tl.trans(k2)))
+            s += tl.dot(q5, tl.trans(k5), tl.dot(q4, tl.trans(k4)))
+            s += tl.dot(q7, tl.trans(k7), tl.dot(q6, tl.trans(k6), tl.dot(q_pe, tl.trans(k_pe))))
+            p, alpha, m_i, l_i = _softmax_update(s, valid, m_i, l_i, qk_scale * 128.0)
             pf = p.to(tl.float16)
-            acc_lo = tl.dot(pf, k_lo, acc_lo * alpha[:, None])
-            acc_hi = tl.dot(pf, k_hi, acc_hi * alpha[:, None])
+            a2d = alpha[:, None]
+            a0 = tl.dot(pf, k0, a0 * a2d)
+            a1 = tl.dot(pf, k1, a1 * a2d)
+            a2 = tl.dot(pf, k2, a2 * a2d)
+            a3 = tl.dot(pf, k3, a3 * a2d)
+            a4 = tl.dot(pf, k4, a4 * a2d)
+            a5 = tl.dot(pf, k5, a5 * a2d)
+            a6 = tl.dot(pf, k6, a6 * a2d)
+            a7 = tl.dot(pf, k7, a7 * a2d)
         if not PREFETCH:
-            nxt = _load_nvfp4_tile(cache_ptr, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
-        valid, packed, sc, pe = nxt
+            nxt = _load_nvfp4_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+        valid, words, sc, pe = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
-    out = tl.reshape(tl.join(acc_lo / l_safe[:, None], acc_hi / l_safe[:, None]), (BLOCK_H, 512))
+    inv = (128.0 / l_safe)[:, None]  # the latent went through the MMAs scaled by 2^-7
+    out = _interleave8(a0 * inv, a1 * inv, a2 * inv, a3 * inv, a4 * inv, a5 * inv, a6 * inv, a7 * inv, BLOCK_H)
     d = tl.arange(0, 512)
     tl.store(o_ptr + part.to(tl.int64)[:, None] * 512 + d[None, :], out, mask=hm2)
     tl.store(lse_ptr + part, lse, mask=hmask)
@@ -223,6 +343,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     cache_f32_ptr,
     cache_i16_ptr,
     idx_ptr,
+    scratch_ptr,
     o_ptr,
     lse_ptr,
     H,
@@ -237,8 +358,11 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SCAN: tl.constexpr,
     SKIP_EMPTY: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     t, sp, num_splits, heads, hmask = _program_heads(H, BLOCK_H)
     d = tl.arange(0, 128)
@@ -259,15 +383,18 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
     acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
 
-    start, end, idx_row = _split_range(t, sp, rows_per_split, TOPK, idx_ptr, stride_it)
+    lst, end = _slot_list(idx_ptr, stride_it, _scratch_row(scratch_ptr, t, sp, num_splits, H, BLOCK_H, rows_per_split),
+                          t, sp, num_splits, rows_per_split, TOPK, num_rows, BLOCK_N, SCAN, COMPACT)
     nb = tl.arange(0, BLOCK_N)
     cache = (cache_ptr, cache_f32_ptr, cache_i16_ptr)
     valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = _load_fp8_tile(
-        *cache, idx_row, start + nb, end, num_rows, block_size, stride_block
+        *cache, lst, nb, end, num_rows, block_size, stride_block, PAGED
     )
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(0, end, BLOCK_N):
         if PREFETCH:  # issue the next tile's gathers before this tile's math
-            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_fp8_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
+        # with compaction only a split's last tile can hold empty slots; the branch is there for
+        # register allocation (fp8 on sm_100 spills in the loop without it, see compile_check)
         if (not SKIP_EMPTY) or tl.max(valid.to(tl.int32), axis=0) > 0:
             k0 = e4m3_decode(c0).to(tl.float16)
             k1 = e4m3_decode(c1).to(tl.float16)
@@ -286,7 +413,7 @@ def _decode_fp8_kernel(  # type: ignore[no-untyped-def]
             acc2 = _scaled_pv(p, sc2, k2, acc2 * a2)
             acc3 = _scaled_pv(p, sc3, k3, acc3 * a2)
         if not PREFETCH:
-            nxt = _load_fp8_tile(*cache, idx_row, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block)
+            nxt = _load_fp8_tile(*cache, lst, n0 + BLOCK_N + nb, end, num_rows, block_size, stride_block, PAGED)
         valid, c0, c1, c2, c3, sc0, sc1, sc2, sc3, pe_bits = nxt
 
     part, l_safe, lse = _split_result(m_i, l_i, t, sp, num_splits, H, heads)
@@ -352,6 +479,7 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
     block_size,
     stride_block,
     BLOCK_T: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     """Dequantise selected nvfp4 rows and re-quantise them into a dense fp8_ds_mla buffer."""
     pid = tl.program_id(0)
@@ -360,8 +488,7 @@ def _stage_nvfp4_to_fp8_kernel(  # type: ignore[no-untyped-def]
     idx = tl.load(idx_ptr + slot, mask=inb, other=-1)
     valid = inb & (idx >= 0) & (idx < num_rows)
     tl.store(new_idx_ptr + slot, tl.where(valid, slot, -1), mask=inb)
-    idx64 = tl.where(valid, idx, 0).to(tl.int64)
-    row = cache_ptr + (idx64 // block_size) * stride_block + (idx64 % block_size) * 352
+    row = cache_ptr + _row_byte_offset(tl.where(valid, idx, 0), block_size, stride_block, 352, PAGED)
     packed, sc, pe = nvfp4_gather(row, valid)
     lo, hi = nvfp4_dequant_halves(packed, sc, BLOCK_T, tl.float32)
     rope = e4m3_decode(pe)
@@ -383,9 +510,14 @@ class DecodeTuning:
     """Launch parameters of the decode kernels (they change speed, never the result beyond rounding).
 
     ``block_n``: rows per tile (power of two, >= 16).  ``num_warps`` / ``num_stages``:
-    Triton launch options (``num_stages=None`` = Triton's default).  ``skip_empty_tiles``:
-    branch over tiles whose slots are all ``-1`` (saves work at low fill; the
-    branch also keeps Triton from pipelining the row gathers).  ``prefetch``: gather
+    Triton launch options (``num_stages=None`` = Triton's default).  ``compact``:
+    when a token has empty (``-1``) or out-of-range slots, rank its valid slots first
+    and split only those evenly over the programs (no tile is spent on empty slots and
+    the tile loop stays branch-free; a token without empty slots costs one extra pass
+    over its index list).  ``skip_empty_tiles``: branch over a tile whose slots are
+    all empty (without compaction that saves work at low fill, but the branch keeps
+    Triton from pipelining the loop; with it, it changes only register allocation).
+    ``prefetch``: gather
     the next tile's rows before this tile's math, so the memory latency overlaps
     the compute (a register double buffer of the raw bytes).  ``max_registers``:
     cap registers per thread (ptxas ``maxnreg``) so more programs fit on an SM.
@@ -397,7 +529,8 @@ class DecodeTuning:
     block_n: int = BLOCK_N
     num_warps: int = 8
     num_stages: int | None = None
-    skip_empty_tiles: bool = True
+    compact: bool = True
+    skip_empty_tiles: bool = False
     prefetch: bool = True
     max_registers: int | None = None
     programs_per_sm: int = 1
@@ -414,25 +547,27 @@ class DecodeTuning:
 
 # the fastest launches at T=15 x 2,048 x 16 heads on an H200 (kernels/RESULTS.md)
 DEFAULT_TUNINGS: dict[str, DecodeTuning] = {
-    "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=True),
-    "fp8": DecodeTuning(block_n=32, num_warps=4, prefetch=False, programs_per_sm=2),
+    "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
+    "fp8": DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False, programs_per_sm=2),
 }
 
 # what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
-    # the two winners of the previous H200 runs (fp8, nvfp4)
-    DecodeTuning(block_n=32, num_warps=4, prefetch=False),
-    DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=True),
+    # the two winners of the previous H200 runs (fp8, nvfp4), and both without compaction
+    DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
+    DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False, compact=False),
+    DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True, compact=False),
+    # after the nvfp4 rework (compile_check): 64 rows without prefetch (177 registers),
+    # 32 rows x 4 warps (203-209 registers: two programs per SM)
+    DecodeTuning(block_n=64, num_warps=8, prefetch=False),
+    DecodeTuning(block_n=32, num_warps=4, prefetch=True),
     DecodeTuning(block_n=16, num_warps=4, prefetch=False),
-    # capped registers: two 8-warp or three 4-warp programs per SM (small spills, see compile_check)
+    # capped registers: two 8-warp or three 4-warp programs per SM
     DecodeTuning(block_n=16, num_warps=8, prefetch=False, max_registers=128),
-    DecodeTuning(block_n=16, num_warps=8, prefetch=True, max_registers=128),
-    DecodeTuning(block_n=16, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=128),
     DecodeTuning(block_n=32, num_warps=8, prefetch=False, max_registers=128),
     DecodeTuning(block_n=32, num_warps=8, prefetch=True, max_registers=128),
-    DecodeTuning(block_n=32, num_warps=8, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=128),
     DecodeTuning(block_n=16, num_warps=4, prefetch=False, max_registers=168),
-    DecodeTuning(block_n=16, num_warps=4, num_stages=2, skip_empty_tiles=False, prefetch=False, max_registers=168),
     DecodeTuning(block_n=32, num_warps=4, prefetch=False, max_registers=168),
 )
 
@@ -452,6 +587,11 @@ def choose_num_splits(t: int, h: int, topk: int, device: torch.device, tuning: D
     max_splits = triton.cdiv(topk, tuning.block_n)
     want = (tuning.programs_per_sm * _num_sms(device)) // max(programs, 1)
     return int(max(1, min(max_splits, want, 64)))
+
+
+def _paged(cache: torch.Tensor, row_bytes: int) -> bool:
+    """True when the cache's blocks are not packed back to back (row offsets need the block size)."""
+    return int(cache.stride(0)) != int(cache.shape[1]) * row_bytes
 
 
 def _check(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, row_bytes: int) -> None:
@@ -496,6 +636,8 @@ def _run(
     if t == 0:
         return (out, lse) if return_lse else out
     grid = (t, splits, triton.cdiv(h, BLOCK_H))
+    # compaction: each program's share of a token's valid slots (never more than rows_per_split)
+    scratch = torch.empty(t * splits * grid[2] * rows_per_split if tune.compact else 1, dtype=torch.int32, device=q.device)
     common = (
         h,
         topk,
@@ -509,21 +651,25 @@ def _run(
         sm_scale * LOG2E,
     )
     caches: tuple[torch.Tensor, ...]
-    if fmt == "nvfp4":
-        kernel, caches = _decode_nvfp4_kernel, (cache,)
+    if fmt == "nvfp4":  # the latent is read as int32 words (8 E2M1 values each)
+        kernel, caches = _decode_nvfp4_kernel, (cache, cache.view(torch.int32))
     else:  # the fp8 kernel also reads the scales and rope through float32 / int16 views of the rows
         kernel, caches = _decode_fp8_kernel, (cache, cache.view(torch.float32), cache.view(torch.int16))
     kernel[grid](
         q,
         *caches,
         idx,
+        scratch,
         o_part,
         lse_part,
         *common,
         BLOCK_H=BLOCK_H,
         BLOCK_N=block_n,
+        COMPACT=tune.compact,
+        SCAN=min(triton.next_power_of_2(max(topk, 1)), 2048),
         SKIP_EMPTY=tune.skip_empty_tiles,
         PREFETCH=tune.prefetch,
+        PAGED=_paged(cache, row_bytes),
         **tune.launch_options(),
     )
     _merge_kernel[(t, h, KV_LORA_RANK // MERGE_BLOCK_D)](
@@ -604,6 +750,7 @@ def stage_nvfp4_to_fp8(cache: torch.Tensor, indices: torch.Tensor, block_t: int 
             cache.shape[1],
             cache.stride(0),
             BLOCK_T=block_t,
+            PAGED=_paged(cache, NVFP4_DS_MLA_ROW_BYTES),
         )
     return stage, new_idx
 

@@ -30,6 +30,7 @@ def _gather_kernel(  # type: ignore[no-untyped-def]
     ROW_BYTES: tl.constexpr,
     ROW_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     t = tl.program_id(0)
     sp = tl.program_id(1)
@@ -40,7 +41,7 @@ def _gather_kernel(  # type: ignore[no-untyped-def]
     acc = tl.zeros([BLOCK_N, ROW_PAD], tl.int32)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, ROW_BYTES)
+        valid, off = _row_offsets(idx_row, n, end, num_rows, block_size, stride_block, ROW_BYTES, PAGED)
         m = valid[:, None] & (b[None, :] < ROW_BYTES)
         acc += tl.load(cache_ptr + off[:, None] + b[None, :], mask=m, other=0).to(tl.int32)
     tl.store(out_ptr + t * tl.num_programs(1) + sp, tl.sum(tl.sum(acc, axis=1), axis=0))
@@ -68,6 +69,7 @@ def gather_only(
         ROW_BYTES=row_bytes,
         ROW_PAD=triton.next_power_of_2(row_bytes),
         BLOCK_N=block_n,
+        PAGED=cache.stride(0) != cache.shape[1] * row_bytes,
         num_warps=num_warps,
     )
     return out

@@ -193,11 +193,11 @@ def test_bad_shapes_raise() -> None:
 @pytest.mark.parametrize(
     "tuning",
     [
-        decode.DecodeTuning(block_n=16, num_warps=4),
-        decode.DecodeTuning(block_n=64, num_warps=8, num_stages=2, skip_empty_tiles=False),
+        decode.DecodeTuning(block_n=16, num_warps=4, skip_empty_tiles=True),
+        decode.DecodeTuning(block_n=64, num_warps=8, num_stages=2, compact=False),
         decode.DecodeTuning(block_n=32, num_warps=8, prefetch=False, max_registers=128),
     ],
-    ids=["n16-skip", "n64-noskip", "n32-noprefetch-r128"],
+    ids=["n16-compact-skip", "n64-nocompact", "n32-noprefetch-r128"],
 )
 @pytest.mark.parametrize("variant", ["nvfp4", "fp8"])
 def test_tuning_changes_speed_not_result(variant: str, tuning: decode.DecodeTuning) -> None:

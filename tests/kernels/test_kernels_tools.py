@@ -32,6 +32,10 @@ def test_every_kernel_compiles_for_hopper_and_blackwell() -> None:
             assert (arch, kernel) in labels
     for r in report["results"]:
         assert r["ok"] and 0 < r["registers"] <= 255, r
+        if r["label"].startswith("decode_"):  # the loop over tiles is found and counted in the SASS
+            assert r["loop"]["source"] == "sass"
+            assert 0 < r["loop"]["instructions"] < r["loop"]["total_instructions"], r["loop"]
+            assert r["loop"]["classes"]["mma"] > 0
 
 
 def test_compile_check_refuses_to_run_under_the_interpreter() -> None:
@@ -50,7 +54,7 @@ def test_bench_runs_every_code_path(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     gpu = torch.cuda.is_available()
     size = ["--topk", "256", "--cache-tokens", "65536"] if gpu else ["--allow-cpu"]
-    res = _run(["kernels.bench", *size, "--tune", "--sweep", "2", "--json-out", str(out)], interpret=not gpu)
+    res = _run(["kernels.bench", *size, "--tune", "--candidates", "2", "--sweep", "2", "--json-out", str(out)], interpret=not gpu)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["tune"], "the tuning search recorded nothing"
@@ -86,3 +90,68 @@ def test_gather_probe_reads_exactly_the_selected_rows() -> None:
     flat = cache.view(-1, 352).to(torch.int64)
     want = [int(flat[row[row >= 0].long()].sum()) for row in idx]
     assert sums.view(2, -1).sum(dim=1).tolist() == want
+
+
+def test_compile_check_counts_the_main_loop_against_a_revision() -> None:
+    """`--against REV` builds REV's kernels too and prints registers, spills, shared memory and the
+    main loop's SASS instruction count side by side (the check CI runs, for one kernel and arch)."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("not a git checkout")
+    res = _run(["kernels.compile_check", "--arch", "90", "--only", "decode_nvfp4", "--against", "HEAD"], interpret=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"cells: {head.stdout.strip()} -> working tree"
+    assert "loop instr" in lines[1] and "regs" in lines[1]
+    rows = [ln for ln in lines if ln.startswith("sm_90  decode_nvfp4")]
+    assert len(rows) == 1, res.stdout
+    assert " sass " in rows[0]  # counted in the cubin's SASS, not the PTX fallback
+    # every number in the row (regs, spills, shared, instruction counts) is there for both sides
+    assert "FAIL" not in rows[0] and rows[0].count(" - ") == 0, rows[0]
+
+
+def test_compile_check_unknown_revision_exits_4() -> None:
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("not a git checkout")
+    res = _run(["kernels.compile_check", "--arch", "90", "--only", "merge", "--against", "no-such-rev-0000"], interpret=False)
+    assert res.returncode == 4
+    assert "unknown revision" in res.stderr
+
+
+STEPS = ("env", "selftest", "bench", "rows", "fill 0.5", "ablation")
+
+
+def _gpu_script(tmp_path: Path, deadline: int) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, SKIP_PYTEST="1", KERNELS_COMMIT="cafe123", DEADLINE_S=str(deadline))
+    env.pop("TRITON_INTERPRET", None)
+    script = ROOT / "scripts" / "kernels-gpu-run.sh"
+    res = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=deadline + 60, check=False)
+    return res, out
+
+
+def test_gpu_script_runs_every_step_and_writes_rows(tmp_path: Path) -> None:
+    """The prepared GPU pass, here where each step finds no GPU and ends at once: every step is logged
+    with its exit code, and the RESULTS.md rows carry the commit it was given."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU this is the real multi-minute run")
+    res, out = _gpu_script(tmp_path, 300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    log = (out / "log.txt").read_text()
+    for name in STEPS:
+        assert f"=== {name} (cap" in log and f"{name} exit: " in log, name
+    assert "selftest exit: 3" in log and "bench exit: 3" in log  # no GPU: exit code 3, not a crash
+    assert "=== done at" in log
+    rows = (out / "results-rows.md").read_text()
+    assert rows.startswith("### GPU run ") and "commit cafe123, kernels source " in rows
+    assert len(list(out.iterdir())) <= 8  # what the device tool returns
+
+
+def test_gpu_script_skips_steps_past_its_deadline(tmp_path: Path) -> None:
+    res, out = _gpu_script(tmp_path, 1)
+    assert res.returncode == 0
+    log = (out / "log.txt").read_text()
+    for name in STEPS:
+        assert f"{name} skipped: out of time" in log, name
