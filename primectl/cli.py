@@ -128,12 +128,14 @@ def render(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")] = Path("out"),
     target: Annotated[str | None, typer.Option("--target", help="Render for this target instead of the recipe's.")] = None,
 ) -> None:
-    """Write what the target ships (SSH: per-host run scripts, units, configs, manifests) to a directory."""
+    """Write what the target ships (SSH: per-host run scripts, units, configs, manifests; Slurm: the job directory) to a directory."""
 
     def body() -> None:
+        from primectl.plan.build import plan_recipe
         from primectl.render.bundle import render_for_target
 
-        for line in render_for_target(_plan(recipe), target, out):
+        # Planned for the target it renders for: a scheduler plans logical node slots, not the recipe's hosts.
+        for line in render_for_target(plan_recipe(recipe, target=target)[1], target, out):
             typer.echo(line)
 
     _guard(body)

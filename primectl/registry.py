@@ -23,6 +23,7 @@ ENGINES: dict[str, str] = {
 
 TARGETS: dict[str, str] = {
     "ssh": "primectl.targets.ssh:SSHTarget",
+    "slurm": "primectl.targets.slurm:SlurmTarget",
 }
 
 

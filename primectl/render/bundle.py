@@ -62,6 +62,11 @@ def _env() -> jinja2.Environment:
     )
 
 
+def template(name: str) -> jinja2.Template:
+    """One of primectl's templates (templates/NAME), strict about undefined names."""
+    return _env().get_template(name)
+
+
 def shell_word(value: str) -> str:
     """Quote one word for bash; the release marker becomes "${release_dir}"."""
     parts = value.split(RELEASE)
@@ -158,9 +163,9 @@ def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = 
             "run_fields": list(RUN_FIELDS), "expect_fields": list(EXPECT_FIELDS),
             "component": svc.component, "role": svc.role,
             "unit": unit_name(plan, svc), "files": sorted(own),
-            "files_hash": _hash_files({p: files[p] for p in own}),
+            "files_hash": hash_files({p: files[p] for p in own}),
         }
-    revision = _hash_files(files)[:16]
+    revision = hash_files(files)[:16]
     manifest: dict[str, object] = {
         "deployment": plan.name, "namespace": plan.namespace, "host": host.name, "revision": revision,
         "supervisor": plan.supervisor, "runtime_key": plan.runtime_key, "services": services,
@@ -171,7 +176,8 @@ def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = 
     return Bundle(host.name, files, modes, revision, manifest)
 
 
-def _hash_files(files: dict[str, bytes]) -> str:
+def hash_files(files: dict[str, bytes]) -> str:
+    """One hash over paths and contents (a bundle's revision is its first 16 hex digits)."""
     h = hashlib.sha256()
     for path in sorted(files):
         h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
