@@ -265,14 +265,15 @@ class Mocker(Strict):
 SLURM_TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
 SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_.,+-]+$")
 SBATCH_OPTION_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\;&|<>`$]*)?$")
-# sbatch options primectl writes itself (per component or job-wide): the field to set instead.
+# sbatch options primectl writes itself (per component or job-wide), and what to do instead.
+_PLACED = "it follows from the placement (prefill/decode hosts, parallel)"
 SLURM_MANAGED: dict[str, str] = {
-    "--job-name": "name", "--output": "slurm.job_dir", "--error": "slurm.job_dir", "--nodes": "(placement)",
-    "--ntasks": "(placement)", "--ntasks-per-node": "(placement)", "--gpus-per-node": "slurm.gpu_request",
-    "--gres": "slurm.gpu_request", "--segment": "slurm.nvlink", "--switches": "slurm.nvlink",
-    "--partition": "slurm.partition", "--account": "slurm.account", "--time": "slurm.time_limit",
-    "--exclusive": "slurm.exclusive", "--comment": "(primectl records the revision there)",
-    "--chdir": "(primectl submits from the release directory)", "--het-group": "(placement)",
+    "--job-name": "it is primectl-<name>", "--output": "it goes under slurm.job_dir",
+    "--error": "it goes under slurm.job_dir", "--nodes": _PLACED, "--ntasks": _PLACED, "--ntasks-per-node": _PLACED,
+    "--het-group": _PLACED, "--gpus-per-node": "set slurm.gpu_request", "--gres": "set slurm.gpu_request",
+    "--segment": "set slurm.nvlink", "--switches": "set slurm.nvlink", "--partition": "set slurm.partition",
+    "--account": "set slurm.account", "--time": "set slurm.time_limit", "--exclusive": "set slurm.exclusive",
+    "--comment": "primectl records the revision there", "--chdir": "primectl submits from the release directory",
 }
 
 
@@ -290,7 +291,7 @@ def _sbatch_option(v: str) -> str:
         raise ValueError(f"{v!r} is not one sbatch option (--name or --name=value, no spaces, quotes or shell characters)")
     flag = v.split("=", 1)[0]
     if flag in SLURM_MANAGED:
-        raise ValueError(f"{flag} is written by primectl; set {SLURM_MANAGED[flag]} instead")
+        raise ValueError(f"{flag} is written by primectl: {SLURM_MANAGED[flag]}")
     return v
 
 

@@ -218,4 +218,5 @@ def render_for_target(plan: Plan, target: str | None, out: Path) -> list[str]:
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+        path.chmod(0o755 if data.startswith(b"#!") else 0o644)  # scripts stay runnable
     return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}"]

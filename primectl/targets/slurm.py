@@ -394,8 +394,7 @@ class SlurmRollout:
             return StartFailed(f"{bad.service} ended with status {status} {when} ({view.describe()})",
                                service=bad.service, log_tail=self._service_tail(job, bad.service))
         if bad is not None and bad.kind == "timeout":
-            return StartFailed(f"{bad.service} {bad.detail} ({view.describe()})", service=bad.service,
-                               log_tail=self._service_tail(job, bad.service))
+            return StartFailed(f"{bad.service} {bad.detail}", service=bad.service, log_tail=self._service_tail(job, bad.service))
         what = f": {bad.service} {bad.detail}".rstrip() if bad is not None else ""
         return StartFailed(f"{view.describe()} {when}{what}", service=service or "job",
                            log_tail=self.files.tail(self.files.batch_log(job), LOG_TAIL_LINES))
@@ -697,7 +696,13 @@ def _status_notes(client: SlurmClient, files: DeploymentFiles, plan: Plan, job: 
         bad = next((e for e in files.events(job) if e.kind in FAILURE_EVENTS), None)
         if bad is not None:
             notes.append(f"job {job}: {bad.kind} {bad.service} {bad.detail}".rstrip()
-                         + f" (primectl logs ... {bad.service})")
+                         + f" (primectl logs RECIPE {bad.service})")
+    newest = next(reversed(files.jobs_seen()), "")
+    if newest and newest != job:
+        bad = next((e for e in files.events(newest) if e.kind in FAILURE_EVENTS), None)
+        if bad is not None:
+            notes.append(f"the newest job, {newest}, did not serve: {bad.kind} {bad.service} {bad.detail}".rstrip()
+                         + f" (primectl logs RECIPE {bad.service})")
     others = [f"{j} {s}" for j, s in client.active_jobs(job_name(plan)) if j != job]
     if others:
         notes.append(f"other unfinished job(s) named {job_name(plan)}: {', '.join(others)} (`primectl down` stops them)")

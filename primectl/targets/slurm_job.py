@@ -125,8 +125,10 @@ def directives(plan: Plan, c: Component) -> list[str]:
 
 
 def job_hash(plan: Plan) -> str:
-    """What makes the job itself differ (components, their options, the services on them), not readiness or order."""
-    doc = {"options": plan.target.options, "components": [
+    """What makes the job itself differ (its components and their sbatch options, the services on them, where it
+    keeps its files, how steps start), not readiness or start order and not how long `up` waits."""
+    o = options(plan)
+    doc = {"job_dir": o.job_dir, "interface": o.interface, "srun_args": o.srun_args, "components": [
         {"hosts": c.hosts, "gpus": c.gpus_per_node, "domain": c.one_domain, "services": c.services,
          "directives": directives(plan, c)} for c in components(plan)]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
