@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import PRIMECTL, REPO, ports_for
+from .conftest import FAKE_PYTHON, PRIMECTL, REPO, ports_for
 from .slurmcluster import SlurmCluster, make_base_dir
 from .test_demo_cluster import check_serving, runtime_python
 
@@ -74,7 +74,8 @@ class SlurmDeployment:
         return path
 
     def env(self) -> dict[str, str]:
-        return os.environ | self.cluster.env | {"COLUMNS": "250", "NO_COLOR": "1"}
+        # HF_TOKEN: glm53's secret, for the recipes built on it.
+        return os.environ | self.cluster.env | {"COLUMNS": "250", "NO_COLOR": "1", "HF_TOKEN": "hf-test-token"}
 
     def cli(self, *args: str, recipe: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """`primectl CMD RECIPE ARGS...` as the operator runs it (SLURM_CONF set)."""
@@ -258,3 +259,58 @@ def test_a_failed_change_brings_the_previous_job_revision_back(demo: SlurmDeploy
     status = demo.cli("status", "-o", "json")
     assert status.returncode == 0 and json.loads(status.stdout)["healthy"], status.stdout
     check_serving(demo.endpoint(), demo.bound_metrics())
+
+
+def tray_rack(demo: SlurmDeployment, nvlink: str) -> Path:
+    """glm53's shape shrunk to the three test nodes: one DEP8 prefill group over two 4-GPU trays, one TP4 decoder.
+
+    The workers are the FAKE engine runtime (tests/fakes/fake_python: health endpoints only); etcd is real.
+    """
+    fe_port, ports = ports_for(next(_index))
+    doc = {
+        "extends": str(REPO / "recipes" / "glm53.yaml"), "name": "tray-rack", "target": "slurm",
+        "hosts": [{"name": f"t{i}", "address": f"10.0.0.{i}", "labels": {"nvlink_domain": "r1"}} for i in (1, 2, 3)],
+        "frontend": {"host": "t3", "port": fe_port}, "ports": ports,
+        "prefill": {"groups": 1, "hosts": ["t1", "t2"], "startup_timeout_s": 30},
+        "decode": {"workers": 1, "hosts": ["t3"], "startup_timeout_s": 30},
+        "ratio": None, "host_tier": None, "software": {"python": FAKE_PYTHON},
+        "slurm": {"job_dir": str(demo.job_dir), "nvlink": nvlink, "pending_timeout_s": 60},
+    }
+    path = demo.root / f"tray-rack-{nvlink}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_a_dep8_group_is_one_two_node_component_bound_node_by_node_fake_engine(demo: SlurmDeployment) -> None:
+    recipe = tray_rack(demo, "switches")
+    up = demo.cli("up", "--no-smoke", recipe=recipe)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads((demo.job_dir / "tray-rack" / "state.json").read_text())
+    job, hosts = state["job"], state["hosts"]
+    records = {r["HetJobOffset"]: r for r in demo.cluster.jobs(job)}
+    assert sorted(records) == ["0", "1"]
+    assert records["0"]["NodeList"] == hosts["t3"]["node"]  # the frontend's tray: component 0, where the batch script runs
+    pair = demo.cluster.run("scontrol", "show", "hostnames", records["1"]["NodeList"]).stdout.split()
+    assert pair == [hosts["t1"]["node"], hosts["t2"]["node"]]  # the group's trays, in the order the plan placed them
+    assert all("gpu:4" in r.get("TresPerNode", "") for r in records.values()), records
+    steps = {s["Name"]: s["NodeList"] for s in demo.cluster.steps(job)}
+    assert steps["prefill-0-0"] == hosts["t1"]["node"] and steps["prefill-0-1"] == hosts["t2"]["node"]
+    # The second tray's share of the group talks to the first tray's address, bound inside the job.
+    script = (demo.job_dir / "tray-rack" / "jobs" / job / "release" / "bin" / "prefill-0-1.sh").read_text()
+    assert f"--data-parallel-address {hosts['t1']['address']}" in script and "@node:" not in script
+    secrets = demo.job_dir / "tray-rack" / "secrets" / "tray-rack.env"
+    assert secrets.read_text() == "HF_TOKEN=hf-test-token\n" and secrets.stat().st_mode & 0o777 == 0o600
+    assert str(secrets) in script  # the run script sources it
+    status = demo.cli("status", "-o", "json", recipe=recipe)
+    assert status.returncode == 0 and json.loads(status.stdout)["healthy"], status.stdout
+    down = demo.cli("down", recipe=recipe)
+    assert down.returncode == 0 and f"job {job}: COMPLETED" in down.stderr, down.stderr
+    assert not wait_clean(demo.cluster)
+
+
+def test_preflight_says_segment_needs_a_newer_slurm_than_this_one(demo: SlurmDeployment) -> None:
+    up = demo.cli("up", "--no-smoke", recipe=tray_rack(demo, "segment"))
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "unrecognized option '--segment=2'" in up.stderr and "Slurm 24.05+ with topology/block" in up.stderr
+    assert "set slurm.nvlink: switches" in up.stderr and "nothing was changed" in up.stderr
+    assert not demo.cluster.active_jobs()
