@@ -314,3 +314,50 @@ def test_preflight_says_segment_needs_a_newer_slurm_than_this_one(demo: SlurmDep
     assert "unrecognized option '--segment=2'" in up.stderr and "Slurm 24.05+ with topology/block" in up.stderr
     assert "set slurm.nvlink: switches" in up.stderr and "nothing was changed" in up.stderr
     assert not demo.cluster.active_jobs()
+
+
+def step_pid(cluster: SlurmCluster, job: str, service: str, program: str) -> int:
+    """The pid of `program` running as `service`'s step (found by the step id in its environment)."""
+    step = next(s["StepId"] for s in cluster.steps(job) if s["Name"] == service)
+    step_id = step.split(".")[1]
+    for pid, cmd in cluster.step_processes():
+        if program not in cmd:
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_STEP_ID={step_id}".encode() in env:
+            return pid
+    raise AssertionError(f"no {program} process for {service} (step {step})")
+
+
+def test_a_worker_that_dies_later_ends_the_job_status_says_which_and_up_brings_it_back(demo: SlurmDeployment) -> None:
+    assert demo.cli("up", "--no-smoke").returncode == 0
+    job = demo.state()["job"]
+    os.kill(step_pid(demo.cluster, job, "decode-0", "dynamo.mocker"), signal.SIGKILL)
+    demo.cluster.wait_state(job, "FAILED", timeout=30)  # the batch script ends the job, Slurm stops the other steps
+    status = demo.cli("status")
+    assert status.returncode == 1, status.stdout
+    assert f"job {job} FAILED" in status.stdout and "exited decode-0" in status.stdout, status.stdout
+    diff = demo.cli("diff")
+    assert diff.returncode == 3 and f"job {job} FAILED" in diff.stdout, diff.stdout
+    again = demo.cli("up", "--no-smoke")
+    assert again.returncode == 0, again.stderr
+    assert demo.state()["job"] != job
+    assert demo.cli("status").returncode == 0
+
+
+@pytest.mark.skipif(not os.environ.get("PRIMECTL_SLURM_WHEELHOUSE"),
+                    reason="needs a wheelhouse of scripts/runtime-requirements-cpu.txt (PRIMECTL_SLURM_WHEELHOUSE=DIR; "
+                           "`pip download --no-deps -r scripts/runtime-requirements-cpu.txt -d DIR`), ~45 s")
+def test_up_provisions_the_shared_runtime_on_a_node_from_a_wheelhouse(demo: SlurmDeployment) -> None:
+    recipe = demo.write({"software": {"python": None}}, file="provisioned.yaml")
+    up = demo.cli("up", "--no-smoke", "--wheelhouse", os.environ["PRIMECTL_SLURM_WHEELHOUSE"], recipe=recipe, timeout=900)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "installing runtime" in up.stderr and "on one node (srun)" in up.stderr
+    runtimes = list((demo.job_dir / "runtime").glob("*/bin/python"))
+    assert len(runtimes) == 1
+    assert demo.cli("down", recipe=recipe).returncode == 0
+    again = demo.cli("up", "--no-smoke", recipe=recipe)
+    assert again.returncode == 0 and "reused" in again.stderr, again.stderr
