@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime rootfs clean
+.PHONY: bench-tools test test-integration demo demo-multihost demo-slurm demo-down lint typecheck system venv runtime rootfs clean
 
 system:
 	bash scripts/install-system.sh
@@ -69,6 +69,11 @@ demo: system venv
 demo-multihost: system venv
 	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_multihost.py'
+
+# The same stack as one Slurm job on a throw-away Slurm cluster (munged, slurmctld, three slurmd on 127.0.0.2-4).
+demo-slurm: system venv
+	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
+	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_slurm.py'
 
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)
