@@ -540,8 +540,8 @@ class SlurmTarget:
         """Logical node slots: addresses bound in the job, workdirs per job on the shared filesystem."""
         o = recipe.slurm or Slurm()
         root = os.path.join(o.job_dir, recipe.name)
-        planned = [h.model_copy(update={"address": node_marker(h.name), "workdir": f"{root}/jobs/@job@/{h.name}",
-                                        "connection": "local"}) for h in hosts]
+        planned = [h.model_copy(update={"address": node_marker(h.name), "workdir": f"{root}/jobs/@job@/{h.name}"})
+                   for h in hosts]
         return PlannedHosts(planned, runtime_root=os.path.join(o.job_dir, "runtime"), options=o.model_dump(mode="json"))
 
     def bind(self, plan: Plan) -> Plan:

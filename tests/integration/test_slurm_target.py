@@ -138,6 +138,10 @@ def demo(slurm: SlurmCluster) -> Iterator[SlurmDeployment]:
 
 
 def test_up_runs_the_demo_stack_as_one_job_that_answers_the_openai_client(demo: SlurmDeployment) -> None:
+    dry = demo.cli("up", "--dry-run")
+    assert dry.returncode == 3, dry.stdout + dry.stderr
+    assert "sbatch job.sbatch: 3 component(s), 3 node(s)" in dry.stdout and "+ h3" in dry.stdout, dry.stdout
+    assert not demo.cluster.active_jobs() and not (demo.deploy_dir / "releases").exists()
     t0 = time.monotonic()
     up = demo.cli("up")  # with the smoke tests
     timing("up (submit, bind, 3 waves, gate, smoke)", time.monotonic() - t0)
