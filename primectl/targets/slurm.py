@@ -132,9 +132,11 @@ class SlurmRollout:
 
     # -- lock and diff ----------------------------------------------------------------------------------
     def lock(self, *, break_lock: bool) -> None:
+        """flock <job_dir>/<name>/lock for this `up`."""
         self.lock_.acquire("up", break_lock=break_lock, say=self.say)
 
     def unlock(self) -> None:
+        """Release the flock."""
         self.lock_.release()
 
     def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
@@ -207,6 +209,7 @@ class SlurmRollout:
         return self._file_diff(f"bin/{service}.sh")
 
     def nothing_to_do(self) -> bool:
+        """The serving job runs this revision and the secrets are current."""
         return not self.replace and all(c.action == "keep" for c in self.changes) and not self.stale_secrets
 
     def describe(self, *, preflight: bool, smoke: bool) -> list[StepPlan]:
@@ -395,7 +398,10 @@ class SlurmRollout:
                                service=bad.service, log_tail=self._service_tail(job, bad.service))
         if bad is not None and bad.kind == "timeout":
             return StartFailed(f"{bad.service} {bad.detail}", service=bad.service, log_tail=self._service_tail(job, bad.service))
-        what = f": {bad.service} {bad.detail}".rstrip() if bad is not None else ""
+        what = f": {' '.join(w for w in (bad.service, bad.detail) if w and w != '-')}" if bad is not None else ""
+        if view.reason == "JobLaunchFailure":
+            what += (f"; Slurm could not start the batch script: {self.files.path('jobs')} must exist and be writable "
+                     "on the nodes (slurm.job_dir on a shared filesystem)")
         return StartFailed(f"{view.describe()} {when}{what}", service=service or "job",
                            log_tail=self.files.tail(self.files.batch_log(job), LOG_TAIL_LINES))
 
@@ -408,6 +414,7 @@ class SlurmRollout:
         """Nothing: the new job does not run removed services, and the old job is stopped."""
 
     def waves(self) -> list[list[str]]:
+        """The plan's start waves when the job is replaced (the job script starts them), else none."""
         return self.unbound.start_waves() if self.replace else []
 
     def start(self, wave: list[str]) -> None:
@@ -526,6 +533,7 @@ class SlurmRollout:
         self.files.prune(keep_revs, keep_jobs)
 
     def summary(self) -> str:
+        """One line: which job serves and what started."""
         if not self.replace:
             return f"job {self.state.get('job')} kept, {len(self.changes)} services unchanged"
         return f"job {self.job}: {len(self.started)} services started"

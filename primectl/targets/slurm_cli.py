@@ -90,10 +90,6 @@ class JobView:
         return reasons[0] if reasons else ""
 
     @property
-    def comment(self) -> str:
-        return self.components[0].get("Comment", "") if self.components else ""
-
-    @property
     def exit(self) -> tuple[int, int]:
         """The batch script's (status, signal)."""
         return exit_code(self.components[0].get("ExitCode", "0:0")) if self.components else (0, 0)

@@ -134,10 +134,6 @@ def job_hash(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _waves(plan: Plan) -> list[list[str]]:
-    return plan.start_waves()
-
-
 def job_script(plan: Plan) -> str:
     """The sbatch script: header per component, then bind, start in waves, and watch."""
     o = options(plan)
@@ -147,7 +143,7 @@ def job_script(plan: Plan) -> str:
     runtimes = sorted({plan.serving.runtime[h].python for h in plan.deployed_hosts()})
     return template("slurm-job.sh.j2").render(
         plan=plan, o=o, comps=comps, het=len(comps) > 1, deploy=deploy_dir(plan), job_name=job_name(plan),
-        directives={c.index: directives(plan, c) for c in comps}, waves=_waves(plan), host_of=host_of,
+        directives={c.index: directives(plan, c) for c in comps}, waves=plan.start_waves(), host_of=host_of,
         comp_of=comp_of, q=shlex.quote, srun_args=" ".join(o.srun_args), runtimes=runtimes,
         segment_note=SEGMENT_NOTE if any(c.one_domain for c in comps) and o.nvlink == "segment" else "",
         workdirs=sorted({plan.host(h).workdir for h in plan.deployed_hosts()}),

@@ -365,3 +365,20 @@ def test_up_provisions_the_shared_runtime_on_a_node_from_a_wheelhouse(demo: Slur
     assert demo.cli("down", recipe=recipe).returncode == 0
     again = demo.cli("up", "--no-smoke", recipe=recipe)
     assert again.returncode == 0 and "reused" in again.stderr, again.stderr
+
+
+def test_a_job_that_cannot_start_is_cancelled_after_the_pending_timeout(demo: SlurmDeployment, tmp_path: Path) -> None:
+    # Another user's job holds one node: the deployment's three whole nodes are not free.
+    hog = tmp_path / "hog.sh"
+    hog.write_text(f"#!/bin/bash\n#SBATCH --nodes=1 --exclusive --output={tmp_path}/hog.out\nsleep 300\n")
+    other = demo.cluster.sbatch(hog)
+    try:
+        demo.cluster.wait_state(other, "RUNNING")
+        recipe = demo.write({"slurm": {"pending_timeout_s": 5}}, file="impatient.yaml")
+        up = demo.cli("up", "--no-smoke", recipe=recipe)
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "pending (Resources)" in up.stderr and "still PENDING (Resources) after 5s" in up.stderr, up.stderr
+        assert {r["JobId"] for r in demo.cluster.active_jobs()} == {other}  # ours is cancelled, the other one untouched
+    finally:
+        demo.cluster.scancel(other)
+        demo.cluster.wait_state(other, "CANCELLED", "COMPLETED")
