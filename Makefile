@@ -10,7 +10,7 @@ RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-multihost demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels clean
+.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels clean
 
 system:
 	bash scripts/install-system.sh
@@ -92,6 +92,11 @@ demo-vllm: system venv
 
 demo-vllm-down: venv
 	$(PRIMECTL) down recipes/demo-vllm.yaml
+
+# The same stack as one Slurm job on a throw-away Slurm cluster (munged, slurmctld, three slurmd on 127.0.0.2-4).
+demo-slurm: system venv
+	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
+	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_slurm.py'
 
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)

@@ -94,6 +94,13 @@ def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
 
 
+def _ssh_only(plan: Plan, command: str) -> None:
+    """Commands that reach hosts over SSH themselves refuse other targets (which check and provision in `up`)."""
+    if plan.target.kind != "ssh":
+        raise DeployError(f"`primectl {command}` works on SSH hosts; target {plan.target.kind} checks and provisions "
+                          "in `primectl up` (and `up --dry-run` shows what it would do)")
+
+
 def _target(plan: Plan):  # type: ignore[no-untyped-def]
     from primectl.targets.base import get
 
@@ -129,12 +136,14 @@ def render(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into.")] = Path("out"),
     target: Annotated[str | None, typer.Option("--target", help="Render for this target instead of the recipe's.")] = None,
 ) -> None:
-    """Write what the target ships (SSH: per-host run scripts, units, configs, manifests) to a directory."""
+    """Write what the target ships (SSH: per-host run scripts, units, configs, manifests; Slurm: the job directory) to a directory."""
 
     def body() -> None:
+        from primectl.plan.build import plan_recipe
         from primectl.render.bundle import render_for_target
 
-        for line in render_for_target(_plan(recipe), target, out):
+        # Planned for the target it renders for: a scheduler plans logical node slots, not the recipe's hosts.
+        for line in render_for_target(plan_recipe(recipe, target=target)[1], target, out):
             typer.echo(line)
 
     _guard(body)
@@ -278,6 +287,7 @@ def provision(
         from primectl.deploy.provision import provision as do_provision
 
         p = _plan(recipe)
+        _ssh_only(p, "provision")
         with opened(p, _policy(p, accept_new_host_keys), _say) as cluster:
             do_provision(cluster, wheelhouse=wheelhouse, say=_say)
 
@@ -293,6 +303,7 @@ def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
         from primectl.deploy.provision import doctor as do_doctor
 
         p = _plan(recipe)
+        _ssh_only(p, "doctor")
         with opened(p, _policy(p, accept_new_host_keys), _say) as cluster:
             lines, bad = do_doctor(cluster)
         for line in lines:
@@ -364,6 +375,7 @@ def preflight(
         from primectl.checks.preflight import print_report
 
         p = _plan(recipe)
+        _ssh_only(p, "preflight")
         report = do_preflight(p, _policy(p, accept_new_host_keys), _say, selftest=not no_selftest, fabric=not no_fabric)
         if output is Output.json:
             sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")

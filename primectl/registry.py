@@ -24,6 +24,7 @@ ENGINES: dict[str, str] = {
 TARGETS: dict[str, str] = {
     "ssh": "primectl.targets.ssh:SSHTarget",
     "kubernetes": "primectl.targets.kubernetes:KubernetesTarget",
+    "slurm": "primectl.targets.slurm:SlurmTarget",
 }
 
 

@@ -35,7 +35,7 @@ PINNED_BY_HASH = ("model.yaml",)
 
 def render(name: str) -> dict[str, bytes]:
     """What `primectl render RECIPE --target kubernetes` writes, in-process."""
-    return KubernetesTarget().render(plan_recipe(REPO / RECIPES[name])[1])
+    return KubernetesTarget().render(plan_recipe(REPO / RECIPES[name], target="kubernetes")[1])
 
 
 def stored(files: dict[str, bytes]) -> dict[str, bytes]:

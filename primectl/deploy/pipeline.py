@@ -122,7 +122,7 @@ def _locked(run: Rollout, plan: Plan, options: UpOptions, secrets: str, say: Say
             run.start(wave)
         run.gate()
         if options.smoke:
-            smoke(plan)
+            smoke(run.plan)  # the bound plan: a scheduler target knows the addresses only once the job runs
     except DeployError as exc:
         say(f"FAILED: {exc}; rolling back")
         run.rollback()
@@ -135,7 +135,7 @@ def _locked(run: Rollout, plan: Plan, options: UpOptions, secrets: str, say: Say
         raise DeployError("interrupted by the operator (rolled back to the previous revision)") from None
     run.record()
     run.retire()
-    say(f"ready: {plan.endpoint} ({run.summary()})")
+    say(f"ready: {run.plan.endpoint} ({run.summary()})")
     return UpResult(lines, started, time.monotonic() - t0)
 
 

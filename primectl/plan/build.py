@@ -17,7 +17,7 @@ from primectl.engines.base import get as get_engine
 from primectl.engines.etcd import etcd_service
 from primectl.engines.frontend import frontend_service
 from primectl.engines.mooncake import master_service
-from primectl.errors import Finding, PlanError, RecipeError
+from primectl.errors import Finding, PlanError, Problem, RecipeError
 from primectl.plan.capacity import (
     GB,
     indexer_bytes_per_token,
@@ -45,14 +45,26 @@ from primectl.plan.placement import Placement, place_workers
 from primectl.recipe.catalog import MODELS, Architecture, Hardware
 from primectl.recipe.load import LoadedRecipe, load_recipe
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
+from primectl.targets.base import get as get_target
 
 SESSION_CONTEXT_TOKENS = 146_000
 GENERATED_MODEL_CONTEXT = 32768  # what a generated model declares when the recipe sets no max_context
 
 
-def plan_recipe(path: str | Path) -> tuple[LoadedRecipe, Plan]:
-    """Load, validate and plan a recipe file: RecipeError (every problem, pinned to its line) or the Plan."""
+def plan_recipe(path: str | Path, *, target: str | None = None) -> tuple[LoadedRecipe, Plan]:
+    """Load, validate and plan a recipe file: RecipeError (every problem, pinned to its line) or the Plan.
+
+    `target`: plan for this target instead of the recipe's (`primectl render --target`).
+    """
     loaded = load_recipe(path)
+    if target is not None and target != loaded.recipe.target:
+        from primectl.recipe.suggest import did_you_mean
+        from primectl.registry import TARGETS
+
+        if target not in TARGETS:
+            raise RecipeError([Problem(loaded.file, 0, 0, "--target", f"{target!r} is not a target"
+                                       f"{did_you_mean(target, list(TARGETS))}; allowed: {', '.join(TARGETS)}")])
+        loaded = LoadedRecipe(loaded.recipe.model_copy(update={"target": target}), loaded.file, loaded.positions)
     try:
         return loaded, build_plan(loaded.recipe)
     except PlanError as exc:
@@ -79,14 +91,19 @@ def host_plans(recipe: Recipe, hw: Hardware) -> list[HostPlan]:
     ]
 
 
-def runtimes(recipe: Recipe, hw: Hardware, engine: Engine, hosts: list[HostPlan]) -> tuple[str, dict[str, Runtime]]:
-    """The runtime key (pins + flavour) and each host's runtime interpreter."""
+def runtimes(recipe: Recipe, hw: Hardware, engine: Engine, hosts: list[HostPlan], root: str | None = None
+             ) -> tuple[str, dict[str, Runtime]]:
+    """The runtime key (pins + flavour) and each host's runtime interpreter (under `root`, else under its workdir)."""
     flavour = engine.runtime_flavour(hw)
     blob = json.dumps({"pins": engine.pins(recipe), "flavour": flavour.name}, sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:12]
     own = recipe.software.python
+
+    def venv(h: HostPlan) -> str:
+        return posixpath.join(root, key) if root else Layout(h.workdir).runtime(key)
+
     out = {
-        h.name: Runtime(python=own or posixpath.join(Layout(h.workdir).runtime(key), "bin", "python"), provisioned=not own,
+        h.name: Runtime(python=own or posixpath.join(venv(h), "bin", "python"), provisioned=not own,
                         flavour=flavour.name, lock=flavour.lock, key=key)
         for h in hosts
     }
@@ -111,16 +128,18 @@ def build_plan(recipe: Recipe) -> Plan:
     engine = get_engine(recipe.engine)
     arch = architecture(recipe)
     hw = hardware_profile(recipe)
-    hosts = host_plans(recipe, hw)
+    planned = get_target(recipe.target).plan_hosts(recipe, host_plans(recipe, hw))
+    hosts = planned.hosts
     by_name = {h.name: h for h in hosts}
     fe_host = recipe.frontend.host
     cp_host = recipe.control_plane.etcd_host or fe_host
     p = recipe.ports
     etcd = f"http://{by_name[cp_host].address}:{p.etcd_client}" if recipe.control_plane.discovery == "etcd" else None
-    key, runtime = runtimes(recipe, hw, engine, hosts)
+    key, runtime = runtimes(recipe, hw, engine, hosts, planned.runtime_root)
     served = engine.serving(recipe, arch, hw)
     ctx = PlanContext(
-        recipe=recipe, arch=arch, hw=hw, hosts=by_name, runtime=runtime, model=model_source(recipe), tier=tier(recipe),
+        recipe=recipe, arch=arch, hw=hw, hosts=by_name, runtime=runtime, model=model_source(recipe),
+        tier=tier(recipe, by_name),
         etcd_endpoint=etcd,
         discovery_dir=(
             posixpath.join(by_name[fe_host].workdir, "discovery", recipe.dynamo_namespace)
@@ -159,7 +178,7 @@ def build_plan(recipe: Recipe) -> Plan:
     )
     plan = Plan(
         name=recipe.name, namespace=recipe.dynamo_namespace, engine=engine.name, supervisor=recipe.supervisor,
-        target=TargetSpec(kind=recipe.target), served_model=recipe.model.served_name,
+        target=TargetSpec(kind=recipe.target, options=planned.options), served_model=recipe.model.served_name,
         recipe_hash=hashlib.sha256(recipe.model_dump_json().encode()).hexdigest()[:16],
         runtime_key=key, pins=engine.pins(recipe),
         hardware=HardwareFacts(profile=recipe.hardware.profile, gpu=hw.gpu, sm=hw.sm, gpus_per_host=hw.gpus_per_host,
@@ -183,12 +202,12 @@ def model_source(recipe: Recipe) -> ModelSource:
                        weights_gb=m.weights_gb)
 
 
-def tier(recipe: Recipe) -> Tier | None:
+def tier(recipe: Recipe, hosts: dict[str, HostPlan]) -> Tier | None:
     """The Mooncake tier's endpoints, when the recipe enables one."""
     t = recipe.host_tier
     if t is None or not t.enabled:
         return None
-    master = next(h for h in recipe.host_list() if h.name == t.master_host)
+    master = hosts[t.master_host]
     p = recipe.ports
     return Tier(master_host=t.master_host, master=f"{master.address}:{p.mooncake_rpc}",
                 metadata=f"http://{master.address}:{p.mooncake_metadata}/metadata", protocol=t.protocol,
@@ -275,7 +294,6 @@ def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostP
 
 def check_service_name(plan: Plan, service: str, file: str) -> None:
     """RecipeError (exit 2) naming the plan's services when `service` is not one of them."""
-    from primectl.errors import Problem
     from primectl.recipe.suggest import did_you_mean
 
     names = [s.name for s in plan.services]

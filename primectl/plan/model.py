@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
@@ -25,6 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 # Stands for the absolute path of the release directory a service runs from;
 # the renderer turns it into a shell variable so paths stay quoted.
 RELEASE = "@release@"
+# A target that binds hosts at run time (a scheduler) plans each host's address as node_marker(host)
+# and the job's id as JOB; both are replaced by their values once the job runs (argv, env, files, probes).
+JOB = "@job@"
+NODE_MARKER_RE = re.compile(r"@node:([a-z0-9-]+)@")
+
+
+def node_marker(host: str) -> str:
+    """What stands for the address of logical host `host` until the scheduler binds it."""
+    return f"@node:{host}@"
 
 Role = Literal["control", "cache", "prefill", "decode", "frontend"]
 WORKER_ROLES: tuple[str, ...] = ("prefill", "decode")

@@ -62,6 +62,11 @@ def _env() -> jinja2.Environment:
     )
 
 
+def template(name: str) -> jinja2.Template:
+    """One of primectl's templates (templates/NAME), strict about undefined names."""
+    return _env().get_template(name)
+
+
 def shell_word(value: str) -> str:
     """Quote one word for bash; the release marker becomes "${release_dir}"."""
     parts = value.split(RELEASE)
@@ -162,9 +167,9 @@ def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = 
             "run_fields": list(RUN_FIELDS), "expect_fields": list(EXPECT_FIELDS),
             "component": svc.component, "role": svc.role,
             "unit": unit_name(plan, svc), "files": sorted(own),
-            "files_hash": _hash_files({p: files[p] for p in own}),
+            "files_hash": hash_files({p: files[p] for p in own}),
         }
-    revision = _hash_files(files)[:16]
+    revision = hash_files(files)[:16]
     manifest: dict[str, object] = {
         "deployment": plan.name, "namespace": plan.namespace, "host": host.name, "revision": revision,
         "supervisor": plan.supervisor, "runtime_key": plan.runtime_key, "services": services,
@@ -175,7 +180,8 @@ def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = 
     return Bundle(host.name, files, modes, revision, manifest)
 
 
-def _hash_files(files: dict[str, bytes]) -> str:
+def hash_files(files: dict[str, bytes]) -> str:
+    """One hash over paths and contents (a bundle's revision is its first 16 hex digits)."""
     h = hashlib.sha256()
     for path in sorted(files):
         h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
@@ -217,6 +223,7 @@ def render_for_target(plan: Plan, target: str | None, out: Path) -> list[str]:
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+        path.chmod(0o755 if data.startswith(b"#!") else 0o644)  # scripts stay runnable
     # A target may say more about what it rendered (kubernetes: which schemas the manifests were checked against).
     report = getattr(chosen, "render_report", None)
     extra: list[str] = report(plan) if callable(report) else []

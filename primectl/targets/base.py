@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from primectl import registry
-from primectl.plan.model import Plan
+from primectl.plan.model import HostPlan, Plan
+from primectl.recipe.model import Recipe
 
 Say = Callable[[str], None]
 
@@ -40,6 +41,19 @@ class ChangeLine:
     action: str
     reason: str
     detail: str = ""  # e.g. a unified diff of its run script
+
+
+@dataclass(frozen=True)
+class PlannedHosts:
+    """The recipe's hosts as a target plans them.
+
+    `runtime_root`: where provisioned runtime venvs live (`<root>/<key>`), the same for every host;
+    None: under each host's own workdir. `options`: the target's recipe block as plain data (Plan.target.options).
+    """
+
+    hosts: list[HostPlan]
+    runtime_root: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class Rollout(Protocol):
@@ -127,6 +141,10 @@ class Target(Protocol):
     """One way to run a plan. Implementations live in primectl/targets/<name>.py."""
 
     name: str
+
+    def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
+        """The hosts as this target plans them (SSH: as the recipe names them; a scheduler: logical node slots)."""
+        ...
 
     def bind(self, plan: Plan) -> Plan:
         """The plan with its slots bound to machines (a target that binds at plan time returns it unchanged)."""

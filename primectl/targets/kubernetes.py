@@ -24,9 +24,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from primectl.errors import DeployError
-from primectl.plan.model import Plan
+from primectl.plan.model import HostPlan, Plan
+from primectl.recipe.model import Recipe
 from primectl.targets import k8s_schema
-from primectl.targets.base import Rollout, Say
+from primectl.targets.base import PlannedHosts, Rollout, Say
 from primectl.targets.k8s_manifests import Manifests, build_manifests, component_of
 from primectl.targets.k8s_notes import notes
 from primectl.targets.k8s_pod import KubernetesRenderError
@@ -105,6 +106,10 @@ class KubernetesTarget:
     """`target: kubernetes`: render only; the cluster is driven with kubectl."""
 
     name = "kubernetes"
+
+    def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
+        """The recipe's hosts shape the render (GPUs per node, NVLink domains); pods are placed by the scheduler."""
+        return PlannedHosts(hosts)
 
     def bind(self, plan: Plan) -> Plan:
         """Unchanged: the scheduler places pods, the plan's hosts only shape the render."""

@@ -33,9 +33,10 @@ from primectl.deploy.cluster import (
 from primectl.deploy.fanout import parallel
 from primectl.deploy.protocol import STATE_SCHEMA, HostState, ServiceRecord, ServiceRef, WaitSpec, unit_name
 from primectl.errors import DeployError
-from primectl.plan.model import Plan, Service
+from primectl.plan.model import HostPlan, Plan, Service
+from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan
-from primectl.targets.base import ChangeLine, StepPlan
+from primectl.targets.base import ChangeLine, PlannedHosts, StepPlan
 
 LOG_TAIL_LINES = 40
 
@@ -377,6 +378,10 @@ class SSHTarget:
     """`target: ssh` (the default)."""
 
     name = "ssh"
+
+    def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
+        """The recipe names real hosts: planned as written."""
+        return PlannedHosts(hosts)
 
     def bind(self, plan: Plan) -> Plan:
         """Hosts are named by the recipe: the plan is already bound."""

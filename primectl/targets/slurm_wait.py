@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""primectl-wait: inside a primectl Slurm job, wait until services pass their readiness probes.
+
+    primectl-wait JOB_DIR SERVICE...
+
+Run by the job's batch script (standard library only, any python3) after it started a wave
+of services as job steps. Each SERVICE's probe is JOB_DIR/release/ready/SERVICE.json (the
+plan's Probe, addresses already bound); JOB_DIR/pids lists `service pid` of every step the
+script started, so a service that ends while others are still starting is seen at once.
+Appends `ready`/`timeout` lines to JOB_DIR/events (what `primectl up` watches).
+
+Exit status: 0 every SERVICE is ready; 3 a started service ended (its name on stdout);
+4 a probe did not pass in its timeout (the name on stdout); 5 the job is being stopped
+(JOB_DIR/stopping exists).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+RELEASE_MARK = "@release@"
+
+
+def note(job_dir: str, text: str) -> None:
+    """Append one event line (`<unix time> <text>`)."""
+    with open(os.path.join(job_dir, "events"), "a") as f:
+        f.write(f"{time.time():.3f} {text}\n")
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not ended (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def started(job_dir: str) -> dict[str, int]:
+    """service -> pid of every step started so far."""
+    out: dict[str, int] = {}
+    try:
+        with open(os.path.join(job_dir, "pids")) as f:
+            for line in f:
+                name, _, pid = line.strip().partition(" ")
+                if pid.isdigit():
+                    out[name] = int(pid)
+    except OSError:
+        pass
+    return out
+
+
+def probe_once(p: dict[str, Any], release: str) -> tuple[bool, str]:
+    """Run one probe: (passed, what it saw)."""
+    kind = p["kind"]
+    try:
+        if kind == "http":
+            import urllib.error
+            import urllib.request
+
+            try:
+                with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            return status == p.get("expect_status", 200), f"HTTP {status}"
+        if kind == "tcp":
+            with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
+                return True, f"tcp {p['host']}:{p['port']} open"
+        command = [c.replace(RELEASE_MARK, release) for c in p.get("command") or []]
+        r = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
+        last = text.strip().splitlines()[-1:] or [""]
+        return r.returncode == 0, f"exit {r.returncode}: {last[0][:120]}"
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        return False, f"{kind} probe: {exc}"
+
+
+def wait(job_dir: str, services: list[str]) -> int:
+    """Probe until all are ready; the exit status described above."""
+    release = os.path.join(job_dir, "release")
+    probes = {}
+    for name in services:
+        with open(os.path.join(release, "ready", f"{name}.json")) as f:
+            probes[name] = json.load(f)
+    t0 = time.time()
+    delay = {n: 0.05 for n in services}
+    next_try = {n: 0.0 for n in services}
+    detail = {n: "not probed yet" for n in services}
+    pending = list(services)
+    while pending:
+        if os.path.exists(os.path.join(job_dir, "stopping")):
+            return 5
+        for name, pid in started(job_dir).items():
+            if not alive(pid):
+                print(name)
+                return 3
+        now = time.time()
+        for name in list(pending):
+            if now < next_try[name]:
+                continue
+            ok, detail[name] = probe_once(probes[name], release)
+            if ok:
+                pending.remove(name)
+                note(job_dir, f"ready {name} {time.time() - t0:.2f}s")
+                continue
+            timeout = float(probes[name].get("timeout_s", 60))
+            if time.time() - t0 > timeout:
+                note(job_dir, f"timeout {name} not ready after {timeout:g}s ({detail[name]})")
+                print(name)
+                return 4
+            next_try[name] = now + delay[name]
+            delay[name] = min(delay[name] * 1.5, max(0.05, float(probes[name].get("interval_s", 0.5))))
+        if pending:
+            time.sleep(0.05)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Command line entry point."""
+    if len(argv) < 2:
+        sys.stderr.write(__doc__ or "")
+        return 2
+    return wait(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
