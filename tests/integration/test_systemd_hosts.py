@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 
 from primectl.deploy.protocol import unit_name
 
 from . import conftest
-from .conftest import LAYOUT, Deployment
+from .conftest import LAYOUT, REPO, Deployment, nspawn_runtime
 from .nspawnhosts import NspawnHost, NspawnHosts
+from .test_demo_cluster import _metrics, check_serving
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -52,12 +54,14 @@ class SystemdDeployment(Deployment):
         self.machines: dict[str, NspawnHost] = {h.name: h for h in cluster.hosts[:3]}
         self.base["supervisor"] = "systemd"
         self.path = self.write()
+        self.layout: dict[str, set[str]] = LAYOUT  # host -> services of the recipe in use
+        self.teardown: Path | None = None  # the recipe `down --purge` runs with afterwards (default: the base)
 
     def unit(self, service: str) -> str:
         return f"{unit_name(self.name, service)}.service"
 
     def host_of(self, service: str) -> NspawnHost:
-        return self.machines[next(h for h, svcs in LAYOUT.items() if service in svcs)]
+        return self.machines[next(h for h, svcs in self.layout.items() if service in svcs)]
 
     def show(self, service: str, *props: str) -> dict[str, str]:
         """`systemctl show -p ...` of a service's unit on its host."""
@@ -66,8 +70,8 @@ class SystemdDeployment(Deployment):
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def units(self) -> dict[str, dict[str, str]]:
-        """service -> its unit's properties, for every service of the test layout."""
-        return {svc: self.show(svc) for svcs in LAYOUT.values() for svc in svcs}
+        """service -> its unit's properties, for every service of the recipe in use."""
+        return {svc: self.show(svc) for svcs in self.layout.values() for svc in svcs}
 
     def main_pids(self) -> dict[str, int]:
         """service -> MainPID as systemd sees it (inside the host's pid namespace); 0 when not running."""
@@ -104,7 +108,7 @@ def systemd_deployment(nspawn_hosts: NspawnHosts, tmp_path: Path, request: pytes
     for h in nspawn_hosts.hosts:
         if not h.pid:
             h.boot()
-    down = dep.cli("down", "--purge", "--break-lock", recipe=dep.write(file="teardown.yaml"))
+    down = dep.cli("down", "--purge", "--break-lock", recipe=dep.teardown or dep.write(file="teardown.yaml"))
     left = {h.name: units for h in nspawn_hosts.hosts if any((units := dep.our_units(h)).values())}
     for h in left:  # clean up for the next test, then fail
         host = nspawn_hosts[h]
@@ -175,6 +179,7 @@ def test_changing_one_service_restarts_only_its_unit(systemd_deployment: Systemd
             assert int(props["MainPID"]) == before[svc], f"{svc} was restarted"
     environ = dep.host_of("prefill-0").run("cat", f"/proc/{after['prefill-0']['MainPID']}/environ").stdout
     assert "PREFILL_TUNING=b" in environ.split("\0")
+    assert "HOME=/root" in environ.split("\0"), "the unit's User=root gives services a HOME (Dynamo needs one)"
     code, doc = dep.status_json()
     assert code == 0 and doc["healthy"] is True, doc
 
@@ -301,3 +306,56 @@ def test_down_stops_and_disables_every_unit_and_purge_removes_them(systemd_deplo
         assert dep.reloads(h) > reloads[h.name], f"{h.name}: no daemon-reload after the unit files went"
     for svc, props in dep.units().items():
         assert props["LoadState"] == "not-found", (svc, props)
+
+
+def test_demo_stack_serves_chat_under_systemd_on_three_hosts(systemd_deployment: SystemdDeployment) -> None:
+    """recipes/demo-systemd.yaml for real: Dynamo frontend + KV router, mocker workers, Mooncake master, etcd,
+    each a systemd unit on its host; a chat answer through the openai client; kill -9 of a decode worker is
+    healed by systemd and the stack serves again."""
+    runtime = nspawn_runtime()
+    if runtime is None:
+        pytest.fail("no runtime venv bound into the nspawn hosts: build .runtime (make runtime) or set "
+                    f"{conftest.NSPAWN_RUNTIME_ENV}", pytrace=False)
+    dep = systemd_deployment
+    fe_port = dep.frontend_port
+    doc = {
+        "extends": str(REPO / "recipes" / "demo-systemd.yaml"),
+        "name": dep.name, "namespace": dep.name,
+        "hosts": dep.base["hosts"], "known_hosts": dep.base["known_hosts"],
+        "frontend": {"port": fe_port},
+        "ports": dep.ports | {"mooncake_rpc": fe_port + 60, "mooncake_metadata": fe_port + 61,
+                              "mooncake_metrics": fe_port + 62},
+        "software": {"python": str(runtime / "bin" / "python")},
+        "prefill": {"startup_timeout_s": 180}, "decode": {"startup_timeout_s": 180},
+    }
+    dep.path = dep.teardown = dep.tmp / "demo-systemd.yaml"
+    dep.path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    plan = yaml.safe_load(dep.cli("plan", "--output", "json").stdout)
+    assert plan["supervisor"] == "systemd"
+    dep.layout = {}
+    for svc in plan["services"]:
+        dep.layout.setdefault(svc["host"], set()).add(svc["name"])
+    assert dep.layout == {"h1": {"etcd", "frontend", "mooncake-master"}, "h2": {"prefill-0"},
+                          "h3": {"decode-0", "decode-1"}}
+
+    t0 = time.monotonic()
+    up = dep.cli("up", "--no-smoke", "--skip-preflight", timeout=600)
+    print(f"\ndemo stack up under systemd: {time.monotonic() - t0:.1f}s")
+    assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
+    for svc, props in dep.units().items():
+        assert (props["ActiveState"], props["SubState"], props["UnitFileState"]) == ("active", "running", "enabled"), \
+            (svc, props)
+    t0 = time.monotonic()
+    check_serving(plan["endpoint"], _metrics(plan))
+    print(f"chat checks: {time.monotonic() - t0:.1f}s")
+    code, doc_status = dep.status_json()
+    assert code == 0 and doc_status["healthy"] is True, doc_status
+
+    before = dep.show("decode-1")
+    dep.host_of("decode-1").run("kill", "-9", before["MainPID"])
+    t0 = time.monotonic()
+    wait_for(dep.status_json, lambda s: s[0] == 0 and next(
+        r for r in s[1]["services"] if r["service"] == "decode-1")["restarts"] == 1, 240,
+        "systemd restarting the killed decode worker and status healthy again")
+    print(f"decode-1 back after kill -9: {time.monotonic() - t0:.1f}s")
+    check_serving(plan["endpoint"], _metrics(plan))
