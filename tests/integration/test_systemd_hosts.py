@@ -283,6 +283,35 @@ def test_rebooting_a_host_brings_its_units_back_and_up_restarts_nothing(
     assert dep.main_pids() == {s: int(p["MainPID"]) for s, p in units.items()}
 
 
+def test_a_unit_that_gave_up_at_its_start_limit_is_restarted_by_the_next_up(
+        systemd_deployment: SystemdDeployment) -> None:
+    """The recovery when a unit does not come back (e.g. it kept failing at boot): it sits `failed` at its
+    start limit (StartLimitBurst=5 per 300 s, manual starts count too), `status` says so, `up` starts it."""
+    dep = systemd_deployment
+    dep.up_ok()
+    before = dep.main_pids()
+    h3 = dep.host_of("decode-1")
+    for _ in range(6):  # 1 start by `up` + 5 more: the sixth is refused by the start limit
+        h3.run("systemctl", "restart", dep.unit("decode-1"), check=False)
+    failed = dep.show("decode-1", "ActiveState", "Result")
+    assert failed == {"ActiveState": "failed", "Result": "start-limit-hit"}, failed
+    refused = h3.run("systemctl", "start", dep.unit("decode-1"), check=False)
+    assert refused.returncode != 0, "systemd refuses to start a unit at its start limit"
+
+    code, _, rows = status(dep)
+    assert code == 1 and rows["decode-1"]["running"] is False and rows["decode-1"]["state"] == "failed (failed)", rows
+    d = dep.cli("diff")
+    assert d.returncode == 3 and re.search(r"decode-1\s+restart\s+not running", d.stdout), d.stdout
+    r = dep.up_ok()
+    assert "starting decode-1" in r.stderr and "1 started, 4 unchanged" in r.stderr, r.stderr
+    after = dep.units()
+    assert (after["decode-1"]["ActiveState"], after["decode-1"]["SubState"]) == ("active", "running")
+    assert {s: int(p["MainPID"]) for s, p in after.items() if s != "decode-1"} == \
+        {s: p for s, p in before.items() if s != "decode-1"}
+    code, doc = dep.status_json()
+    assert code == 0 and doc["healthy"] is True, doc
+
+
 def test_down_stops_and_disables_every_unit_and_purge_removes_them(systemd_deployment: SystemdDeployment) -> None:
     dep = systemd_deployment
     dep.up_ok()
