@@ -9,7 +9,7 @@ RUNTIME := .runtime
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-multihost demo-systemd demo-down lint typecheck system venv runtime rootfs clean
+.PHONY: bench-tools test test-integration demo demo-multihost demo-down lint typecheck system venv runtime rootfs clean
 
 system:
 	bash scripts/install-system.sh
@@ -72,6 +72,7 @@ demo-multihost: system venv
 
 # The same stack under `supervisor: systemd` on three systemd-nspawn hosts (systemd as PID 1, 10.77.0.2-4
 # on a bridge inside a private network namespace); the runtime venv is bound read-only into the hosts.
+.PHONY: demo-systemd
 demo-systemd: system venv runtime rootfs
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_systemd.py'
 
