@@ -98,6 +98,12 @@ demo-slurm: system venv
 	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_slurm.py'
 
+# The same stack under `supervisor: systemd` on three systemd-nspawn hosts (systemd as PID 1, 10.77.0.2-4
+# on a bridge inside a private network namespace); the runtime venv is bound read-only into the hosts.
+.PHONY: demo-systemd
+demo-systemd: system venv runtime rootfs
+	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_systemd.py'
+
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)
 

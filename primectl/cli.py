@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployError, RecipeError
+from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployError, Problem, RecipeError
 
 if TYPE_CHECKING:
     from primectl.deploy.cluster import ConnectionPolicy
@@ -247,6 +247,9 @@ def logs(
     service: Annotated[str, typer.Argument(help="Service name, e.g. decode-3 (see `primectl plan`).")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
     tail: Annotated[int, typer.Option("--tail", help="Lines to show first.")] = 100,
+    journal: Annotated[bool, typer.Option(
+        "--journal", help="supervisor: systemd only: what systemd logged about the unit (starts, exits, automatic "
+                          "restarts) from the host's journal, instead of the service's own output.")] = False,
     accept_new_host_keys: AcceptKeysOpt = False,
 ) -> None:
     """Print a service's log from its host (terminal escape codes removed)."""
@@ -256,7 +259,12 @@ def logs(
 
         p = _plan(recipe)
         check_service_name(p, service, str(recipe))
-        code = _target(p).logs(p, service, _policy(p, accept_new_host_keys), follow=follow, tail=tail)
+        if journal and p.supervisor != "systemd":
+            raise RecipeError([Problem(str(recipe), 0, 0, "supervisor",
+                                       f"`logs --journal` needs supervisor: systemd (this recipe has {p.supervisor}; "
+                                       "its start lines are in the log itself)")])
+        extra = {"journal": True} if journal else {}  # only targets with a supervisor journal take it
+        code = _target(p).logs(p, service, _policy(p, accept_new_host_keys), follow=follow, tail=tail, **extra)
         return 0 if code == 0 else EXIT_FAILURE
 
     raise typer.Exit(_guard(body))

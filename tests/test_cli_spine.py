@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 PRIMECTL = Path(sys.executable).with_name("primectl")
 
 
-@pytest.mark.parametrize("recipe", ["glm53.yaml", "glm53-fp8.yaml", "demo.yaml", "bench-4rack.yaml"])
+@pytest.mark.parametrize("recipe", ["glm53.yaml", "glm53-fp8.yaml", "demo.yaml", "demo-systemd.yaml", "bench-4rack.yaml"])
 def test_shipped_recipes_validate(cli: Callable[..., Any], recipe: str) -> None:
     result = cli("validate", f"recipes/{recipe}")
     assert result.exit_code == 0, result.stderr
@@ -34,6 +34,13 @@ def test_refused_recipe_from_a_real_shell_exits_2_pointing_at_the_line() -> None
     assert proc.stdout == ""
     assert "1 problem in the recipe; nothing was changed" in proc.stderr
     assert "tests/invalid/parallel_dep7.yaml:5:3: prefill.parallel: 'DEP7' is not a parallel spec" in proc.stderr
+
+
+def test_logs_journal_needs_the_systemd_supervisor(cli: Callable[..., Any]) -> None:
+    """The process supervisor keeps no journal: refused as bad input before any host is contacted."""
+    result = cli("logs", "recipes/demo.yaml", "decode-0", "--journal")
+    assert result.exit_code == 2
+    assert "`logs --journal` needs supervisor: systemd (this recipe has process" in result.stderr
 
 
 def test_missing_recipe_file_is_bad_input(cli: Callable[..., Any], tmp_path: Path) -> None:

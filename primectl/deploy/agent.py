@@ -221,9 +221,7 @@ def op_start_wait(h: Host) -> StartResult:
 
 def op_stop(h: Host) -> StopResult:
     """Stop services (SIGTERM, SIGKILL after each one's timeout); `remove_units` also forgets them."""
-    remove = bool(h.args.get("remove_units"))
-    stopped = [svc["name"] for svc in h.args["services"] if h.supervisor.stop(svc, remove=remove)]
-    h.supervisor.finish(remove)
+    stopped = h.supervisor.stop_many(h.args["services"], remove=bool(h.args.get("remove_units")))
     return {"ok": True, "stopped": stopped}
 
 

@@ -44,11 +44,19 @@ def collect_status(cluster: Cluster) -> StatusReport:
     return report
 
 
-def log_command(plan: Plan, service: str, *, follow: bool, lines: int) -> tuple[str, str]:
-    """(host, shell command) that prints a service's log."""
-    from primectl.deploy.protocol import Layout
+def log_command(plan: Plan, service: str, *, follow: bool, lines: int, journal: bool = False) -> tuple[str, str]:
+    """(host, shell command) that prints a service's log file, or with `journal` what systemd logged about its unit.
+
+    Units write the service's output to the same log file as the process supervisor
+    (StandardOutput=append:), so the journal holds only systemd's own lines: starts, stops,
+    exits with their status, and automatic restarts with their counter.
+    """
+    from primectl.deploy.protocol import Layout, unit_name
 
     svc = plan.service(service)
+    if journal:
+        unit = shlex.quote(f"{unit_name(plan.name, service)}.service")
+        return svc.host, f"journalctl -u {unit} -n {int(lines)} --no-pager -o short-iso{' -f' if follow else ''}"
     path = Layout(plan.host(svc.host).workdir).log(service)
     # Strip terminal escape codes on the host (GNU sed, unbuffered so --follow stays live).
     strip = r"sed -u -e 's/\x1b\[[0-9;?]*[ -\/]*[@-~]//g' -e 's/\x1b\][^\x07]*\x07//g' -e 's/\r$//'"

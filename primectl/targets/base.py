@@ -162,8 +162,8 @@ class Target(Protocol):
         """What runs and whether it is healthy (a StatusReport)."""
         ...
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int) -> int:
-        """Print a service's log; the exit code."""
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+        """Print a service's log (with `journal`, what its supervisor logged about it); the exit code."""
         ...
 
     def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:

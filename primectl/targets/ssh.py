@@ -404,11 +404,11 @@ class SSHTarget:
         with opened(plan, _policy(options), say) as cluster:
             return collect_status(cluster)
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int) -> int:
-        """Stream a service's log file from its host."""
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+        """Stream a service's log file from its host (with `journal`: its unit's lines in the host's journal)."""
         from primectl.deploy.observe import log_command
 
-        host, command = log_command(plan, service, follow=follow, lines=tail)
+        host, command = log_command(plan, service, follow=follow, lines=tail, journal=journal)
         t = _policy(options).connect(plan.host(host))
         try:
             code, _, _ = t.run(command, stream=True)

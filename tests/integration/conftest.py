@@ -31,6 +31,7 @@ import yaml
 
 from . import slurmcluster
 from .nspawnhosts import (
+    BindMount,
     NspawnHosts,
     cgroup_pids,
     leftover_container_processes,
@@ -274,7 +275,8 @@ def nspawn_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NspawnHos
     """Three systemd-nspawn hosts h1-h3 (10.77.0.2-4, bridge pmbr0 at 10.77.0.1), each with systemd as PID 1 and sshd.
 
     Shared by the session (tests may reboot or power-cut a host; they leave it running). The runtime venv
-    from nspawn_runtime() is bound read-only at its own path when there is one. Afterwards every host is
+    from nspawn_runtime() is bound read-only at its own path when there is one, and so is the repo's
+    tests/fakes (the FAKE engine runtime a recipe's software.python names). Afterwards every host is
     shut down and nothing may remain: no process in a host's cgroups, no veth, no bridge, no cgroup dirs.
     """
     problem = nspawn_problem()
@@ -282,7 +284,8 @@ def nspawn_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NspawnHos
         pytest.fail(problem, pytrace=False)
     base = tmp_path_factory.mktemp("nspawnhosts")
     runtime = nspawn_runtime()
-    cluster = start_nspawn_hosts(base, 3, binds=runtime_binds(runtime) if runtime else ())
+    binds = [BindMount(Path(FAKE_PYTHON).parent), *(runtime_binds(runtime) if runtime else ())]
+    cluster = start_nspawn_hosts(base, 3, binds=binds)
     print(f"\nnspawn hosts up in {cluster.timings['boot_all_s']:.2f}s (rootfs {cluster.timings['rootfs_s']:.2f}s, "
           f"layer {cluster.hosts[0].used_layer}, runtime {runtime})")
     try:
