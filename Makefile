@@ -10,7 +10,7 @@ RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels clean
+.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
 
 system:
 	bash scripts/install-system.sh
@@ -46,10 +46,18 @@ runtime-vllm-cpu:
 rootfs: system
 	bash scripts/make-rootfs.sh >/dev/null
 
-# The release wheels scripts/gen_compat.py and the import-check test read as zip files (about 1.1 GB,
-# downloaded once into .cache/wheels/; never installed). CI: cache .cache/wheels keyed on this line.
+# The release wheels the import-check tests read as zip files (661 MB, downloaded once into .cache/wheels/;
+# never installed). Here, outside the tests' network namespace: they download. CI: cache .cache/wheels keyed
+# on this line. `wheels-all` adds what `scripts/gen_compat.py --check` also reads (vllm 0.32.0, the runtime).
 wheels: venv
-	$(VENV)/bin/python scripts/wheel_cache.py ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 vllm==0.31.0 vllm==0.32.0 vllm==0.33.0
+	$(VENV)/bin/python scripts/wheel_cache.py ai-dynamo==1.6.1 vllm==0.31.0 vllm==0.33.0
+
+wheels-all: wheels
+	$(VENV)/bin/python scripts/wheel_cache.py ai-dynamo-runtime==1.6.1 vllm==0.32.0
+
+# The CPU host runtime as wheels (hosts in a private network namespace install from it: the air-gapped path).
+wheelhouse: venv
+	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
 
 lint: venv
 	$(VENV)/bin/ruff check primectl kernels tests benchmarks
@@ -59,8 +67,8 @@ typecheck: venv
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
-test: system venv bench-tools runtime runtime-vllm-cpu rootfs lint typecheck
-	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python exec $(VENV)/bin/pytest -q'
+test: system venv bench-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python PRIMECTL_SLURM_WHEELHOUSE=$(CURDIR)/.demo/wheelhouse exec $(VENV)/bin/pytest -q'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
 test-integration: venv rootfs
@@ -77,8 +85,7 @@ demo: system venv
 
 # The same stack over three SSH hosts (sshd on 127.0.0.2-4 in a private network namespace).
 # Hosts in the namespace cannot reach a package index: they install from a wheelhouse (the air-gapped path).
-demo-multihost: system venv
-	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
+demo-multihost: system venv wheelhouse
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_multihost.py'
 
 # The same demo with a real engine: vLLM prefill + decode workers on CPU (primectl provisions their runtime,
@@ -94,8 +101,7 @@ demo-vllm-down: venv
 	$(PRIMECTL) down recipes/demo-vllm.yaml
 
 # The same stack as one Slurm job on a throw-away Slurm cluster (munged, slurmctld, three slurmd on 127.0.0.2-4).
-demo-slurm: system venv
-	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
+demo-slurm: system venv wheelhouse
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_slurm.py'
 
 # The same stack under `supervisor: systemd` on three systemd-nspawn hosts (systemd as PID 1, 10.77.0.2-4

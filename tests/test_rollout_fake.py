@@ -255,6 +255,16 @@ def test_a_taken_port_changes_nothing(env: Env) -> None:
     assert env.world.starts == [] and not (env.tmp / "h1" / "current").exists()
 
 
+def test_down_stops_services_a_killed_first_up_started_but_never_recorded(env: Env) -> None:
+    plan = env.plan()
+    env.up(plan)
+    for h in HOSTS:  # as if that first `up` had been SIGKILLed after starting them, before recording them
+        (env.tmp / h / "state.json").unlink()
+    stopped = SSHTarget().down(plan, env.options.connection, env.said.append, purge=False, break_lock=False)
+    assert set(stopped) == {s.name for s in plan.services}
+    assert not env.world.running
+
+
 def test_down_stops_everything_in_reverse_order_and_purge_removes_the_files(env: Env) -> None:
     plan = env.plan()
     env.up(plan)

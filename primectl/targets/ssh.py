@@ -429,6 +429,13 @@ class SSHTarget:
         try:
             lock(cluster, break_lock=break_lock, command="down")
             recorded = {h: cluster.recorded(h) for h in cluster.views}
+            for h in cluster.views:  # started by an `up` killed before it recorded them (SIGKILL): still ours
+                if h in cluster.dropped:
+                    continue
+                for svc in plan.services_on(h):
+                    if svc.name not in recorded[h] and cluster.alive(h, svc.name):
+                        recorded[h][svc.name] = {"unit": unit_name(plan.name, svc.name),
+                                                 "stop_timeout": svc.stop_timeout_s}
             planned = {n for wave in plan.start_waves() for n in wave}
             extra = sorted({n for svcs in recorded.values() for n in svcs} - planned)
             for names in [extra, *reversed(plan.start_waves())]:
