@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .sshhosts import isolated_netns, keygen, pid_alive, wait_gone
+from .sshhosts import SESSION_LINKS, isolated_netns, keygen, pid_alive, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_ROOTFS = REPO / "scripts" / "make-rootfs.sh"
@@ -557,6 +557,7 @@ class NspawnHosts:
         """Stop every host and remove the bridge; everything the safety net found still running."""
         left = self.stop()
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        SESSION_LINKS.discard(self.bridge)
         return left
 
     def __enter__(self) -> NspawnHosts:
@@ -573,6 +574,7 @@ def make_bridge(name: str, address: str, prefix_len: int) -> None:
                  ["ip", "addr", "add", f"{address}/{prefix_len}", "dev", name],
                  ["ip", "link", "set", name, "up"]):
         subprocess.run(argv, check=True, capture_output=True)
+    SESSION_LINKS.add(name)
 
 
 def start_nspawn_hosts(base: Path, n: int, *, rootfs: Path | None = None, subnet: str = "10.77.0", first: int = 2,

@@ -27,15 +27,26 @@ ALLOW_HOST_NET = "PRIMECTL_ALLOW_HOST_NET"
 RUN_HINT = "unshare --net -- sh -c 'ip link set lo up && exec .venv/bin/pytest tests/integration -q'"
 
 
+# Links this test session made in its own namespace (the nspawn hosts' bridge: nspawnhosts.make_bridge).
+SESSION_LINKS: set[str] = set()
+
+
 def isolated_netns() -> bool:
-    """True when the only network interface is loopback (a private namespace from `unshare --net`)."""
+    """True in a private namespace from `unshare --net`: loopback is the only link, apart from the links this
+    test session made there itself (a bridge in SESSION_LINKS and the veths of the containers on it)."""
     try:
         out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+        names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
     except (OSError, subprocess.CalledProcessError):
         names = os.listdir("/sys/class/net") if os.path.isdir("/sys/class/net") else []
-        return names == ["lo"]
-    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-    return names == ["lo"]
+    return "lo" in names and all(n == "lo" or _made_by_this_session(n) for n in names)
+
+
+def _made_by_this_session(link: str) -> bool:
+    if link in SESSION_LINKS:
+        return True
+    master = Path("/sys/class/net", link, "master")  # a container's veth, enslaved to our bridge
+    return master.is_symlink() and os.path.basename(os.readlink(master)) in SESSION_LINKS
 
 
 def netns_problem(run_hint: str = RUN_HINT) -> str | None:

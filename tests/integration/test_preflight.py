@@ -145,7 +145,8 @@ def test_gpu_profile_on_hosts_without_nvidia_smi_fails(deployment: Deployment, r
     if os.path.exists("/usr/bin/nvidia-smi"):
         pytest.skip("this machine has nvidia-smi: the missing-driver fault cannot be shown here")
     hosts = [dict(h, gpus=0 if h["name"] == "h1" else 4) for h in deployment.base["hosts"]]
-    deployment.write({"engine": "vllm", "hardware": {"profile": "gb200-nvl72"}, "hosts": hosts,
+    model = dict(deployment.base["model"], generate="tiny-qwen2", arch="tiny-qwen2")  # vLLM needs weights
+    deployment.write({"engine": "vllm", "hardware": {"profile": "gb200-nvl72"}, "hosts": hosts, "model": model,
                       "software": {"python": runtime_python}})
     code, doc, _ = preflight(deployment, "--no-fabric")
     c = checks(doc)
