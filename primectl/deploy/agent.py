@@ -27,7 +27,6 @@ from primectl.deploy.protocol import (  # agent-source: drop
     CODE_EXITED,
     CODE_TIMEOUT,
     KEEP_RELEASES,
-    RELEASE_MARK,
     SUPERVISORS,
     InspectResult,
     Layout,
@@ -46,6 +45,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     TailResult,
     kill_session,
     read_json,
+    run_probe,
     starttime,
     write_atomic,
 )  # agent-source: drop
@@ -226,30 +226,8 @@ def op_stop(h: Host) -> StopResult:
 
 
 def probe_once(p: ProbeSpec, workdir: str = "") -> tuple[bool, str]:
-    """Run one probe: (passed, what it saw)."""
-    kind = p["kind"]
-    try:
-        if kind == "http":
-            import urllib.error  # here, not at the top: it is a third of the agent's start-up time
-            import urllib.request
-
-            try:
-                with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
-                    status = resp.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            return status == p.get("expect_status", 200), f"HTTP {status}"
-        if kind == "tcp":
-            with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
-                return True, f"tcp {p['host']}:{p['port']} open"
-        release = os.path.realpath(os.path.join(workdir, "current"))
-        command = [c.replace(RELEASE_MARK, release) for c in p["command"] or []]
-        r = subprocess.run(command, capture_output=True, text=True, timeout=30)
-        text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
-        last = text.strip().splitlines()[-1:] or [""]
-        return r.returncode == 0, f"exit {r.returncode}: {last[0][:120]}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{kind} probe: {exc}"
+    """Run one probe against the host's current release: (passed, what it saw)."""
+    return run_probe(p, os.path.realpath(os.path.join(workdir, "current")))
 
 
 def op_wait(h: Host) -> StartResult:

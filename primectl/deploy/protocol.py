@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from typing import Any, TypedDict
@@ -311,6 +312,32 @@ def kill_session_members(sid: int) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 pass
     return killed
+
+
+def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
+    """Run one readiness probe once: (passed, what it saw). Command probes get `release` for RELEASE_MARK."""
+    kind = p["kind"]
+    try:
+        if kind == "http":
+            import urllib.error  # here, not at the top: it is a third of the agent's start-up time
+            import urllib.request
+
+            try:
+                with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            return status == p.get("expect_status", 200), f"HTTP {status}"
+        if kind == "tcp":
+            with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
+                return True, f"tcp {p['host']}:{p['port']} open"
+        command = [c.replace(RELEASE_MARK, release) for c in p.get("command") or []]
+        r = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
+        last = text.strip().splitlines()[-1:] or [""]
+        return r.returncode == 0, f"exit {r.returncode}: {last[0][:120]}"
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        return False, f"{kind} probe: {exc}"
 
 
 # -- supervisors ----------------------------------------------------------------------------------------

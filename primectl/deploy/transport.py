@@ -28,13 +28,11 @@ class HostUnreachable(DeployError):
 DROP = "# agent-source: drop"
 
 
-@functools.cache
-def agent_source() -> str:
-    """The host agent's source, sent with every call: protocol.py, then agent.py without its package imports."""
-    pkg = files("primectl.deploy")
+def with_protocol(module_source: str, label: str) -> str:
+    """protocol.py, then `module_source` without its package-only lines (marked DROP): one stdlib-only script."""
     out: list[str] = []
     skipping = False
-    for line in pkg.joinpath("agent.py").read_text().splitlines():
+    for line in module_source.splitlines():
         if skipping:
             skipping = DROP not in line
             continue
@@ -42,7 +40,14 @@ def agent_source() -> str:
             skipping = line.rstrip().removesuffix(DROP).rstrip().endswith("(")
             continue
         out.append(line)
-    return pkg.joinpath("protocol.py").read_text() + "\n\n# --- agent.py ---\n" + "\n".join(out) + "\n"
+    protocol = files("primectl.deploy").joinpath("protocol.py").read_text()
+    return protocol + f"\n\n# --- {label} ---\n" + "\n".join(out) + "\n"
+
+
+@functools.cache
+def agent_source() -> str:
+    """The host agent's source, sent with every call: protocol.py, then agent.py."""
+    return with_protocol(files("primectl.deploy").joinpath("agent.py").read_text(), "agent.py")
 
 
 class Transport(Protocol):

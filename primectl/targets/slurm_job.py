@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files as package_files
 from typing import Literal
 
+from primectl.deploy.transport import with_protocol
 from primectl.plan.model import Plan
 from primectl.recipe.model import Slurm
 from primectl.render.bundle import MANIFEST, Bundle, hash_files, model_files, render_host, template
@@ -150,8 +151,10 @@ def job_script(plan: Plan) -> str:
     )
 
 
-def _waiter() -> bytes:
-    return package_files("primectl.targets").joinpath("slurm_wait.py").read_bytes()
+def waiter_source() -> bytes:
+    """bin/primectl-wait: slurm_wait.py after protocol.py (the probes the host agent runs), stdlib only."""
+    source = with_protocol(package_files("primectl.targets").joinpath("slurm_wait.py").read_text(), "slurm_wait.py")
+    return ("#!/usr/bin/env python3\n" + source).encode()
 
 
 def render_release(plan: Plan) -> Bundle:
@@ -178,7 +181,7 @@ def render_release(plan: Plan) -> Bundle:
         files[f"ready/{svc.name}.json"] = (json.dumps(svc.ready.model_dump(mode="json"), indent=2, sort_keys=True)
                                            + "\n").encode()
         modes[f"ready/{svc.name}.json"] = 0o644
-    files[WAITER] = _waiter()
+    files[WAITER] = waiter_source()
     modes[WAITER] = 0o755
     files[JOB_SCRIPT] = job_script(plan).encode()
     modes[JOB_SCRIPT] = 0o755

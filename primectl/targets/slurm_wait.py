@@ -14,17 +14,17 @@ Exit status: 0 every SERVICE is ready; 3 a started service ended (its name on st
 (JOB_DIR/stopping exists).
 """
 
-from __future__ import annotations
+from __future__ import annotations  # agent-source: drop
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
-from typing import Any
 
-RELEASE_MARK = "@release@"
+from primectl.deploy.protocol import ProbeSpec, run_probe, starttime  # agent-source: drop
+
+# This file is shipped after primectl/deploy/protocol.py (`slurm_job.waiter_source`), so `__doc__` is that one's.
+USAGE = "usage: primectl-wait JOB_DIR SERVICE...\n"
 
 
 def note(job_dir: str, text: str) -> None:
@@ -35,12 +35,7 @@ def note(job_dir: str, text: str) -> None:
 
 def alive(pid: int) -> bool:
     """The process exists and has not ended (a zombie has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return starttime(pid) is not None
 
 
 def started(job_dir: str) -> dict[str, int]:
@@ -57,36 +52,10 @@ def started(job_dir: str) -> dict[str, int]:
     return out
 
 
-def probe_once(p: dict[str, Any], release: str) -> tuple[bool, str]:
-    """Run one probe: (passed, what it saw)."""
-    kind = p["kind"]
-    try:
-        if kind == "http":
-            import urllib.error
-            import urllib.request
-
-            try:
-                with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
-                    status = resp.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            return status == p.get("expect_status", 200), f"HTTP {status}"
-        if kind == "tcp":
-            with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
-                return True, f"tcp {p['host']}:{p['port']} open"
-        command = [c.replace(RELEASE_MARK, release) for c in p.get("command") or []]
-        r = subprocess.run(command, capture_output=True, text=True, timeout=30)
-        text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
-        last = text.strip().splitlines()[-1:] or [""]
-        return r.returncode == 0, f"exit {r.returncode}: {last[0][:120]}"
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        return False, f"{kind} probe: {exc}"
-
-
 def wait(job_dir: str, services: list[str]) -> int:
     """Probe until all are ready; the exit status described above."""
     release = os.path.join(job_dir, "release")
-    probes = {}
+    probes: dict[str, ProbeSpec] = {}
     for name in services:
         with open(os.path.join(release, "ready", f"{name}.json")) as f:
             probes[name] = json.load(f)
@@ -106,7 +75,7 @@ def wait(job_dir: str, services: list[str]) -> int:
         for name in list(pending):
             if now < next_try[name]:
                 continue
-            ok, detail[name] = probe_once(probes[name], release)
+            ok, detail[name] = run_probe(probes[name], release)
             if ok:
                 pending.remove(name)
                 note(job_dir, f"ready {name} {time.time() - t0:.2f}s")
@@ -126,7 +95,7 @@ def wait(job_dir: str, services: list[str]) -> int:
 def main(argv: list[str]) -> int:
     """Command line entry point."""
     if len(argv) < 2:
-        sys.stderr.write(__doc__ or "")
+        sys.stderr.write(USAGE)
         return 2
     return wait(argv[0], argv[1:])
 
