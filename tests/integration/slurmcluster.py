@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sshhosts import descendants, isolated_netns, kill_pids, pid_alive, wait_gone
+from .sshhosts import descendants, foreign_links, isolated_netns, kill_pids, pid_alive, wait_gone
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -267,7 +267,7 @@ def make_base_dir(prefix: str = "primectl-slurm-") -> Path:
 def problem() -> str | None:
     """Why the cluster cannot start here, or None."""
     if not isolated_netns():
-        return ("not in a private network namespace with only loopback (`ip -o link` shows more than lo); "
+        return (f"not in a private network namespace with only loopback (`ip -o link` also shows {foreign_links()}); "
                 "slurmctld and slurmd listen on 0.0.0.0. Run it as\n  " + RUN_HINT)
     missing = [p for p in (MUNGED, SLURMCTLD, SLURMD) if not os.path.exists(p)]
     missing += [b for b in CLIENT_BINARIES if shutil.which(b) is None]

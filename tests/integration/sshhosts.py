@@ -34,19 +34,25 @@ SESSION_LINKS: set[str] = set()
 def isolated_netns() -> bool:
     """True in a private namespace from `unshare --net`: loopback is the only link, apart from the links this
     test session made there itself (a bridge in SESSION_LINKS and the veths of the containers on it)."""
+    return not foreign_links()
+
+
+def foreign_links() -> list[str]:
+    """The network links here other than loopback and those this test session made ([] when isolated)."""
     try:
         out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-        names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
     except (OSError, subprocess.CalledProcessError):
-        names = os.listdir("/sys/class/net") if os.path.isdir("/sys/class/net") else []
-    return "lo" in names and all(n == "lo" or _made_by_this_session(n) for n in names)
-
-
-def _made_by_this_session(link: str) -> bool:
-    if link in SESSION_LINKS:
-        return True
-    master = Path("/sys/class/net", link, "master")  # a container's veth, enslaved to our bridge
-    return master.is_symlink() and os.path.basename(os.readlink(master)) in SESSION_LINKS
+        return ["(cannot run `ip -o link`)"]
+    foreign = []
+    for line in out.splitlines():
+        if ":" not in line:
+            continue
+        name = line.split(":")[1].strip().split("@")[0]
+        words = line.split()
+        master = words[words.index("master") + 1] if "master" in words else None  # a container's veth on our bridge
+        if name != "lo" and name not in SESSION_LINKS and master not in SESSION_LINKS:
+            foreign.append(name)
+    return foreign
 
 
 def netns_problem(run_hint: str = RUN_HINT) -> str | None:
