@@ -12,10 +12,13 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from primectl.checks.smoke import (
+    STREAM_ATTEMPTS,
     CheckResult,
+    Runner,
     SmokeReport,
     _gate_detail,
     counter_sum,
+    judge_stream,
     max_context,
     prefill_budget,
     tool_scenarios,
@@ -399,3 +402,43 @@ def test_tool_checks_are_na_on_mocker(name):
     sc = next(s for s in tool_scenarios() if s.name == name)
     res = r.check(f"tools: {name}", lambda: r.tool_scenario(sc))
     assert (res.status, res.evidence) == ("n/a", "n/a (engine mocker serves no tool calls)")
+
+
+def test_a_stream_whose_chunks_come_at_once_is_not_incremental():
+    problems, _ = judge_stream([0.8, 0.8004, 0.8008], (20, 32), "length")
+    assert problems == ["all content chunks arrived within 1 ms (not incremental)"]
+    assert judge_stream([0.2, 0.25, 0.3], (20, 32), "length")[0] == []
+    assert judge_stream([0.2], None, None)[0] == [
+        "fewer than 2 content chunks", "no usage chunk despite stream_options.include_usage", "no finish_reason"]
+
+
+def _runner_streaming(answers: list[list[float]]) -> tuple[Runner, list[int]]:
+    """A Runner whose streamed chats arrive at the given times, one list per attempt (no server)."""
+    runner = Runner("http://127.0.0.1:9", "m", None)
+    calls: list[int] = []
+
+    def once() -> tuple[list[float], tuple[int, int] | None, str | None]:
+        calls.append(1)
+        return answers[len(calls) - 1], (20, 32), "length"
+
+    runner._stream_once = once  # type: ignore[method-assign]
+    return runner, calls
+
+
+def test_a_coalesced_stream_is_tried_again_and_passes_once_it_streams():
+    runner, calls = _runner_streaming([[0.8, 0.8004], [0.2, 0.3, 0.4]])
+    res = runner.check("chat: streaming", runner.chat_stream)
+    assert res.status == "pass" and len(calls) == 2
+    assert "attempt 2 of 3" in res.evidence and "not incremental" in res.evidence
+
+
+def test_a_frontend_that_always_buffers_fails_after_every_attempt():
+    runner, calls = _runner_streaming([[0.8, 0.8004]] * STREAM_ATTEMPTS)
+    res = runner.check("chat: streaming", runner.chat_stream)
+    assert res.status == "fail" and len(calls) == STREAM_ATTEMPTS and "not incremental" in res.evidence
+
+
+def test_a_stream_with_one_chunk_fails_without_a_retry():
+    runner, calls = _runner_streaming([[0.5]])
+    res = runner.check("chat: streaming", runner.chat_stream)
+    assert res.status == "fail" and len(calls) == 1 and "fewer than 2 content chunks" in res.evidence
