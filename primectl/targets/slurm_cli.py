@@ -32,7 +32,12 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 
 
 def parse_record(line: str) -> dict[str, str]:
-    """One `scontrol show job|step|node -o` line as {key: value} (values run to the next ` Key=`)."""
+    """One `scontrol show job|step|node -o` line as {key: value}.
+
+    Values run to the next ` Key=`; keys may contain ':' and '/' (`ReqB:S:C:T`, `CPUs/Task`). A value
+    holding " Word=" itself (a job name or comment) would be split there: keep such text out of names
+    primectl controls.
+    """
     text = line.strip()
     marks = list(_KEY.finditer(text))
     out: dict[str, str] = {}

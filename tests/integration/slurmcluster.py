@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -40,13 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sshhosts import descendants, foreign_links, isolated_netns, kill_pids, pid_alive, wait_gone
+from primectl.targets.slurm_cli import CLIENTS, FINAL_STATES, parse_records
+
+from .sshhosts import descendants, foreign_links, isolated_netns, kill_pids, pid_alive, reap, wait_gone
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 SUBREAPER = str(Path(__file__).with_name("subreaper.py"))
-CLIENT_BINARIES = ("sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo")
 PACKAGES = "slurm-wlm slurm-client munge"
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && exec .venv/bin/pytest "
             "tests/integration/test_slurm_cluster.py -q'")
@@ -55,41 +55,12 @@ RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && exec .venv/bin/pytest 
 CTLD_PORT = 6817
 SLURMD_PORT_BASE = 6900
 DEFAULT_SCHEDULER_PARAMETERS = "bf_interval=1,bf_hetjob_immediate"
-# Job states after which a job runs nothing any more (squeue/scontrol spellings).
-TERMINAL_STATES = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "TIMEOUT",
-})
 
 
 # -- parsing what the clients print ------------------------------------------------------------
 
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
-
-
-def parse_record(line: str) -> dict[str, str]:
-    """One `scontrol show job|step|node -o` line as {key: value}.
-
-    Values run to the next ` Key=`; keys may contain ':' and '/' (`ReqB:S:C:T`, `CPUs/Task`).
-    A value holding " Word=" itself (a job name or comment) would be split there: keep such
-    text out of names primectl controls.
-    """
-    marks = list(_KEY.finditer(line.strip()))
-    text = line.strip()
-    out: dict[str, str] = {}
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-        out[m.group(1)] = text[m.end():end].strip()
-    return out
-
-
-def parse_records(text: str) -> list[dict[str, str]]:
-    """Every non-empty `-o` line of scontrol output as a record."""
-    return [parse_record(line) for line in text.splitlines() if "=" in line]
-
-
 def parse_exit_code(value: str) -> tuple[int, int]:
-    """scontrol's `ExitCode=3:0` as (exit status, signal)."""
+    """scontrol's `ExitCode=3:0` as (exit status, signal); unlike primectl's `exit_code`, garbage raises."""
     status, _, sig = value.partition(":")
     return int(status or 0), int(sig or 0)
 
@@ -169,11 +140,7 @@ class Daemon:
             left = descendants(self.proc.pid)
             kill_pids(left, signal.SIGKILL)
             wait_gone(left, 5)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        reap(self.proc)
         self.proc = None
 
     def log_tail(self, chars: int = 3000) -> str:
@@ -270,7 +237,7 @@ def problem() -> str | None:
         return (f"not in a private network namespace with only loopback (`ip -o link` also shows {foreign_links()}); "
                 "slurmctld and slurmd listen on 0.0.0.0. Run it as\n  " + RUN_HINT)
     missing = [p for p in (MUNGED, SLURMCTLD, SLURMD) if not os.path.exists(p)]
-    missing += [b for b in CLIENT_BINARIES if shutil.which(b) is None]
+    missing += [b for b in CLIENTS if shutil.which(b) is None]
     if missing:
         return f"missing {', '.join(missing)}: run scripts/install-system.sh (apt-get install -y {PACKAGES})"
     if os.geteuid() != 0:
@@ -427,7 +394,7 @@ class SlurmCluster:
 
     def active_jobs(self) -> list[dict[str, str]]:
         """Job records (one per het component) that are not finished."""
-        return [r for r in self.jobs() if r.get("JobState") not in TERMINAL_STATES]
+        return [r for r in self.jobs() if r.get("JobState") not in FINAL_STATES]
 
     def leftovers(self) -> dict[str, list[Any]]:
         """Unfinished jobs and live step processes, by kind (empty when the cluster is clean)."""

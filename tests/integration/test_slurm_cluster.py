@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from .slurmcluster import SlurmCluster, parse_exit_code, parse_record
+from primectl.targets.slurm_cli import parse_record
+
+from .slurmcluster import SlurmCluster, parse_exit_code
 from .sshhosts import pid_alive
 
 pytestmark = pytest.mark.integration
