@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from primectl.deploy.agent import readable
+from primectl.deploy.protocol import write_atomic
 from primectl.errors import DeployError
 from primectl.plan.model import JOB, NODE_MARKER_RE, Plan
 
@@ -83,6 +84,7 @@ class DeploymentFiles:
 
     def write_state(self, state: dict[str, Any]) -> None:
         """Replace state.json atomically."""
+        os.makedirs(os.path.dirname(self.path("state.json")), exist_ok=True)
         write_atomic(self.path("state.json"), (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
 
     def bound(self, job_id: str) -> dict[str, dict[str, str]] | None:
@@ -190,16 +192,6 @@ class DeploymentFiles:
                 os.unlink(self.batch_log(j))
             removed.append(f"jobs/{j}")
         return removed
-
-
-def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write a file by renaming a finished temporary one next to it."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 def bind(plan: Plan, job_id: str, hosts: dict[str, dict[str, str]]) -> Plan:
