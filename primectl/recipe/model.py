@@ -37,6 +37,16 @@ EnvName = Annotated[str, AfterValidator(_env_name)]
 ENV_NAMES_SCHEMA: dict[str, Any] = {"propertyNames": {"pattern": ENV_NAME_RE.pattern}}
 
 
+def _absolute_path(v: str) -> str:
+    if not re.fullmatch(r"/[A-Za-z0-9._/-]*", v) or "/../" in v + "/":
+        raise ValueError(f"{v!r} must be an absolute path of letters, digits and . _ - /")
+    return v.rstrip("/") or "/"
+
+
+# An absolute path of plain characters, without `..`; a trailing `/` is dropped.
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+
+
 class Strict(BaseModel):
     """Base: unknown keys are errors, values are immutable once validated."""
 
@@ -94,15 +104,8 @@ class Host(Strict):
     identity_file: str | None = Field(None, description="SSH private key; default: the SSH agent / ~/.ssh.")
     gpus: int | None = Field(None, ge=0, description="GPUs on this host; default: the hardware profile's.")
     labels: dict[str, str] = Field(default_factory=dict, description="rack, tray, nvlink_domain, ...")
-    workdir: str = Field("/var/lib/primectl", min_length=1, description="Where releases, state and logs live.")
+    workdir: AbsolutePath = Field("/var/lib/primectl", min_length=1, description="Where releases, state and logs live.")
     connection: Literal["ssh", "local"] = Field("ssh", description="`local` runs on this machine without SSH.")
-
-    @field_validator("workdir")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not re.fullmatch(r"/[A-Za-z0-9._/-]*", v) or "/../" in v + "/":
-            raise ValueError(f"{v!r} must be an absolute path of letters, digits and . _ - /")
-        return v.rstrip("/") or "/"
 
 
 class Inventory(Strict):
@@ -320,7 +323,7 @@ class SlurmComponentOptions(Strict):
 class Slurm(Strict):
     """How `target: slurm` submits the deployment: one (heterogeneous) batch job."""
 
-    job_dir: str = Field(
+    job_dir: AbsolutePath = Field(
         "/var/lib/primectl/slurm",
         description="Directory on a filesystem shared by the submitting machine and every node: releases, job logs, "
         "state, lock and (unless software.python is given) the runtime venv live under it.",
@@ -348,13 +351,6 @@ class Slurm(Strict):
         None, pattern=r"^[A-Za-z0-9_.:-]+$",
         description="Resolve each node's address from this network interface on the node; default: the node's NodeAddr.")
     pending_timeout_s: int = Field(600, gt=0, description="How long `up` waits for the job to start running.")
-
-    @field_validator("job_dir")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not re.fullmatch(r"/[A-Za-z0-9._/-]*", v) or "/../" in v + "/":
-            raise ValueError(f"{v!r} must be an absolute path of letters, digits and . _ - /")
-        return v.rstrip("/") or "/"
 
     @field_validator("time_limit", "switches_wait")
     @classmethod
