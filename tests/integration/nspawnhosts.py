@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .sshhosts import SESSION_LINKS, isolated_netns, keygen, pid_alive, wait_gone
+from .sshhosts import SESSION_LINKS, client_keys, isolated_netns, keygen, pid_alive, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 MAKE_ROOTFS = REPO / "scripts" / "make-rootfs.sh"
@@ -594,12 +594,7 @@ def start_nspawn_hosts(base: Path, n: int, *, rootfs: Path | None = None, subnet
     t0 = time.monotonic()
     rootfs = rootfs or build_rootfs(build=not isolated_netns())  # no mirror to download from in a private netns
     t_rootfs = time.monotonic() - t0
-    base.mkdir(parents=True, exist_ok=True)
-    client_key = base / "client_ed25519"
-    if not client_key.exists():
-        keygen(client_key, "primectl-tests")
-    authorized = base / "authorized_keys"
-    shutil.copyfile(f"{client_key}.pub", authorized)
+    client_key, authorized = client_keys(base)
     token = uuid.uuid4().hex[:6]
     names = [f"h{i + 1}" for i in range(n)]
     addresses = [f"{subnet}.{first + i}" for i in range(n)]

@@ -18,9 +18,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 SSHD = "/usr/sbin/sshd"
 ALLOW_HOST_NET = "PRIMECTL_ALLOW_HOST_NET"
@@ -69,6 +70,17 @@ def keygen(path: Path, comment: str) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
 
 
+def client_keys(base: Path) -> tuple[Path, Path]:
+    """The test client's key under base (made once) and an authorized_keys file holding it, for the hosts."""
+    base.mkdir(parents=True, exist_ok=True)
+    client_key = base / "client_ed25519"
+    if not client_key.exists():
+        keygen(client_key, "primectl-tests")
+    authorized = base / "authorized_keys"
+    shutil.copyfile(f"{client_key}.pub", authorized)
+    return client_key, authorized
+
+
 def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -106,6 +118,20 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 
 
+T = TypeVar("T")
+
+
+def wait_for(fetch: Callable[[], T], accept: Callable[[T], bool], timeout: float, what: str, interval: float = 0.1) -> T:
+    """fetch() until accept(value), within timeout (else an assertion naming `what`); the accepted value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if accept(value):
+            return value
+        assert time.monotonic() < deadline, f"{what} within {timeout}s (last: {value!r})"
+        time.sleep(interval)
+
+
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     """Wait until the pids are gone; the ones still alive after timeout."""
     pids = list(pids)
@@ -116,6 +142,15 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
             return []
         time.sleep(0.02)
     return [p for p in pids if pid_alive(p)]
+
+
+def reap(proc: subprocess.Popen[bytes], timeout: float = 5) -> None:
+    """Wait for a process primectl's tests started to exit; SIGKILL it (by its pid) after `timeout`."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
 
 
 def kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
@@ -209,11 +244,7 @@ class SSHHost:
             return
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+            reap(self.proc)
         self.proc = None
 
     def kill_hard(self) -> list[int]:
@@ -269,12 +300,7 @@ def start_hosts(base: Path, n: int, *, first_octet: int = 2, port: int | None = 
         raise RuntimeError(f"{SSHD} is missing: run scripts/install-system.sh (apt-get install -y openssh-server)")
     if port is None:
         port = 22 if isolated_netns() else 2222
-    base.mkdir(parents=True, exist_ok=True)
-    client_key = base / "client_ed25519"
-    if not client_key.exists():
-        keygen(client_key, "primectl-tests")
-    authorized = base / "authorized_keys"
-    shutil.copyfile(f"{client_key}.pub", authorized)
+    client_key, authorized = client_keys(base)
     hosts = [SSHHost(f"h{i + 1}", f"127.0.0.{first_octet + i}", port, base / f"h{i + 1}", authorized)
              for i in range(n)]
     cluster = SSHHosts(base, hosts, client_key)

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,31 +131,29 @@ def _gate(url: str) -> int:
         return exc.code
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    """The demo recipe, up (no smoke), in its own workdir and ports; `down` and no leftovers afterwards."""
+@contextmanager
+def demo_up(tmp: Path, doc: dict[str, Any], name: str, port: int, ports: dict[str, int], runtime_env: str,
+            up_timeout: float, down_timeout: float = 300) -> Iterator[tuple[Path, Path]]:
+    """`doc` as its own deployment under tmp (name, workdir, ports; the runtime from $runtime_env when set), up
+    with no smoke; yields (recipe, workdir). Then `down`, and no process of that workdir left (killed by pid)."""
     if not _only_loopback() and os.environ.get("PRIMECTL_ALLOW_HOST_NET") != "1":
         pytest.fail(HINT, pytrace=False)
-    tmp = tmp_path_factory.mktemp("demo-smoke")
-    doc = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
     workdir = tmp / "wd"
-    doc["name"] = "smoke-demo"
-    doc["namespace"] = "smoke-demo"
+    doc["name"] = doc["namespace"] = name
     doc["hosts"][0]["workdir"] = str(workdir)
-    doc["frontend"]["port"] = FRONTEND_PORT
-    doc["ports"] = PORTS
-    python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
+    doc["frontend"]["port"] = port
+    doc["ports"] = ports
+    python = os.environ.get(runtime_env)
     if python:
         doc.setdefault("software", {})["python"] = python
-    recipe = tmp / "demo.yaml"
+    recipe = tmp / f"{name}.yaml"
     recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
-    demo = Demo(recipe, workdir)
     try:
-        up = _cmd("up", recipe, "--no-smoke", timeout=600)
+        up = _cmd("up", recipe, "--no-smoke", timeout=up_timeout)
         assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
-        yield demo
+        yield recipe, workdir
     finally:
-        down = _cmd("down", recipe, "--break-lock")
+        down = _cmd("down", recipe, "--break-lock", timeout=down_timeout)
         left = processes_in(workdir)
         for pid, _ in left:  # safety net, by pid, only processes of this workdir
             try:
@@ -163,6 +162,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
                 pass
         assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
         assert not left, f"processes left in {workdir} after down: {left}"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """The demo recipe, up (no smoke), in its own workdir and ports; `down` and no leftovers afterwards."""
+    doc = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
+    with demo_up(tmp_path_factory.mktemp("demo-smoke"), doc, "smoke-demo", FRONTEND_PORT, PORTS,
+                 "PRIMECTL_RUNTIME_PYTHON", up_timeout=600) as (recipe, workdir):
+        yield Demo(recipe, workdir)
 
 
 def _by_result(doc: dict[str, Any]) -> dict[str, list[str]]:

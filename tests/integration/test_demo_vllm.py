@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .test_demo_smoke import HINT, Demo, _alive, _cmd, _only_loopback, processes_in
+from .test_demo_smoke import Demo, _alive, _cmd, demo_up
 
 pytestmark = pytest.mark.integration
 
@@ -48,39 +48,14 @@ class VllmDemo(Demo):
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmDemo]:
     """recipes/demo-vllm.yaml, up (no smoke: the tests run it), in its own workdir and ports; `down` afterwards."""
-    if not _only_loopback() and os.environ.get("PRIMECTL_ALLOW_HOST_NET") != "1":
-        pytest.fail(HINT, pytrace=False)
-    tmp = tmp_path_factory.mktemp("demo-vllm")
     doc = yaml.safe_load((REPO / "recipes" / "demo-vllm.yaml").read_text())
-    workdir = tmp / "wd"
     doc.pop("extends")
     doc = _merged(yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text()), doc)
-    doc["name"] = doc["namespace"] = "it-demo-vllm"
-    doc["hosts"][0]["workdir"] = str(workdir)
-    doc["frontend"]["port"] = FRONTEND_PORT
-    doc["ports"] = PORTS
-    python = os.environ.get("PRIMECTL_VLLM_CPU_RUNTIME_PYTHON")
-    if python:
-        doc.setdefault("software", {})["python"] = python
-    recipe = tmp / "demo-vllm.yaml"
-    recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
-    demo = VllmDemo(recipe, workdir)
     t0 = time.monotonic()
-    try:
-        up = _cmd("up", recipe, "--no-smoke", timeout=1500)
-        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+    with demo_up(tmp_path_factory.mktemp("demo-vllm"), doc, "it-demo-vllm", FRONTEND_PORT, PORTS,
+                 "PRIMECTL_VLLM_CPU_RUNTIME_PYTHON", up_timeout=1500) as (recipe, workdir):
         print(f"\ndemo-vllm up in {time.monotonic() - t0:.0f}s")
-        yield demo
-    finally:
-        down = _cmd("down", recipe, "--break-lock", timeout=300)
-        left = processes_in(workdir)
-        for pid, _ in left:  # safety net, by pid, only processes of this workdir
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
-        assert not left, f"processes left in {workdir} after down: {left}"
+        yield VllmDemo(recipe, workdir)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

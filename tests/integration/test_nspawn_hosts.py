@@ -17,16 +17,15 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import paramiko
 import pytest
 
 from .conftest import nspawn_runtime
 from .nspawnhosts import NspawnHost, NspawnHosts
+from .sshhosts import wait_for
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 
 SERVER = """\
 import http.server, os, socket
@@ -200,17 +199,6 @@ def remove_unit(shell: Shell, unit: str) -> None:
     """disable --now, delete the unit file, daemon-reload, forget its failures."""
     shell.sh(f"systemctl disable --now {unit}.service; rm -f /etc/systemd/system/{unit}.service; "
              f"systemctl daemon-reload; systemctl reset-failed {unit}.service")
-
-
-def wait_for(fetch: Callable[[], T], accept: Callable[[T], bool], timeout: float, what: str) -> T:
-    """fetch() until accept(value), within timeout; the accepted value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if accept(value):
-            return value
-        assert time.monotonic() < deadline, f"{what} within {timeout}s (last: {value!r})"
-        time.sleep(0.1)
 
 
 def test_each_host_is_a_machine_of_its_own(nspawn_hosts: NspawnHosts, ssh: Connect) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -27,23 +27,12 @@ from primectl.deploy.protocol import unit_name
 from . import conftest
 from .conftest import LAYOUT, REPO, Deployment, nspawn_runtime
 from .nspawnhosts import NspawnHost, NspawnHosts
+from .sshhosts import wait_for
 from .test_demo_cluster import _metrics, check_serving
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 RESTART_SEC = 5  # templates/unit.service.j2's RestartSec
 UNIT_PROPS = ("ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "LoadState")
-
-
-def wait_for(fetch: Callable[[], T], accept: Callable[[T], bool], timeout: float, what: str) -> T:
-    """fetch() until accept(value), within timeout; the accepted value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if accept(value):
-            return value
-        assert time.monotonic() < deadline, f"{what} within {timeout}s (last: {value!r})"
-        time.sleep(0.2)
 
 
 class SystemdDeployment(Deployment):
@@ -232,7 +221,7 @@ def test_kill_9_of_a_worker_is_restarted_by_systemd_and_status_says_so(systemd_d
     h3.run("kill", "-9", str(before["decode-0"]))
     restarted = wait_for(lambda: dep.show("decode-0"),
                          lambda p: p["ActiveState"] == "active" and p["MainPID"] not in ("0", str(before["decode-0"])),
-                         RESTART_SEC + 15, "systemd restarting the killed worker")
+                         RESTART_SEC + 15, "systemd restarting the killed worker", interval=0.2)
     assert restarted["NRestarts"] == "1"
 
     code, doc, rows = status(dep)
@@ -264,7 +253,7 @@ def test_rebooting_a_host_brings_its_units_back_and_up_restarts_nothing(
     seconds = h1.reboot()
     print(f"\nreboot of h1: {seconds:.2f}s")
 
-    _, doc = wait_for(dep.status_json, lambda s: s[0] == 0, 60, "status healthy after the reboot")
+    _, doc = wait_for(dep.status_json, lambda s: s[0] == 0, 60, "status healthy after the reboot", interval=0.2)
     assert doc["healthy"] is True
     units = dep.units()
     for svc in LAYOUT["h1"]:
@@ -385,6 +374,6 @@ def test_demo_stack_serves_chat_under_systemd_on_three_hosts(systemd_deployment:
     t0 = time.monotonic()
     wait_for(dep.status_json, lambda s: s[0] == 0 and next(
         r for r in s[1]["services"] if r["service"] == "decode-1")["restarts"] == 1, 240,
-        "systemd restarting the killed decode worker and status healthy again")
+        "systemd restarting the killed decode worker and status healthy again", interval=0.2)
     print(f"decode-1 back after kill -9: {time.monotonic() - t0:.1f}s")
     check_serving(plan["endpoint"], _metrics(plan))
