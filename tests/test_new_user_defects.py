@@ -155,3 +155,21 @@ def test_bench_finds_an_installed_aiperf_without_installing(tmp_path: Path, monk
     monkeypatch.setenv("PRIMECTL_AIPERF", str(exe))
     said: list[str] = []
     assert aiperf.ensure_aiperf(said.append) == str(exe) and said == []
+
+
+def test_bench_reuses_the_aiperf_it_installed_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed primectl puts AIPerf in bench_venv(); the next `bench` finds it there instead of reinstalling."""
+    from primectl.bench import aiperf
+
+    venv = tmp_path / "venv-bench"
+    exe = venv / "bin" / "aiperf"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.delenv("PRIMECTL_AIPERF", raising=False)
+    monkeypatch.setenv("PRIMECTL_BENCH_VENV", str(venv))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(aiperf, "_REPO", tmp_path / "not-a-checkout")
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    assert aiperf.ensure_aiperf(said.append) == str(exe) and said == []

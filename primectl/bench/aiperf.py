@@ -52,12 +52,12 @@ def find_aiperf() -> str:
     found = shutil.which("aiperf")
     if found:
         return found
-    for base in (Path.cwd(), _REPO):
-        cand = base / ".venv-bench" / "bin" / "aiperf"
+    for venv in (Path.cwd() / ".venv-bench", _REPO / ".venv-bench", bench_venv()):
+        cand = venv / "bin" / "aiperf"
         if os.access(cand, os.X_OK):
             return str(cand)
-    raise AIPerfMissing(f"aiperf {AIPERF_VERSION} not found (PRIMECTL_AIPERF, PATH, .venv-bench/bin/aiperf); "
-                        f"install with: {INSTALL_HINT}")
+    raise AIPerfMissing(f"aiperf {AIPERF_VERSION} not found (PRIMECTL_AIPERF, PATH, .venv-bench/bin/aiperf, "
+                        f"{bench_venv()}/bin/aiperf); install with: {INSTALL_HINT}")
 
 
 def bench_venv() -> Path:
