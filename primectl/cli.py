@@ -263,8 +263,7 @@ def logs(
             raise RecipeError([Problem(str(recipe), 0, 0, "supervisor",
                                        f"`logs --journal` needs supervisor: systemd (this recipe has {p.supervisor}; "
                                        "its start lines are in the log itself)")])
-        extra = {"journal": True} if journal else {}  # only targets with a supervisor journal take it
-        code = _target(p).logs(p, service, _policy(p, accept_new_host_keys), follow=follow, tail=tail, **extra)
+        code = _target(p).logs(p, service, _policy(p, accept_new_host_keys), follow=follow, tail=tail, journal=journal)
         return 0 if code == 0 else EXIT_FAILURE
 
     raise typer.Exit(_guard(body))

@@ -160,6 +160,14 @@ def test_ssh_only_commands_refuse_a_slurm_recipe(cli: Callable[..., Any]) -> Non
         assert result.exit_code == 1 and "target slurm checks and provisions in `primectl up`" in result.stderr
 
 
+def test_logs_journal_on_a_slurm_recipe_says_the_step_output_is_the_log(cli: Callable[..., Any], tmp_path: Path) -> None:
+    recipe = tmp_path / "slurm-systemd.yaml"  # supervisor: systemd passes the CLI's check; the target refuses
+    recipe.write_text(f"extends: {REPO / 'recipes' / 'demo-slurm.yaml'}\nsupervisor: systemd\n")
+    result = cli("logs", recipe, "frontend", "--journal")
+    assert result.exit_code == 1, result.stderr
+    assert "on the slurm target services are job steps" in " ".join(result.stderr.split())
+
+
 def test_target_render_is_the_release_plus_its_plan() -> None:
     plan = slurm_plan("demo-slurm.yaml")
     files = SlurmTarget().render(plan)

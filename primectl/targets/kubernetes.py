@@ -152,7 +152,7 @@ class KubernetesTarget:
         raise self._refuse("status", f"kubectl -n {plan.namespace} get dynamographdeployment {plan.name} "
                            f"&& kubectl -n {plan.namespace} get pods -l nvidia.com/dynamo-graph-deployment-name={plan.name}")
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int) -> int:
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
         """Refused: names the kubectl command that prints the logs of the service's component."""
         kind = component_of(plan.service(service))
         if kind is None:

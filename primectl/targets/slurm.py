@@ -625,8 +625,11 @@ class SlurmTarget:
             report.notes += notes
         return report
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int) -> int:
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
         """The service's step output from the recorded job (or the newest job that ran), escape codes removed."""
+        if journal:
+            raise DeployError("`logs --journal` reads systemd's journal; on the slurm target services are job steps, "
+                              "not units, and the step's output is the whole log (drop --journal)")
         files = DeploymentFiles(deploy_dir(plan))
         job = str(files.state().get("job") or "") or next(reversed(files.jobs_seen()), "")
         path = files.log(job, service) if job else ""
