@@ -107,6 +107,13 @@ def _target(plan: Plan):  # type: ignore[no-untyped-def]
     return get(plan.target.kind)
 
 
+def _live_plan(path: Path) -> Plan:
+    """The recipe's plan bound to where its deployment runs (a Slurm job's nodes), for commands that talk to it."""
+    p = _plan(path)
+    bound: Plan = _target(p).bind(p)
+    return bound
+
+
 @app.command()
 def validate(recipe: RecipeArg) -> None:
     """Check a recipe: schema, GPU accounting, memory fit, KV formats, versions, engine flags."""
@@ -333,7 +340,7 @@ def smoke(
     def body() -> int:
         from primectl.checks.smoke import print_report, run_smoke
 
-        p = _plan(recipe) if recipe is not None else None
+        p = _live_plan(recipe) if recipe is not None else None
         if p is None and url is None:
             raise typer.BadParameter("give a RECIPE or --url (with --model)", param_hint="RECIPE")
         if p is None and not model:
@@ -358,7 +365,7 @@ def chat(
     def body() -> None:
         from primectl.chat import stream_chat
 
-        p = _plan(recipe)
+        p = _live_plan(recipe)
         chunks, seconds = stream_chat(p, message, max_tokens=max_tokens)
         _say(f"({chunks} chunks streamed from {p.endpoint} in {seconds:.1f}s; model {p.served_model}, engine {p.engine})")
 
@@ -420,7 +427,7 @@ def bench(
         from primectl.bench.runner import BenchOptions, run_bench, run_knee
         from primectl.bench.sla import parse_sla
 
-        p = _plan(recipe)
+        p = _live_plan(recipe)
         try:
             opts = BenchOptions(workload=workload, duration_s=duration, concurrency=concurrency, trace=trace, seed=seed,
                                 sessions=sessions, max_error_rate=max_error_rate, tokenizer=tokenizer)

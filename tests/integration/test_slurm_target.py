@@ -174,6 +174,12 @@ def test_up_runs_the_demo_stack_as_one_job_that_answers_the_openai_client(demo: 
     logs = demo.cli("logs", "decode-0", "--tail", "500")
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
     assert "\x1b[" not in logs.stdout
+    # Commands that talk to the deployment reach it where the job bound it, not at the recipe's node slots.
+    chat = demo.cli("chat", "Hello", "--max-tokens", "8")
+    assert chat.returncode == 0 and f"streamed from {demo.endpoint()}" in chat.stderr + chat.stdout, chat.stderr
+    smoke = demo.cli("smoke", "-o", "json")
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert json.loads(smoke.stdout)["url"] == demo.endpoint()
 
     again = demo.cli("up")
     assert again.returncode == 0 and "no changes" in again.stderr, again.stderr
