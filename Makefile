@@ -56,8 +56,12 @@ wheels-all: wheels
 	$(VENV)/bin/python scripts/wheel_cache.py ai-dynamo-runtime==1.6.1 vllm==0.32.0
 
 # The CPU host runtime as wheels (hosts in a private network namespace install from it: the air-gapped path).
-wheelhouse: venv
+# Skipped while the lock is unchanged (pip download would re-resolve every pin against the index).
+.demo/.wheelhouse-stamp: scripts/runtime-requirements-cpu.txt | $(VENV)/.stamp
 	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps -r scripts/runtime-requirements-cpu.txt -d .demo/wheelhouse
+	touch $@
+
+wheelhouse: .demo/.wheelhouse-stamp
 
 lint: venv
 	$(VENV)/bin/ruff check primectl kernels tests benchmarks
