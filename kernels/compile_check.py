@@ -131,11 +131,6 @@ class KernelSpec:
     max_registers: int | None = None
     arg_types: dict[str, str] = field(default_factory=dict)  # overrides of _ARG_TYPES
 
-    @property
-    def base(self) -> str:
-        """The label without its launch tag: ``'decode_nvfp4 [n64 w8]'`` -> ``'decode_nvfp4'``."""
-        return self.label.split(" [", 1)[0]
-
 
 @dataclass
 class CompileResult:

@@ -32,7 +32,6 @@ from primectl.deploy.protocol import (  # agent-source: drop
     Layout,
     Liveness,
     LockResult,
-    PortsResult,
     ProbeResult,
     ProbeSpec,
     ReadResult,
@@ -110,12 +109,6 @@ def _taken(address: str, ports: list[int]) -> list[int]:
         finally:
             s.close()
     return taken
-
-
-def op_ports(h: Host) -> PortsResult:
-    """Which of the given ports something already accepts connections on."""
-    taken = _taken(h.args["address"], h.args["ports"])
-    return {"ok": not taken, "taken": taken}
 
 
 def op_lock(h: Host) -> LockResult:

@@ -30,8 +30,6 @@ from primectl.targets.base import ChangeLine, Rollout, StepPlan
 from primectl.targets.base import get as get_target
 
 Say = Callable[[str], None]
-STEPS = ("connect", "lock", "diff", "preflight", "provision", "ports", "push", "activate", "stop removed", "waves",
-         "gate", "smoke", "record", "retire")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ and the agent's source sent to a host is this file followed by agent.py (see
 
 - the host layout (`Layout`): every path under a host's workdir;
 - the state.json schema (`HostState`, `ServiceRecord`);
-- the request and result types of every agent operation (`OP_NAMES`);
+- the request and result types of the agent operations (`agent.OPS` lists them);
 - the `Supervisor` strategy: how a service's process is started, stopped
   and watched, by primectl itself (`process`) or by systemd (`systemd`).
 
@@ -229,16 +229,8 @@ class SpawnResult(Result, total=False):
     pid: int
 
 
-class PortsResult(Result, total=False):
-    taken: list[int]
-
-
 class ReadResult(Result, total=False):
     text: str
-
-
-OP_NAMES = ("inspect", "ports", "lock", "unlock", "stage", "switch", "activate", "start", "start_wait", "stop",
-            "wait", "probe", "write_state", "secrets", "tail", "purge", "spawn", "kill", "read")
 
 
 # -- processes ------------------------------------------------------------------------------------------

@@ -46,11 +46,6 @@ class HostRuntime:
     freeze: str
 
 
-def venv_path(plan: Plan, host: str) -> str:
-    """The runtime venv of a host."""
-    return plan.serving.runtime[host].dir
-
-
 def _check_system(cluster: Cluster, host: str) -> list[str]:
     missing = []
     for svc in cluster.plan.services_on(host):

@@ -78,11 +78,6 @@ def agent_command(*words: str) -> str:
     return " ".join(["python3 -I -S -c", shlex.quote(agent_source()), *map(shlex.quote, words)])
 
 
-def agent_call(t: Transport, op: str, args: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-    """Run one agent operation on the host; returns its JSON result (ok=False on failure)."""
-    return t.agent(op, args, timeout)
-
-
 def agent_once(t: Transport, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     """Start the agent for a single operation (one process per call)."""
     command = agent_command(op, json.dumps(args))

@@ -99,9 +99,6 @@ DYNAMO_WORKER_MANAGED: dict[str, str] = {
 }
 
 
-DYNAMO_PINS = ("ai-dynamo", "ai-dynamo-runtime", "nixl", "mooncake-transfer-engine")
-
-
 def dynamo_pins(recipe: Recipe) -> dict[str, str]:
     """Pins every Dynamo host runtime carries, whatever the engine."""
     s = recipe.software

@@ -161,10 +161,6 @@ class Runtime(Frozen):
         """The venv directory (two levels above bin/python)."""
         return self.python.rsplit("/", 2)[0]
 
-    def bin(self, program: str) -> str:
-        """A program in the runtime's bin directory."""
-        return self.python.rsplit("/", 1)[0] + "/" + program
-
 
 class ModelSource(Frozen):
     """Where workers find the model."""

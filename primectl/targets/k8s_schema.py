@@ -385,14 +385,6 @@ def _validator(api_version: str, kind: str) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
-def known_kinds() -> list[tuple[str, str]]:
-    """(apiVersion, kind) pairs this module can validate (reads the pinned CRDs)."""
-    pairs = list(CORE_SCHEMAS)
-    for group, kind in VENDORED_CRDS:
-        pairs += [(f"{group}/{version}", kind) for version in crd_versions(vendored_crd(group, kind))]
-    return pairs
-
-
 def validate_against(resource: Any, schema: JSONSchema) -> list[SchemaProblem]:
     """Every problem `resource` has against `schema`, in document order."""
     return _problems(Draft202012Validator(schema).iter_errors(resource))
