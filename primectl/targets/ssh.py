@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import io
-import posixpath
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
+from primectl.checks.preflight_rules import ours_listening
 from primectl.deploy.changes import Change, compute_changes, pending
 from primectl.deploy.client import HostError
 from primectl.deploy.cluster import (
@@ -31,7 +31,7 @@ from primectl.deploy.cluster import (
     unlock,
 )
 from primectl.deploy.fanout import parallel
-from primectl.deploy.protocol import STATE_SCHEMA, HostState, ServiceRecord, ServiceRef, WaitSpec, unit_name
+from primectl.deploy.protocol import STATE_SCHEMA, HostState, Layout, ServiceRecord, ServiceRef, WaitSpec, unit_name
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, Service
 from primectl.recipe.model import Recipe
@@ -142,7 +142,7 @@ class SSHRollout:
         """What each step of `up` would do now."""
         c, plan = self.cluster, self.plan
         todo = pending(self.changes)
-        idle = not todo and not self.stale_secrets
+        idle = self.nothing_to_do()
         skip = "skipped: nothing to change"
         removed = [f"{x.service} on {x.host}" for x in todo if x.action == "remove"]
         updates = [f"{x.service} ({x.reason})" for x in todo if x.action == "update"]
@@ -196,7 +196,7 @@ class SSHRollout:
                     need.setdefault(ch.host, {})[port] = ch.service
         problems = []
         for host, ports in need.items():
-            ours = {p for n, s in c.recorded(host).items() if c.alive(host, n) for p in s.get("listens", [])}
+            ours = ours_listening(c.views[host])
             for port in sorted((set(ports) - ours) & set(c.views[host].get("taken", []))):
                 problems.append(f"port {port} on {host} ({plan.host(host).address}) is already in use; "
                                 f"{ports[port]} needs it")
@@ -212,7 +212,7 @@ class SSHRollout:
             b = self.bundles[h]
             if b.revision in c.views[h].get("releases", []):
                 return
-            c.client(h).transport.put(_tar(b), posixpath.join(c.workdir(h), "incoming", f"{b.revision}.tar"))
+            c.client(h).transport.put(_tar(b), Layout(c.workdir(h)).incoming(b.revision))
             c.client(h).stage(b.revision)
 
         fail_on_errors(parallel(one, hosts), "pushing the release")
