@@ -17,10 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from primectl import registry
+from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
 
 Say = Callable[[str], None]
+
+
+class StartFailed(DeployError):
+    """A service (or the job holding it) did not start or become ready; rollback follows."""
 
 
 @dataclass(frozen=True)

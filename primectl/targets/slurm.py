@@ -45,24 +45,22 @@ from typing import Any
 
 from primectl.deploy.agent import probe_once, readable
 from primectl.deploy.fanout import parallel
+from primectl.deploy.protocol import run_probe
 from primectl.deploy.status import ServiceStatus, StatusReport
 from primectl.errors import DeployError
-from primectl.plan.model import RELEASE, HostPlan, Plan, node_marker
+from primectl.plan.model import HostPlan, Plan, node_marker
 from primectl.recipe.model import Recipe, Slurm
 from primectl.render.bundle import Bundle
-from primectl.targets.base import ChangeLine, PlannedHosts, Say, StepPlan
+from primectl.targets.base import ChangeLine, PlannedHosts, Say, StartFailed, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
 
 LOG_TAIL_LINES = 40
 BIND_TIMEOUT_S = 120
-POLL_S = 0.1
+POLL_S = 0.1  # files on the shared filesystem (events, bound.json)
+SCONTROL_POLL_S = 0.5  # slurmctld: a waiting job must not cost it ten RPCs a second
 FAILURE_EVENTS = ("exited", "timeout", "failed")
-
-
-class StartFailed(DeployError):
-    """The job did not start, or a service in it did not become ready; rollback follows."""
 
 
 def _client(options: Any) -> SlurmClient:
@@ -90,10 +88,7 @@ def stop_jobs(client: SlurmClient, files: DeploymentFiles, jobs: list[str], time
         else:
             client.cancel(j, "--signal=TERM")
     deadline = time.monotonic() + timeout
-    views = {j: client.job(j) for j in jobs}
-    while time.monotonic() < deadline and not all(v.final or not v.components for v in views.values()):
-        time.sleep(0.2)
-        views = {j: (v if v.final or not v.components else client.job(j)) for j, v in views.items()}
+    views = {j: client.wait_final(j, max(0.0, deadline - time.monotonic())) for j in jobs}
     stubborn = [j for j, v in views.items() if v.components and not v.final]
     for j in stubborn:
         say(f"job {j} did not stop within {timeout:g}s of SIGTERM: cancelling it (SIGKILL after KillWait)")
@@ -370,12 +365,13 @@ class SlurmRollout:
             if time.monotonic() > deadline:
                 raise StartFailed(f"job {job} still {view.state} ({view.reason}) after {self.options.pending_timeout_s}s "
                                   "(slurm.pending_timeout_s): the cluster has no room for it now")
-            time.sleep(POLL_S)
+            time.sleep(SCONTROL_POLL_S)
         self.say(f"job {job} running on {view.nodes} after {time.monotonic() - t0:.1f}s")
         deadline = time.monotonic() + BIND_TIMEOUT_S
         while (hosts := self.files.bound(job)) is None:
-            if any(e.kind == "failed" for e in self.files.events(job)) or self.client.job(job).final:
-                raise self._job_failed(job, self.client.job(job), "while binding its nodes")
+            view = self.client.job(job)
+            if any(e.kind == "failed" for e in self.files.events(job)) or view.final:
+                raise self._job_failed(job, view, "while binding its nodes")
             if time.monotonic() > deadline:
                 raise StartFailed(f"job {job} did not bind its nodes within {BIND_TIMEOUT_S}s",
                                   log_tail=self.files.tail(self.files.batch_log(job)), service="job")
@@ -497,9 +493,12 @@ class SlurmRollout:
         """Wait until the job's batch script has started every wave (its `serving` event)."""
         limit = sum(max(plan.service(n).ready.timeout_s for n in w) for w in plan.start_waves()) + 60
         deadline = time.monotonic() + limit
-        while not any(e.kind == "serving" for e in self.files.events(job)):
+        while True:
+            kinds = {e.kind for e in self.files.events(job)}
+            if "serving" in kinds:
+                return
             view = self.client.job(job)
-            if any(e.kind in FAILURE_EVENTS for e in self.files.events(job)) or view.state != "RUNNING":
+            if kinds & set(FAILURE_EVENTS) or view.state != "RUNNING":
                 raise self._job_failed(job, view, "before it was serving")
             if time.monotonic() > deadline:
                 raise StartFailed(f"job {job} not serving after {limit:g}s")
@@ -587,10 +586,7 @@ class SlurmTarget:
         release = files.path("jobs", job, "release")
 
         def probe(name: str) -> tuple[bool, str]:
-            spec = bound.service(name).ready.model_dump(mode="json")
-            if spec.get("command"):
-                spec["command"] = [c.replace(RELEASE, release) for c in spec["command"]]
-            return probe_once(spec)  # type: ignore[arg-type]
+            return run_probe(bound.service(name).ready.model_dump(mode="json"), release)  # type: ignore[arg-type]
 
         live = [s.name for s in bound.services if s.name in steps]
         results = parallel(probe, live)

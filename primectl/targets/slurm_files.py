@@ -160,10 +160,7 @@ class DeploymentFiles:
         """secrets/<name>.env, mode 0600."""
         path = self.secrets(deployment)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-        os.replace(path + ".tmp", path)
+        write_atomic(path, content.encode(), 0o600)
 
     def mark_stopping(self, job_id: str) -> None:
         """Tell the job's batch script that primectl is stopping it (it then ends with status 0)."""
@@ -196,13 +193,14 @@ class DeploymentFiles:
 
 def bind(plan: Plan, job_id: str, hosts: dict[str, dict[str, str]]) -> Plan:
     """The plan with every late-bound address (and the job id) replaced by what the job resolved."""
-    missing = sorted({m.group(1) for m in NODE_MARKER_RE.finditer(plan.model_dump_json())} - set(hosts))
+    text = plan.model_dump_json()
+    missing = sorted({m.group(1) for m in NODE_MARKER_RE.finditer(text)} - set(hosts))
     if missing:
         raise DeployError(f"job {job_id} did not bind logical host(s) {', '.join(missing)}")
     bad = {h: v.get("address", "") for h, v in hosts.items() if not ADDRESS_RE.match(v.get("address", ""))}
     if bad:
         raise DeployError(f"job {job_id} resolved unusable addresses: {bad}")
-    text = NODE_MARKER_RE.sub(lambda m: hosts[m.group(1)]["address"], plan.model_dump_json())
+    text = NODE_MARKER_RE.sub(lambda m: hosts[m.group(1)]["address"], text)
     return Plan.model_validate_json(text.replace(JOB, job_id))
 
 

@@ -36,13 +36,9 @@ from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, Service
 from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan
-from primectl.targets.base import ChangeLine, PlannedHosts, StepPlan
+from primectl.targets.base import ChangeLine, PlannedHosts, StartFailed, StepPlan
 
 LOG_TAIL_LINES = 40
-
-
-class StartFailed(DeployError):
-    """A service did not start or become ready; rollback follows."""
 
 
 def _policy(options: Any) -> ConnectionPolicy:
