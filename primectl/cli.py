@@ -150,7 +150,7 @@ def render(
         from primectl.render.bundle import render_for_target
 
         # Planned for the target it renders for: a scheduler plans logical node slots, not the recipe's hosts.
-        for line in render_for_target(plan_recipe(recipe, target=target)[1], target, out):
+        for line in render_for_target(plan_recipe(recipe, target=target)[1], out):
             typer.echo(line)
 
     _guard(body)

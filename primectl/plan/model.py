@@ -131,20 +131,17 @@ class Service(Frozen):
     metrics_url: str | None = None
     stop_timeout_s: int = 30
 
-    def field_hashes(self) -> dict[str, str]:
-        """A hash per field, so two definitions can say which fields differ."""
+    def hashes(self) -> dict[str, Any]:
+        """From one dump of the service: `hash`, of what changes how the process runs (argv, env, files,
+        binding; a change restarts it); `expect_hash`, of what readiness and ordering expect of it (a change
+        needs no restart); `fields`, a hash per field, so two definitions can say which fields differ."""
         doc = self.model_dump(mode="json")
-        return {k: _hash(doc[k]) for k in (*RUN_FIELDS, *EXPECT_FIELDS)}
+        return {"hash": _hash({k: doc[k] for k in RUN_FIELDS}), "expect_hash": _hash({k: doc[k] for k in EXPECT_FIELDS}),
+                "fields": {k: _hash(doc[k]) for k in (*RUN_FIELDS, *EXPECT_FIELDS)}}
 
     def run_hash(self) -> str:
-        """Stable hash of what changes how the process runs (argv, env, files, binding); a change restarts it."""
-        doc = self.model_dump(mode="json")
-        return _hash({k: doc[k] for k in RUN_FIELDS})
-
-    def expect_hash(self) -> str:
-        """Stable hash of what readiness and ordering expect of it; a change needs no restart."""
-        doc = self.model_dump(mode="json")
-        return _hash({k: doc[k] for k in EXPECT_FIELDS})
+        """The `hash` of `hashes()`: a change restarts the service."""
+        return str(self.hashes()["hash"])
 
 
 class Runtime(Frozen):

@@ -142,13 +142,12 @@ def model_files(plan: Plan) -> dict[str, bytes]:
     return dict(_generated_model(m.generate, m.served_name, m.max_context)) if m.generate else {}
 
 
-def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = None) -> Bundle:
+def render_host(plan: Plan, host: HostPlan) -> Bundle:
     """Render everything one host needs."""
     files: dict[str, bytes] = {}
     modes: dict[str, int] = {}
     services: dict[str, object] = {}
-    if model is None:
-        model = model_files(plan)
+    model = model_files(plan)
     for svc in plan.services_on(host.name):
         own = {path: text.encode() for path, text in render_service(plan, host, svc).items()}
         for spec in svc.files:
@@ -163,7 +162,7 @@ def render_host(plan: Plan, host: HostPlan, *, model: dict[str, bytes] | None = 
         for spec in svc.files:
             modes[spec.path] = spec.mode
         services[svc.name] = {
-            "hash": svc.run_hash(), "expect_hash": svc.expect_hash(), "fields": svc.field_hashes(),
+            **svc.hashes(),
             "run_fields": list(RUN_FIELDS), "expect_fields": list(EXPECT_FIELDS),
             "component": svc.component, "role": svc.role,
             "unit": unit_name(plan, svc), "files": sorted(own),
@@ -190,8 +189,7 @@ def hash_files(files: dict[str, bytes]) -> str:
 
 def render_plan(plan: Plan) -> dict[str, Bundle]:
     """Bundles for every host that runs at least one service."""
-    model = model_files(plan)
-    return {h.name: render_host(plan, h, model=model) for h in plan.hosts if plan.services_on(h.name)}
+    return {h.name: render_host(plan, h) for h in plan.hosts if plan.services_on(h.name)}
 
 
 def write_bundles(bundles: dict[str, Bundle], out: Path) -> list[Path]:
@@ -207,11 +205,11 @@ def write_bundles(bundles: dict[str, Bundle], out: Path) -> list[Path]:
     return written
 
 
-def render_for_target(plan: Plan, target: str | None, out: Path) -> list[str]:
-    """Write what `target` (default: the plan's) ships under `out`; one line per thing written, for the operator."""
+def render_for_target(plan: Plan, out: Path) -> list[str]:
+    """Write what the plan's target ships under `out`; one line per thing written, for the operator."""
     from primectl.targets.base import get
 
-    kind = target or plan.target.kind
+    kind = plan.target.kind
     if kind == "ssh":
         bundles = render_plan(plan)
         written = write_bundles(bundles, out)

@@ -27,7 +27,7 @@ from typing import Literal
 from primectl.deploy.transport import with_protocol
 from primectl.plan.model import Plan
 from primectl.recipe.model import Slurm
-from primectl.render.bundle import MANIFEST, Bundle, hash_files, model_files, render_host, template
+from primectl.render.bundle import MANIFEST, Bundle, hash_files, render_host, template
 
 JOB_SCRIPT = "job.sbatch"
 WAITER = "bin/primectl-wait"
@@ -160,14 +160,13 @@ def waiter_source() -> bytes:
 def render_release(plan: Plan) -> Bundle:
     """The job's release directory: job.sbatch, run scripts, readiness probes, configs, model, manifest."""
     deploy = deploy_dir(plan)
-    model = model_files(plan)
     files: dict[str, bytes] = {}
     modes: dict[str, int] = {}
     services: dict[str, object] = {}
     for host_name in plan.deployed_hosts():
         # Secrets are written once per deployment, next to its releases (the run scripts source them).
         host = plan.host(host_name).model_copy(update={"workdir": deploy})
-        bundle = render_host(plan, host, model=model)
+        bundle = render_host(plan, host)
         for path, data in bundle.files.items():
             if path == MANIFEST or path.startswith("systemd/"):
                 continue
