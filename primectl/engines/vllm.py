@@ -12,6 +12,7 @@ caches under the workdir), not a second adapter.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 
@@ -65,6 +66,7 @@ def cpu_kv_tokens(arch: Architecture, kv_gib: int, block_size: int, dtype: str =
     return (kv_gib * GIB) // (per_token * block_size) * block_size
 
 
+@functools.cache
 def _bridge_file(name: str) -> str:
     from importlib.resources import files
 
