@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels.codec import jit
-from kernels.decode import _row_offsets
+from kernels.decode import _paged, _row_offsets
 
 
 @jit
@@ -69,7 +69,7 @@ def gather_only(
         ROW_BYTES=row_bytes,
         ROW_PAD=triton.next_power_of_2(row_bytes),
         BLOCK_N=block_n,
-        PAGED=cache.stride(0) != cache.shape[1] * row_bytes,
+        PAGED=_paged(cache, row_bytes),
         num_warps=num_warps,
     )
     return out

@@ -27,6 +27,7 @@ rerun; KNOWN_VLLM lists the vLLM versions whose import check is recorded (the de
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -60,8 +61,10 @@ def metadata(wheel: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
 
 
+@functools.cache  # requires_doc and imports_doc both describe the Dynamo and the declared vLLM wheel
 def _file_info(wheel: Path) -> dict[str, str]:
-    return {"file": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    with wheel.open("rb") as f:
+        return {"file": wheel.name, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
 
 
 def _parsed(raw: str) -> dict[str, Any]:
