@@ -9,6 +9,7 @@ changes the frontend's dependency list (start order) but never restarts it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,10 +37,16 @@ class Change:
         return self.action in STARTS
 
 
-def _changed_fields(have: ServiceRecord, want: Mapping[str, Any], fields: tuple[str, ...] | None = None) -> list[str]:
+def changed_fields(have: ServiceRecord, want: Mapping[str, Any], fields: tuple[str, ...] | None = None) -> list[str]:
+    """The fields (all, or the given ones in their order) whose hashes differ between two manifest entries."""
     old, new = have.get("fields") or {}, want.get("fields") or {}
     names = fields if fields is not None else tuple(sorted(set(old) | set(new)))
     return [f for f in names if old.get(f) != new.get(f)]
+
+
+def secrets_hash(deployment: str, secrets: str) -> str:
+    """What a host or job records of the secrets it was given (never the values)."""
+    return hashlib.sha256((deployment + secrets).encode()).hexdigest()[:16]
 
 
 def compute_changes(bundles: Mapping[str, Bundle], views: Mapping[str, InspectResult]) -> list[Change]:
@@ -56,7 +63,7 @@ def compute_changes(bundles: Mapping[str, Bundle], views: Mapping[str, InspectRe
             if have is None:
                 out.append(Change(host, name, "add", "new service"))
             elif (have.get("hash"), have.get("files_hash")) != (want["hash"], want["files_hash"]):
-                fields = [f for f in _changed_fields(have, want) if f in want.get("run_fields", ())]
+                fields = [f for f in changed_fields(have, want) if f in want.get("run_fields", ())]
                 if not fields and have.get("files_hash") != want["files_hash"]:
                     fields = ["files"]  # what it reads changed (a generated model, a config, a template)
                 what = ", ".join(fields) if have.get("fields") and fields else "definition"
@@ -64,7 +71,7 @@ def compute_changes(bundles: Mapping[str, Bundle], views: Mapping[str, InspectRe
             elif not alive:
                 out.append(Change(host, name, "restart", "not running"))
             elif have.get("expect_hash") != want["expect_hash"]:
-                fields = _changed_fields(have, want, tuple(want.get("expect_fields", ())))
+                fields = changed_fields(have, want, tuple(want.get("expect_fields", ())))
                 out.append(Change(host, name, "update", f"{', '.join(fields) or 'expectations'} changed (no restart)"))
             else:
                 out.append(Change(host, name, "keep", "unchanged and running"))

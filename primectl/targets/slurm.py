@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from primectl.deploy.agent import probe_once, readable
+from primectl.deploy.changes import changed_fields, secrets_hash
 from primectl.deploy.fanout import parallel
 from primectl.deploy.protocol import run_probe
 from primectl.deploy.status import ServiceStatus, StatusReport
@@ -147,7 +148,7 @@ class SlurmRollout:
                 lines.append(ChangeLine(w["host"], name, "add", "new service"))
                 runs = True
             elif (h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]):
-                fields = [f for f, v in w["fields"].items() if f in w["run_fields"] and h.get("fields", {}).get(f) != v]
+                fields = changed_fields(h, w, tuple(w["run_fields"]))
                 lines.append(ChangeLine(w["host"], name, "change", f"{', '.join(fields) or 'files'} changed",
                                         self._script_diff(name) if detail else ""))
                 runs = True
@@ -175,7 +176,7 @@ class SlurmRollout:
             self.say(f"WARNING: job(s) {', '.join(others)} of {self.plan.name} are not recorded (an interrupted `up`?): "
                      "`up` replaces them, `down` stops them")
         if secrets is not None:
-            self.secrets_hash = hashlib.sha256((self.plan.name + secrets).encode()).hexdigest()[:16]
+            self.secrets_hash = secrets_hash(self.plan.name, secrets)
             self.stale_secrets = self.state.get("secrets_hash") != self.secrets_hash
             if self.stale_secrets and not self.replace and self.state.get("secrets_hash"):
                 self.say("secrets changed: the running job keeps the values it started with until it is replaced")
@@ -185,7 +186,7 @@ class SlurmRollout:
     def _expectations(self, c: ChangeLine, have: dict[str, Any], want: dict[str, Any]) -> ChangeLine:
         h, w = have.get(c.service, {}), want.get(c.service, {})
         if c.action == "keep" and h.get("expect_hash") != w.get("expect_hash"):
-            fields = [f for f in w.get("expect_fields", []) if h.get("fields", {}).get(f) != w["fields"].get(f)]
+            fields = changed_fields(h, w, tuple(w.get("expect_fields", ())))
             return ChangeLine(c.host, c.service, "update", f"{', '.join(fields) or 'expectations'} changed (no restart)")
         return c
 

@@ -8,7 +8,6 @@ over one connection per host; services run under the recipe's supervisor
 from __future__ import annotations
 
 import difflib
-import hashlib
 import io
 import tarfile
 import time
@@ -18,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from primectl.checks.preflight_rules import ours_listening
-from primectl.deploy.changes import Change, compute_changes, pending
+from primectl.deploy.changes import Change, compute_changes, pending, secrets_hash
 from primectl.deploy.client import HostError
 from primectl.deploy.cluster import (
     Cluster,
@@ -104,7 +103,7 @@ class SSHRollout:
     def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
         self.changes = compute_changes(self.bundles, self.cluster.views)
         if secrets is not None:
-            self.secrets_hash = hashlib.sha256((self.plan.name + secrets).encode()).hexdigest()[:16]
+            self.secrets_hash = secrets_hash(self.plan.name, secrets)
             self.stale_secrets = [h for h in self.hosts if self.cluster.state(h).get("secrets_hash") != self.secrets_hash]
             recorded = any(self.cluster.state(h).get("secrets_hash") for h in self.stale_secrets)
             if self.stale_secrets and not pending(self.changes) and recorded:
