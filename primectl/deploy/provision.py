@@ -21,6 +21,8 @@ from primectl.errors import DeployError
 from primectl.plan.model import Plan, Runtime
 
 INSTALL_TIMEOUT_S = 1800
+RUNTIME_STAMP = ".primectl-runtime.stamp"  # install-runtime.sh writes the lock's sha256 there when it is done
+FLAVOUR_FLAGS = {"cuda": ["--cuda"], "vllm-cpu": ["--vllm-cpu"]}  # install-runtime.sh's flag per runtime flavour
 # System libraries a role needs, by the shared object the loader must find.
 SYSTEM_NEEDS = {"mooncake-master": [("libibverbs.so.1", "libibverbs1")], "etcd": [("/usr/bin/etcd", "etcd-server")]}
 
@@ -34,6 +36,11 @@ def scripts_dir() -> Path:
 def lock_file(runtime: Runtime) -> Path:
     """The pinned requirement set a runtime is installed from (named by the engine's runtime flavour)."""
     return scripts_dir() / runtime.lock
+
+
+def installed(stamp_text: str, lock_bytes: bytes) -> bool:
+    """Whether a runtime's stamp says it was installed from exactly this lock."""
+    return stamp_text.split()[:1] == [hashlib.sha256(lock_bytes).hexdigest()]
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,11 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
         rt = plan.serving.runtime[host]
         lock = lock_file(rt)
         lock_bytes = lock.read_bytes()
-        want = hashlib.sha256(lock_bytes).hexdigest()
         t = cluster.client(host).transport
         venv = rt.dir
-        stamp = posixpath.join(venv, ".primectl-runtime.stamp")
+        stamp = posixpath.join(venv, RUNTIME_STAMP)
         code, out, _ = t.run(f"cat {shlex.quote(stamp)} 2>/dev/null")
-        if code == 0 and out.split()[:1] == [want]:
+        if code == 0 and installed(out, lock_bytes):
             return HostRuntime(host, venv, "reused", installed_packages(cluster, host, venv))
         stage = Layout(plan.host(host).workdir).runtime(rt.key) + ".install"
         t.run(f"mkdir -p {shlex.quote(stage)}")
@@ -91,7 +97,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
                     t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
             env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
         say(f"{host}: installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {len(lock_bytes.splitlines())} lines)")
-        flavour = {"cuda": " --cuda", "vllm-cpu": " --vllm-cpu"}.get(rt.flavour, "")
+        flavour = "".join(f" {f}" for f in FLAVOUR_FLAGS.get(rt.flavour, []))
         code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour}",
                                timeout=INSTALL_TIMEOUT_S)
         if code != 0:

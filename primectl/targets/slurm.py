@@ -34,7 +34,6 @@ an `up` interrupted after sbatch leaves nothing the next `up` or `down` misses.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
 import shutil
 import sys
@@ -281,15 +280,21 @@ class SlurmRollout:
         runtime = next((r for r in self.plan.serving.runtime.values() if r.provisioned), None)
         if runtime is None:
             return
-        from primectl.deploy.provision import lock_file, scripts_dir
+        from primectl.deploy.provision import (
+            FLAVOUR_FLAGS,
+            INSTALL_TIMEOUT_S,
+            RUNTIME_STAMP,
+            installed,
+            lock_file,
+            scripts_dir,
+        )
 
         lock = lock_file(runtime)
         lock_bytes = lock.read_bytes()
-        want = hashlib.sha256(lock_bytes).hexdigest()
-        stamp = os.path.join(runtime.dir, ".primectl-runtime.stamp")
+        stamp = os.path.join(runtime.dir, RUNTIME_STAMP)
         try:
             with open(stamp) as f:
-                if f.read().split()[:1] == [want]:
+                if installed(f.read(), lock_bytes):
                     self.say(f"runtime {runtime.key} reused at {runtime.dir}")
                     return
         except OSError:
@@ -306,14 +311,14 @@ class SlurmRollout:
                 if not os.path.exists(os.path.join(wh, wheel.name)):
                     shutil.copy(wheel, wh)
             env = ["PIP_NO_INDEX=1", f"PIP_FIND_LINKS={wh}"]
-        flavour = {"cuda": ["--cuda"], "vllm-cpu": ["--vllm-cpu"]}.get(runtime.flavour, [])
+        flavour = FLAVOUR_FLAGS.get(runtime.flavour, [])
         o = self.options
         where = [f"--partition={o.partition}"] if o.partition else []
         where += [f"--account={o.account}"] if o.account else []
         self.say(f"installing runtime {runtime.key} ({runtime.flavour}) at {runtime.dir} on one node (srun)")
         r = self.client.run("srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name(self.plan)}-provision", *where,
                             "env", *env, "bash", os.path.join(stage, "install-runtime.sh"), runtime.dir, *flavour,
-                            check=False, timeout=1800)
+                            check=False, timeout=INSTALL_TIMEOUT_S)
         if r.returncode != 0:
             raise DeployError(f"runtime install failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
 
