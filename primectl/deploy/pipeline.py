@@ -93,12 +93,12 @@ def up(plan: Plan, options: UpOptions, say: Say) -> UpResult:
                             seconds=time.monotonic() - t0)
         run.lock(break_lock=options.break_lock)
         try:
-            return _locked(run, plan, options, secrets, say, t0)
+            return _locked(run, options, secrets, say, t0)
         finally:
             run.unlock()
 
 
-def _locked(run: Rollout, plan: Plan, options: UpOptions, secrets: str, say: Say, t0: float) -> UpResult:
+def _locked(run: Rollout, options: UpOptions, secrets: str, say: Say, t0: float) -> UpResult:
     lines = run.diff(secrets)
     if run.nothing_to_do():
         say("no changes: every service is running its planned revision")

@@ -12,9 +12,9 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from primectl.errors import Problem, RecipeError
+from primectl.errors import Problem, RecipeError, RecipePath
 
-Path = tuple[str | int, ...]
+Path = RecipePath
 
 
 @dataclass(frozen=True)

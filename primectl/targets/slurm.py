@@ -110,7 +110,8 @@ class SlurmRollout:
         self.say = say
         self.options = options(plan)
         self.files = DeploymentFiles(deploy_dir(plan))
-        self.release: Bundle = render_release(plan)
+        # The plan a release ran with travels with it, so a rollback can wait for exactly that job.
+        self.release: Bundle = _with_plan(render_release(plan), plan)
         self.state = self.files.state()
         self.active = self.client.active_jobs(job_name(plan))
         recorded = str(self.state.get("job") or "")
@@ -566,16 +567,12 @@ class SlurmTarget:
 
     def render(self, plan: Plan) -> dict[str, bytes]:
         """The release directory `up` submits from: job.sbatch, run scripts, probes, configs, model, manifest."""
-        release = render_release(plan)
-        return {**release.files, "plan.json": _plan_json(plan)}
+        return _with_plan(render_release(plan), plan).files
 
     @contextmanager
     def apply(self, plan: Plan, options: Any, say: Say) -> Iterator[SlurmRollout]:
         """Read the deployment directory and squeue; yield the rollout the pipeline drives."""
-        rollout = SlurmRollout(plan, _client(options), say)
-        # The plan a release ran with travels with it, so a rollback can wait for exactly that job.
-        rollout.release = _with_plan(rollout.release, plan)
-        yield rollout
+        yield SlurmRollout(plan, _client(options), say)
 
     def status(self, plan: Plan, options: Any, say: Say) -> StatusReport:
         """squeue/scontrol for the job and its steps, plus every service's probe at its bound address."""
