@@ -136,3 +136,15 @@ def test_demo_variant_differs_only_in_the_prefill_budget_and_shares_hosts() -> N
     db.pop("extends", None)
     assert da == db
     assert host_set(a) == host_set(b)
+
+
+def test_bench_and_smoke_read_the_same_samples_from_a_metrics_page() -> None:
+    from primectl.checks.metrics import counter_sum
+
+    text = ('# HELP x_total requests\n# TYPE x_total counter\n'
+            'x_total{worker="a",note="say \\"hi\\""} 2\nx_total{worker="b"} 3\nx_total 1\nx_total{worker="c"} NaNx\n')
+    parsed = sm.parse_prometheus(text)
+    assert [(s.labels, s.value) for s in parsed] == [
+        ({"worker": "a", "note": 'say \\"hi\\"'}, 2.0), ({"worker": "b"}, 3.0), ({}, 1.0)]
+    assert sm.metric_sum(parsed, "x_total") == counter_sum(text, "x_total", {}) == 6.0
+    assert sm.metric_sum(parsed, "x_total", worker="b") == counter_sum(text, "x_total", {"worker": "b"}) == 3.0

@@ -12,10 +12,11 @@ Sources (AIPerf 0.13.0, verified on its exports):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from primectl.checks.metrics import labels_of, sample_lines
 
 DEFAULT_MAX_ERROR_RATE = 0.01
 
@@ -23,8 +24,6 @@ DEFAULT_MAX_ERROR_RATE = 0.01
 REQUIRED_FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
                     "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "request_throughput_rps")
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -39,18 +38,12 @@ class Sample:
 def parse_prometheus(text: str) -> list[Sample]:
     """Samples of a Prometheus text exposition (comments and unparsable lines skipped)."""
     out: list[Sample] = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
+    for name, label_text, raw in sample_lines(text):
         try:
-            value = float(m.group(3))
+            value = float(raw)
         except ValueError:
             continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        out.append(Sample(m.group(1), labels, value))
+        out.append(Sample(name, labels_of(label_text), value))
     return out
 
 

@@ -9,11 +9,23 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def _parsed(text: str, name: str) -> Iterator[tuple[dict[str, str], str]]:
+def sample_lines(text: str) -> Iterator[tuple[str, str, str]]:
+    """(name, label text, value text) of every sample line; comments and other lines are skipped."""
     for line in text.splitlines():
         m = _SAMPLE.match(line)
-        if m and m.group(1) == name:
-            yield dict(_LABEL.findall(m.group(2) or "")), m.group(3)
+        if m:
+            yield m.group(1), m.group(2) or "", m.group(3)
+
+
+def labels_of(label_text: str) -> dict[str, str]:
+    """`a="1",b="x"` as {"a": "1", "b": "x"}."""
+    return dict(_LABEL.findall(label_text))
+
+
+def _parsed(text: str, name: str) -> Iterator[tuple[dict[str, str], str]]:
+    for have, label_text, value in sample_lines(text):
+        if have == name:
+            yield labels_of(label_text), value
 
 
 def counter_sum(text: str, name: str, labels: Mapping[str, str]) -> float:
