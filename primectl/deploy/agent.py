@@ -33,6 +33,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     Liveness,
     LockResult,
     ProbeResult,
+    ProbeRetry,
     ProbeSpec,
     ReadResult,
     Result,
@@ -226,12 +227,7 @@ def probe_once(p: ProbeSpec, workdir: str = "") -> tuple[bool, str]:
 def op_wait(h: Host) -> StartResult:
     """Wait until every probe passes; fail fast if a watched service exits."""
     pending = {w["name"]: w for w in h.args["waits"]}
-    # A service just started is rarely ready on the first try: retry soon (0.05 s) and grow the wait
-    # 1.5x per miss up to interval_s. Doubling overshot readiness by up to the last wait (a service
-    # ready at 0.8 s was seen at 1.55 s); 1.5x bounds that at a third, for a few more cheap probes.
-    cap = {n: max(0.05, float(w["probe"].get("interval_s", 0.5))) for n, w in pending.items()}
-    delay: dict[str, float] = {n: 0.05 for n in pending}
-    next_try = {n: 0.0 for n in pending}
+    retry = ProbeRetry({n: w["probe"] for n, w in pending.items()})
     started = time.time()
     detail: dict[str, str] = {}
     ready: list[str] = []
@@ -241,7 +237,7 @@ def op_wait(h: Host) -> StartResult:
             if w.get("unit") and not h.liveness(name, w["unit"]).get("alive"):
                 return {"ok": False, "code": CODE_EXITED, "service": name, "ready": ready,
                         "error": f"{name} exited before it became ready"}
-            if now < next_try[name]:
+            if not retry.due(name, now):
                 continue
             ok, detail[name] = h.probe(name, w["probe"])
             if ok:
@@ -252,8 +248,7 @@ def op_wait(h: Host) -> StartResult:
             if now - started > timeout:
                 return {"ok": False, "code": CODE_TIMEOUT, "service": name, "ready": ready,
                         "error": f"{name} not ready after {timeout:g}s ({detail[name]})"}
-            next_try[name] = now + delay[name]
-            delay[name] = min(delay[name] * 1.5, cap[name])
+            retry.missed(name, now)
         if pending:
             time.sleep(0.05)
     return {"ok": True, "ready": ready, "seconds": round(time.time() - started, 3)}

@@ -21,7 +21,14 @@ import os
 import sys
 import time
 
-from primectl.deploy.protocol import ProbeSpec, run_probe, starttime  # agent-source: drop
+from primectl.deploy.protocol import (  # agent-source: drop
+    CODE_EXITED,
+    CODE_TIMEOUT,
+    ProbeRetry,
+    ProbeSpec,
+    run_probe,
+    starttime,
+)  # agent-source: drop
 
 # This file is shipped after primectl/deploy/protocol.py (`slurm_job.waiter_source`), so `__doc__` is that one's.
 USAGE = "usage: primectl-wait JOB_DIR SERVICE...\n"
@@ -60,8 +67,7 @@ def wait(job_dir: str, services: list[str]) -> int:
         with open(os.path.join(release, "ready", f"{name}.json")) as f:
             probes[name] = json.load(f)
     t0 = time.time()
-    delay = {n: 0.05 for n in services}
-    next_try = {n: 0.0 for n in services}
+    retry = ProbeRetry(probes)
     detail = {n: "not probed yet" for n in services}
     pending = list(services)
     while pending:
@@ -70,10 +76,10 @@ def wait(job_dir: str, services: list[str]) -> int:
         for name, pid in started(job_dir).items():
             if not alive(pid):
                 print(name)
-                return 3
+                return CODE_EXITED
         now = time.time()
         for name in list(pending):
-            if now < next_try[name]:
+            if not retry.due(name, now):
                 continue
             ok, detail[name] = run_probe(probes[name], release)
             if ok:
@@ -84,9 +90,8 @@ def wait(job_dir: str, services: list[str]) -> int:
             if time.time() - t0 > timeout:
                 note(job_dir, f"timeout {name} not ready after {timeout:g}s ({detail[name]})")
                 print(name)
-                return 4
-            next_try[name] = now + delay[name]
-            delay[name] = min(delay[name] * 1.5, max(0.05, float(probes[name].get("interval_s", 0.5))))
+                return CODE_TIMEOUT
+            retry.missed(name, now)
         if pending:
             time.sleep(0.05)
     return 0
