@@ -204,6 +204,7 @@ class Runner:
         self.model = model
         self.plan = plan
         self.engine = plan.engine if plan is not None else None
+        self.end_tag = plan.serving.capabilities.tool_call_end_tag if plan is not None else "</tool_call>"
         self.client: OpenAI = OpenAI(base_url=self.url + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
                                      max_retries=0)
         self.report = SmokeReport(self.url, model, self.engine)
@@ -594,7 +595,7 @@ class Runner:
         problems += [f"streaming: {p}" for p in toolcheck.check_turn(streamed, sc)]
         problems += toolcheck.compare_turns(unary, streamed)
         if problems:
-            end_tag = self.plan.serving.capabilities.tool_call_end_tag if self.plan is not None else "</tool_call>"
+            end_tag = self.end_tag
             if sc.expect_args.get("text") == f"a{end_tag}b" and known_end_tag_defect(unary, streamed, end_tag):
                 raise CheckWarn(
                     f"serving-stack defect (upstream, Dynamo 1.6.1's tool-call parser): a string argument holding "
@@ -727,8 +728,7 @@ def run_smoke(url: str, model: str, plan: Plan | None) -> SmokeReport:
     r.check("errors: unknown model -> 404", r.unknown_model)
     r.check("errors: malformed JSON body -> 400", r.malformed_json)
     r.check("errors: malformed tool definition -> 400", r.malformed_tool)
-    end_tag = plan.serving.capabilities.tool_call_end_tag if plan is not None else "</tool_call>"
-    for sc in tool_scenarios(end_tag):
+    for sc in tool_scenarios(r.end_tag):
         r.check(f"tools: {sc.name}", lambda sc=sc: r.tool_scenario(sc))  # type: ignore[misc]
     return r.report
 
