@@ -24,7 +24,8 @@ $(VENV)/.stamp: pyproject.toml kernels/requirements.txt
 # AIPerf (the load generator behind `primectl bench`) lives in its own venv: its pins clash with primectl's.
 $(VENV)/.bench-stamp: $(VENV)/.stamp
 	$(PYTHON) -m venv .venv-bench
-	.venv-bench/bin/pip install -q --disable-pip-version-check aiperf==0.13.0
+	.venv-bench/bin/pip install -q --disable-pip-version-check \
+		"aiperf==$$($(VENV)/bin/python -c 'from primectl.bench.aiperf import AIPERF_VERSION; print(AIPERF_VERSION)')"
 	touch $@
 
 venv: $(VENV)/.stamp
