@@ -226,14 +226,11 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def loop_stats(cubin: bytes, ptx: str) -> LoopStats:
+def loop_stats(cubin_path: str, ptx: str) -> LoopStats:
     """Main-loop counts from the cubin's SASS (the wheel's ``nvdisasm``), else from the PTX."""
     nvdisasm = _tool("nvdisasm")
     if os.access(nvdisasm, os.X_OK):
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            out = subprocess.run([nvdisasm, "-c", "-g", f.name], capture_output=True, text=True, check=False)
+        out = subprocess.run([nvdisasm, "-c", "-g", cubin_path], capture_output=True, text=True, check=False)
         if out.returncode == 0 and out.stdout.strip():
             return sass_loop_stats(out.stdout)
     return ptx_loop_stats(ptx)
@@ -272,16 +269,16 @@ def compile_one(spec: KernelSpec, arch: int, dump_dir: Path | None = None) -> Co
     res.seconds = time.perf_counter() - t0
     res.shared_bytes = int(compiled.metadata.shared)
     cubin: bytes = compiled.asm["cubin"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:  # cuobjdump and nvdisasm read the same file
         f.write(cubin)
         f.flush()
         out = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True, check=False)
-    m = _RESOURCE_RE.search(out.stdout)
-    if m is None:
-        res.error = f"could not read resource usage: {(out.stdout + out.stderr).strip()[-300:]}"
-        return res
-    res.registers, res.stack_bytes, _, res.local_bytes = (int(g) for g in m.groups())
-    stats = loop_stats(cubin, compiled.asm["ptx"])
+        m = _RESOURCE_RE.search(out.stdout)
+        if m is None:
+            res.error = f"could not read resource usage: {(out.stdout + out.stderr).strip()[-300:]}"
+            return res
+        res.registers, res.stack_bytes, _, res.local_bytes = (int(g) for g in m.groups())
+        stats = loop_stats(f.name, compiled.asm["ptx"])
     res.loop = {**asdict(stats), "effective": stats.effective}
     if dump_dir is not None:
         stem = re.sub(r"[^\w.-]+", "_", f"sm{arch}_{spec.label}").strip("_")
