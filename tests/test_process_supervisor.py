@@ -29,6 +29,22 @@ def _wait_file(path: Path) -> str:
     return path.read_text().strip()
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[3])
+
+
+def _wait_own_session(child: int, parent: int) -> None:
+    """`$!` is written right after the fork, before the child's setsid(2) ran."""
+    deadline = time.monotonic() + 10
+    while _session_of(child) == _session_of(parent):
+        assert time.monotonic() < deadline, f"{child} never made a session of its own"
+        time.sleep(0.02)
+
+
 def test_stop_after_the_main_process_was_killed_stops_its_orphaned_children(tmp_path: Path) -> None:
     child_pid_file = tmp_path / "child.pid"
     layout = _release(tmp_path / "wd", f"#!/bin/bash\nsleep 300 &\necho $! > {child_pid_file}\nexec sleep 300\n")
@@ -57,7 +73,9 @@ def test_stop_of_a_running_service_ends_its_whole_session(tmp_path: Path) -> Non
     layout = _release(tmp_path / "wd", f"#!/bin/bash\nsetsid sleep 300 &\necho $! > {child_pid_file}\nexec sleep 300\n")
     sup = ProcessSupervisor(layout)
     pid, _ = sup.start({"name": "svc", "unit": "u"})
+    assert pid
     child = int(_wait_file(child_pid_file))
+    _wait_own_session(child, pid)
     assert sup.stop({"name": "svc", "unit": "u", "stop_timeout": 5}, remove=False) is True
     assert starttime(pid) is None
     # a child that made a session of its own is not the service's: it must be left alone
