@@ -29,18 +29,10 @@ def _wait_file(path: Path) -> str:
     return path.read_text().strip()
 
 
-def _session_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[3])
-
-
 def _wait_own_session(child: int, parent: int) -> None:
     """`$!` is written right after the fork, before the child's setsid(2) ran."""
     deadline = time.monotonic() + 10
-    while _session_of(child) == _session_of(parent):
+    while os.getsid(child) == os.getsid(parent):
         assert time.monotonic() < deadline, f"{child} never made a session of its own"
         time.sleep(0.02)
 
