@@ -137,7 +137,7 @@ def test_tp4_decoder_stays_inside_one_tray(glm53: Plan) -> None:
 def test_ports_are_deterministic_and_never_shared_on_a_host(glm53: Plan) -> None:
     again = _plan("glm53.yaml")
     assert again.model_dump_json() == glm53.model_dump_json()
-    assert [s.run_hash() for s in again.services] == [s.run_hash() for s in glm53.services]
+    assert [s.hashes() for s in again.services] == [s.hashes() for s in glm53.services]
     assert check_ports(glm53) == []
     on_host: dict[str, Counter[int]] = defaultdict(Counter)
     for s in glm53.services:

@@ -153,7 +153,7 @@ def test_changing_one_decode_worker_changes_only_its_host_revision_and_service_h
     old, new = before[svc.host].manifest["services"], after.manifest["services"]
     assert isinstance(old, dict) and isinstance(new, dict)
     assert [n for n in new if new[n]["hash"] != old[n]["hash"]] == ["decode-3"]
-    assert edited.run_hash() != svc.run_hash()
+    assert edited.hashes()["hash"] != svc.hashes()["hash"]
 
 
 def test_changing_decode_env_in_the_recipe_changes_exactly_the_decode_hosts(tmp_path: Path) -> None:

@@ -139,10 +139,6 @@ class Service(Frozen):
         return {"hash": _hash({k: doc[k] for k in RUN_FIELDS}), "expect_hash": _hash({k: doc[k] for k in EXPECT_FIELDS}),
                 "fields": {k: _hash(doc[k]) for k in (*RUN_FIELDS, *EXPECT_FIELDS)}}
 
-    def run_hash(self) -> str:
-        """The `hash` of `hashes()`: a change restarts the service."""
-        return str(self.hashes()["hash"])
-
 
 class Runtime(Frozen):
     """The interpreter a host's services run with."""
