@@ -6,11 +6,13 @@ returns, beside the plain data, a map from each node's path to its position.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import ReaderError
 
 from primectl.errors import Problem, RecipeError, RecipePath
 
@@ -60,9 +62,37 @@ def _construct(node: Node, path: Path, file: str, positions: dict[Path, Position
     return loader.construct_object(node, deep=True)
 
 
+# Control characters have no Unicode name; these are their standard abbreviations.
+_C0 = ("NUL SOH STX ETX EOT ENQ ACK BEL BS HT LF VT FF CR SO SI "
+       "DLE DC1 DC2 DC3 DC4 NAK SYN ETB CAN EM SUB ESC FS GS RS US").split()
+
+
+def _char_name(ch: str) -> str:
+    """`U+0000 NUL`: the code point and, where there is one, its name or abbreviation."""
+    code = ord(ch)
+    name = _C0[code] if code < 0x20 else "DEL" if code == 0x7F else unicodedata.name(ch, "")
+    if not name:
+        name = "(a C1 control character)" if 0x80 <= code <= 0x9F else "(a noncharacter or surrogate)"
+    return f"U+{code:04X} {name}"
+
+
+def _unprintable(exc: ReaderError, text: str, file: str) -> RecipeError:
+    """A character YAML forbids (PyYAML reports only its index into `text`), pinned to line:col."""
+    pos = exc.position
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    what = _char_name(chr(exc.character)) if isinstance(exc.character, int) else repr(exc.character)
+    return RecipeError([Problem(file, line, col, "",
+                                f"not valid YAML: character {what} is not allowed (YAML forbids control "
+                                "characters); remove it or write it as an escape in a double-quoted string")])
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, dict[Path, Position]]:
     """Parse one YAML document; return the data and each node's position."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except ReaderError as exc:
+        raise _unprintable(exc, text, file) from None
     try:
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
