@@ -16,6 +16,7 @@ from primectl.checks.smoke import (
     CheckResult,
     Runner,
     SmokeReport,
+    _culprit,
     _gate_detail,
     counter_sum,
     judge_stream,
@@ -370,6 +371,25 @@ def test_report_json_and_junit():
     failure = cases[1].find("failure")
     assert failure is not None and failure.get("message") == "HTTP 503 <missing> & more"
     assert cases[2].find("skipped") is not None
+
+
+@pytest.mark.parametrize("evidence, culprit", [
+    ("decode-10: KV transfer timed out", "decode-10"),
+    ("worker decode-11 stopped answering", "decode-11"),
+    ("decode-1: KV transfer timed out", "decode-1"),
+    ("no answer from decode-1.", "decode-1"),
+    ("decode-1-x stalled; decoded 0 tokens", "frontend"),
+    ("prefill-2-1 (HTTP 503)", "prefill-2-1"),
+    ("a decode worker stopped answering", "decode-0"),
+    ("prefill_budget exceeded", "frontend"),
+])
+def test_the_culprit_is_the_service_named_whole_not_one_whose_name_is_a_prefix(evidence, culprit):
+    from primectl.plan.build import plan_recipe
+
+    plan = plan_recipe(REPO / "recipes" / "glm53.yaml")[1]
+    assert {"decode-1", "decode-10", "decode-11"} <= {s.name for s in plan.services}
+    report = SmokeReport("http://h:8000", "m", "vllm", [CheckResult("chat", "fail", 1.0, evidence)])
+    assert _culprit(report, plan) == culprit
 
 
 def test_cli_needs_a_recipe_or_url(cli):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -751,13 +752,19 @@ def failure_summary(report: SmokeReport) -> str:
     return "; ".join(f"{r.name}: {r.evidence}" for r in report.failed)
 
 
+def _names(word: str, text: str) -> bool:
+    """Whether `text` holds `word` whole: `decode-1` is not in `decode-10`, `decode` is not in `decoded`."""
+    return re.search(rf"(?<![\w.-]){re.escape(word)}(?!\w|[.-]\w)", text) is not None
+
+
 def _culprit(report: SmokeReport, plan: Plan) -> str:
+    """The service a failed smoke test blames: one named in the failures, else the first of a named role."""
     text = failure_summary(report)
     for s in plan.services:
-        if s.name in text:
+        if _names(s.name, text):
             return s.name
     for role in ("prefill", "decode"):
-        if role in text:
+        if _names(role, text):
             return next((s.name for s in plan.services if s.role == role), "frontend")
     return "frontend"
 
