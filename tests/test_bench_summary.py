@@ -148,3 +148,22 @@ def test_bench_and_smoke_read_the_same_samples_from_a_metrics_page() -> None:
         ({"worker": "a", "note": 'say \\"hi\\"'}, 2.0), ({"worker": "b"}, 3.0), ({}, 1.0)]
     assert sm.metric_sum(parsed, "x_total") == counter_sum(text, "x_total", {}) == 6.0
     assert sm.metric_sum(parsed, "x_total", worker="b") == counter_sum(text, "x_total", {"worker": "b"}) == 3.0
+
+
+@pytest.mark.parametrize("name", ["probe1-c2", "A1", "20260101T000000Z-demo"])
+def test_started_utc_is_when_the_run_started_not_its_directory_name(name, tmp_path, monkeypatch) -> None:
+    """Knee probes and A/B runs live in directories named `probe1-c2` or `A1`: the start time is the clock's."""
+    from datetime import UTC, datetime, timedelta
+
+    from primectl.bench import aiperf as ap
+    from primectl.bench import runner
+
+    monkeypatch.setattr(ap, "ensure_aiperf", lambda say: "/nonexistent/aiperf")
+    monkeypatch.setattr(ap, "run_profile", lambda run, log: 1)
+    monkeypatch.setattr(runner, "scrape", lambda url: ("", None))
+    monkeypatch.setattr(runner, "_tokenizer", lambda plan, run_dir, override: ap.Tokenizer("t", None))
+    before = datetime.now(UTC).replace(microsecond=0)
+    res = runner.run_bench(load_plan(REPO / "recipes" / "demo.yaml"), runner.BenchOptions(duration_s=1),
+                           run_dir=tmp_path / name, say=lambda _: None, plots=False)
+    started = datetime.strptime(res.summary["started_utc"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    assert before <= started <= datetime.now(UTC) + timedelta(seconds=1)

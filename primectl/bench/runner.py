@@ -170,6 +170,8 @@ def session_checks(records: list[dict[str, Any]]) -> dict[str, Any]:
 def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Path = Path("runs"),
               run_dir: Path | None = None, say: Say = print, plots: bool = True) -> BenchResult:
     """One benchmark run against the deployment of `plan` (which must be up)."""
+    # From the clock: a knee probe's or A/B run's directory (probe1-c2, A1) carries no time in its name.
+    started_utc = utc_stamp()
     exe = ap.ensure_aiperf(say)
     spec = None
     if opts.trace is None:
@@ -226,7 +228,7 @@ def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Pa
         figures["prefix_cache_hit_rate"] = cache["hit_rate"]
     summary: dict[str, Any] = {
         "recipe": recipe, "deployment": plan.name, "engine": plan.engine, "endpoint": plan.endpoint,
-        "model": plan.served_model, "run_dir": str(run_dir), "started_utc": run_dir.name[:16],
+        "model": plan.served_model, "run_dir": str(run_dir), "started_utc": started_utc,
         "concurrency": opts.concurrency, "duration_s": opts.duration_s, "seed": opts.seed,
         "workload": workload_doc,
         "gpu": {"count": slots, "basis": slot_basis},
