@@ -1,8 +1,9 @@
 """Offline schema checks for the Kubernetes target: the hand-written demo and GLM-5.3
 DynamoGraphDeployments pass the pinned CRDs, and broken manifests fail naming the field.
 
-The CRDs are upstream data kept in shared/crds (primectl/targets/data/crds/PROVENANCE);
-tests that need them are skipped, with the reason, where that folder is absent. The
+The CRDs are upstream data kept in ../shared/crds beside the checkout
+(primectl/targets/data/crds/PROVENANCE); tests that need them are skipped, with the reason,
+where they are absent, and fail instead under CI=true. The
 converter and the ConfigMap schema are tested without them.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import pathlib
 from typing import Any
 
@@ -21,8 +23,22 @@ from primectl.targets import k8s_schema as ks
 DATA = pathlib.Path(__file__).parent / "data" / "k8s"
 
 
-# The CRDs are upstream data, not in the repository: without them these tests say so and skip.
-needs_crds = pytest.mark.skipif(ks.crds_missing() is not None, reason=ks.CRD_ABSENT)
+# The CRDs are upstream data, not in the repository (CI has them at ../shared/crds).
+
+
+@pytest.fixture
+def crds() -> None:
+    """The pinned CRDs: outside CI their absence skips the test, saying how to get them; in CI (CI=true,
+    CRDs at ../shared/crds) it fails it. A file that differs from its pin is an error either way."""
+    missing = ks.crds_missing()  # ValueError naming the file and both sha256s on a pin mismatch
+    if missing is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {missing}", pytrace=False)
+    pytest.skip(missing)
+
+
+needs_crds = pytest.mark.usefixtures("crds")
 
 
 def manifest(name: str) -> list[dict[str, Any]]:

@@ -95,11 +95,21 @@ class CrdsUnavailable(FileNotFoundError):
 
 
 def crd_search_path() -> list[pathlib.Path]:
-    """Where the CRD files may be: $PRIMECTL_CRD_DIR, else shared/crds inside or beside the checkout."""
+    """Where the CRD files may be: $PRIMECTL_CRD_DIR, else shared/crds inside or beside the checkout.
+
+    "Beside" is `../shared/crds` from the repository root, where CI has them (read-only, next to
+    its clean checkout). The checkout is the one this module was imported from (an editable
+    install, its path as given and with symlinks resolved) and, for an installed primectl run
+    from a checkout, the one holding the current directory.
+    """
     if os.environ.get(CRD_DIR_ENV):
         return [pathlib.Path(os.environ[CRD_DIR_ENV])]
-    root = pathlib.Path(__file__).resolve().parents[2]
-    return [root / "shared" / "crds", root.parent / "shared" / "crds"]
+    here = pathlib.Path(__file__)
+    roots = [here.absolute().parents[2], here.resolve().parents[2]]
+    cwd = pathlib.Path.cwd()
+    roots += [d for d in (cwd, *cwd.parents) if (d / "primectl" / "targets" / PROVENANCE).is_file()][:1]
+    dirs = [d for root in roots for d in (root / "shared" / "crds", root.parent / "shared" / "crds")]
+    return list(dict.fromkeys(dirs))
 
 
 @functools.cache
@@ -125,7 +135,8 @@ def crd_file(name: str) -> pathlib.Path:
     looked = ", ".join(str(d) for d in crd_search_path())
     raise CrdsUnavailable(
         f"{name} not found (looked in {looked}); it is {pin['path']} of {pin['repo']} at {pin['commit']}: "
-        f"put it in shared/crds or point ${CRD_DIR_ENV} at a folder holding it (scripts/refresh-crds.py)"
+        f"put it in ../shared/crds beside the checkout (or shared/crds in it), or point ${CRD_DIR_ENV} at a folder "
+        f"holding it (scripts/refresh-crds.py)"
     )
 
 
