@@ -19,6 +19,7 @@ PACKAGES=(
   slurm-wlm        # Slurm-target tests: slurmctld + slurmd (22.05 on bookworm), started by hand, stopped by pid
   slurm-client     # sbatch, srun, squeue, scancel, scontrol, sinfo
   munge            # munged: Slurm's authentication (the tests run their own, with a key of their own)
+  haproxy          # the load balancer in front of frontend replicas (2.6 on bookworm)
   curl
   ca-certificates
 )

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Requests lost while `primectl up` changes a live deployment, per kind of change.
+
+Brings a copy of a demo recipe up in its own workdir (with its own ports), then
+for each scenario: N streaming clients send chat requests in a loop through the
+openai client (retries off), the change is applied `--before` seconds into the
+load (by `primectl up`, as an operator would, or by `kill -9` of one decode
+worker), and the load runs on `--after` seconds once the change is done. A
+request is lost when it ends without a `finish_reason`, raises, or gets an HTTP
+error. Prints one row per scenario: lost, served, how long the change took,
+and what the clients saw.
+
+It binds loopback ports, so it refuses to run outside a private network
+namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
+
+    unshare --net -- sh -c 'ip link set lo up && \
+        PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py'
+
+Options: --recipe recipes/demo.yaml  --clients 6  --before 5  --after 6  --scenarios name,name
+         --keep (leave the deployment up)  --json FILE
+Target: every row 0 lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from primectl.bench.liveload import LiveLoad  # noqa: E402
+from primectl.deploy.protocol import Layout  # noqa: E402
+from tests.integration.sshhosts import netns_problem  # noqa: E402
+
+PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && "
+            "PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py'")
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One change to the running deployment: a recipe edit applied by `up`, or an action of its own."""
+
+    name: str
+    what: str
+    edit: Callable[[Doc], None] | None = None  # None: `up` of the same recipe
+    action: str = "up"  # up | kill-decode
+
+
+def _set(path: str, value: Any) -> Callable[[Doc], None]:
+    def edit(doc: Doc) -> None:
+        node = doc
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return edit
+
+
+def scenarios(doc: Doc) -> list[Scenario]:
+    """The live-ops table's rows, each applied on top of the one before."""
+    seqs = int(doc["decode"].get("max_num_seqs") or 64)
+    budget = int(doc["prefill"].get("token_budget_per_gpu") or 4096)
+    workers = int(doc["decode"]["workers"])
+    ttl = int((doc["frontend"].get("session_affinity") or {}).get("ttl_secs", 1800))
+    return [
+        Scenario("none", "nothing changed"),
+        Scenario("decode-arg", f"decode.max_num_seqs {seqs} -> {seqs - 8}", _set("decode.max_num_seqs", seqs - 8)),
+        Scenario("decode-arg-back", f"decode.max_num_seqs {seqs - 8} -> {seqs}", _set("decode.max_num_seqs", seqs)),
+        Scenario("scale-up", f"decode.workers {workers} -> {workers + 1}", _set("decode.workers", workers + 1)),
+        Scenario("scale-down", f"decode.workers {workers + 1} -> {workers}", _set("decode.workers", workers)),
+        Scenario("prefill-arg", f"prefill.token_budget_per_gpu {budget} -> {budget // 2}",
+                 _set("prefill.token_budget_per_gpu", budget // 2)),
+        Scenario("frontend-arg", f"frontend.session_affinity.ttl_secs {ttl} -> {ttl + 300}",
+                 _set("frontend.session_affinity.ttl_secs", ttl + 300)),
+        Scenario("kill-decode", "kill -9 of decode-0", action="kill-decode"),
+    ]
+
+
+def primectl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as an operator would."""
+    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([PRIMECTL, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def write(doc: Doc, path: Path) -> None:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def prepare(source: Path, tmp: Path, port: int) -> Doc:
+    """The recipe as its own deployment: its own name and workdir (the namespace keeps the ports apart)."""
+    doc: Doc = yaml.safe_load(source.read_text())
+    doc["name"] = doc["namespace"] = "live-change"
+    doc["hosts"][0]["workdir"] = str(tmp / "wd")
+    doc["frontend"]["port"] = port
+    python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
+    if python:
+        doc.setdefault("software", {})["python"] = python
+    return doc
+
+
+def kill_decode(workdir: Path) -> None:
+    """kill -9 of decode-0's process, found by its pidfile."""
+    pid = int(Path(Layout(str(workdir)).pidfile("decode-0")).read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+
+
+def run_one(s: Scenario, doc: Doc, recipe: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    if s.edit is not None:
+        s.edit(doc)
+    write(doc, recipe)
+    endpoint = f"http://127.0.0.1:{doc['frontend']['port']}"
+    load = LiveLoad(endpoint, doc["model"]["served_name"], clients=args.clients, deadline_s=args.before + 600 + args.after)
+    with load:
+        time.sleep(args.before)
+        t0 = time.monotonic()
+        if s.action == "kill-decode":
+            kill_decode(workdir)
+            code, tail = 0, ""
+        else:
+            r = primectl("up", str(recipe))
+            code, tail = r.returncode, (r.stdout + r.stderr)[-1500:]
+        took = time.monotonic() - t0
+        time.sleep(args.after)
+    report = load.report
+    if s.action == "kill-decode":
+        primectl("up", str(recipe))  # put decode-0 back for the next scenario (not counted)
+    row = {"scenario": s.name, "change": s.what, "lost": len(report.lost), "served": report.served,
+           "change_s": round(took, 1), "up_exit": code, "seen": report.seen()}
+    if code != 0:
+        row["up_output"] = tail
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "demo.yaml")
+    ap.add_argument("--clients", type=int, default=6)
+    ap.add_argument("--before", type=float, default=5.0)
+    ap.add_argument("--after", type=float, default=6.0)
+    ap.add_argument("--port", type=int, default=8000, help="the endpoint's port")
+    ap.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--keep", action="store_true", help="leave the deployment up at the end")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = ap.parse_args()
+    problem = netns_problem(RUN_HINT)
+    if problem:
+        sys.exit(problem)
+    tmp = Path(tempfile.mkdtemp(prefix="primectl-live-change-"))
+    doc = prepare(args.recipe, tmp, args.port)
+    recipe = tmp / "live-change.yaml"
+    write(doc, recipe)
+    chosen = [s for s in scenarios(copy.deepcopy(doc)) if not args.scenarios or s.name in args.scenarios.split(",")]
+    rows: list[dict[str, Any]] = []
+    try:
+        r = primectl("up", str(recipe), "--no-smoke")
+        if r.returncode != 0:
+            sys.exit(f"up failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        for s in chosen:
+            row = run_one(s, doc, recipe, tmp / "wd", args)
+            rows.append(row)
+            print(f"{row['scenario']:16} {row['change']:48} lost {row['lost']:3}  served {row['served']:4}  "
+                  f"change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}", flush=True)
+            if row["up_exit"] != 0:
+                print(row["up_output"], file=sys.stderr)
+    finally:
+        if not args.keep:
+            primectl("down", str(recipe), "--break-lock")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    lost = sum(r["lost"] for r in rows)
+    print(f"total lost: {lost} over {len(rows)} scenario(s) (target: 0)")
+    return 0 if lost == 0 and all(r["up_exit"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
