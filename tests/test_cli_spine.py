@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,7 +21,8 @@ PRIMECTL = Path(sys.executable).with_name("primectl")
 def test_shipped_recipes_validate(cli: Callable[..., Any], recipe: str) -> None:
     result = cli("validate", f"recipes/{recipe}")
     assert result.exit_code == 0, result.stderr
-    assert "valid" in result.stdout
+    assert re.fullmatch(rf"recipes/{re.escape(recipe)}: valid \(\d+ services on \d+ hosts\)\n", result.stdout), \
+        result.stdout
 
 
 def test_refused_recipe_from_a_real_shell_exits_2_pointing_at_the_line() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -394,7 +395,9 @@ def test_the_culprit_is_the_service_named_whole_not_one_whose_name_is_a_prefix(e
 
 def test_cli_needs_a_recipe_or_url(cli):
     res = cli("smoke")
-    assert res.exit_code == 2
+    assert res.exit_code == 2 and "give a RECIPE or --url (with --model)" in res.stderr, res.stderr
+    res = cli("smoke", "--url", "http://127.0.0.1:9")
+    assert res.exit_code == 2 and "--model is required with --url and no recipe" in res.stderr, res.stderr
 
 
 def test_cli_unreachable_endpoint_fails_with_junit(cli, tmp_path):
@@ -410,7 +413,12 @@ def test_cli_unreachable_endpoint_fails_with_junit(cli, tmp_path):
 def test_cli_recipe_unreachable_table(cli):
     res = cli("smoke", "recipes/demo.yaml", "--url", "http://127.0.0.1:9")
     assert res.exit_code == 1
-    assert "FAILED" in res.stdout and "ready" in res.stdout
+    lines = res.stdout.splitlines()
+    assert re.match(r"smoke http://127\.0\.0\.1:9 model demo: FAILED \(\d+ pass, [1-9]\d* fail, \d+ warn, \d+ n/a\)$", lines[0])
+    rows = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)[1:] for line in lines[2:]}
+    gate = rows["ready: GET /v1/models/demo/ready == 200"]
+    assert gate[0] == "fail" and "Connection" in gate[-1], gate
+    assert rows["chat: non-streaming"][0] == "n/a" and rows["chat: non-streaming"][-1] == "not run: readiness gate failed"
 
 
 @pytest.mark.parametrize("name", ["auto", "none"])

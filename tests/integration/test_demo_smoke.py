@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -184,6 +185,21 @@ def _failures(doc: dict[str, Any]) -> str:
     return "\n".join(f"{c['check']}: {c['evidence']}" for c in doc["checks"] if c["result"] == "fail")
 
 
+WORKERS_CHECK = "workers: every prefill and decode worker answers on its metrics port"
+UNREACHABLE = re.compile(r"\b(prefill|decode) worker (\S+) metrics \S+ unreachable")
+
+
+def _check(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in doc["checks"] if c["check"] == name)
+
+
+def _unreachable(text: str) -> list[tuple[str, str]]:
+    """(role, service) of each worker the smoke test says it could not reach.
+
+    Not a role named anywhere in the failures: the workers check's own name holds both roles."""
+    return UNREACHABLE.findall(text)
+
+
 def test_smoke_passes_on_the_healthy_demo(demo: Demo, tmp_path: Path) -> None:
     r, doc, junit = demo.smoke(tmp_path)
     assert r.returncode == 0, f"smoke failed on the healthy demo:\n{_failures(doc)}\n{r.stderr}"
@@ -208,8 +224,9 @@ def test_smoke_fails_when_the_prefill_worker_dies(demo: Demo, tmp_path: Path) ->
     demo.kill("prefill-0")
     r, doc, junit = demo.smoke(tmp_path)
     assert r.returncode == 1, doc
-    failed = _failures(doc)
-    assert "prefill" in failed, failed
+    workers = _check(doc, WORKERS_CHECK)
+    assert workers["result"] == "fail", _failures(doc)
+    assert _unreachable(workers["evidence"]) == [("prefill", "prefill-0")], workers["evidence"]
     # once discovery drops the worker, the gate itself names it
     deadline = time.monotonic() + 30
     while _gate(demo.url) == 200 and time.monotonic() < deadline:
@@ -220,7 +237,9 @@ def test_smoke_fails_when_the_prefill_worker_dies(demo: Demo, tmp_path: Path) ->
     assert gate["result"] == "fail" and "503" in gate["evidence"] and "MISSING worker types: prefill" in gate["evidence"]
     assert "<failure" in junit
     table = _cmd("smoke", demo.recipe)
-    assert table.returncode == 1 and "FAILED" in table.stdout and "prefill" in table.stdout
+    assert table.returncode == 1 and "FAILED" in table.stdout
+    row = next(line for line in table.stdout.splitlines() if line.startswith(WORKERS_CHECK))
+    assert " fail " in row and _unreachable(row) == [("prefill", "prefill-0")], row
 
 
 def test_smoke_fails_when_both_decode_workers_die(demo: Demo, tmp_path: Path) -> None:
@@ -228,13 +247,14 @@ def test_smoke_fails_when_both_decode_workers_die(demo: Demo, tmp_path: Path) ->
     demo.kill("decode-0", "decode-1")
     r, doc, _ = demo.smoke(tmp_path)
     assert r.returncode == 1, doc
-    failed = _failures(doc)
-    assert "decode" in failed, failed
+    both = [("decode", "decode-0"), ("decode", "decode-1")]
+    workers = _check(doc, WORKERS_CHECK)
+    assert workers["result"] == "fail" and _unreachable(workers["evidence"]) == both, _failures(doc)
     deadline = time.monotonic() + 30
     while _gate(demo.url) == 200 and time.monotonic() < deadline:
         time.sleep(0.5)
     r, doc, _ = demo.smoke(tmp_path)
     assert r.returncode == 1
-    failed = _failures(doc)
-    assert "decode" in failed, failed
+    workers = _check(doc, WORKERS_CHECK)
+    assert workers["result"] == "fail" and _unreachable(workers["evidence"]) == both, _failures(doc)
     demo.restore()  # leave it healthy for whatever runs next
