@@ -11,8 +11,8 @@ Three variants share one launch structure:
 Grid of the main kernel: ``(T, num_splits, cdiv(H, BLOCK_H))``.  Each program
 takes one query token, a block of heads and a contiguous slice of that token's
 top-k slots, walks it in tiles of ``BLOCK_N`` rows (online softmax, FP16 dot
-operands, FP32 accumulation) and writes an un-normalised-free partial output
-plus its log2-sum-exp.  Slots with index ``-1`` (or out of range) are masked:
+operands, FP32 accumulation) and writes its partial output, normalised by its
+own softmax sum, plus its log2-sum-exp.  Slots with index ``-1`` (or out of range) are masked:
 their rows are never loaded.  With compaction (the default), a token's valid
 slots are ranked first and only those are split over the programs, so no tile is
 spent on empty slots.  A second small kernel merges the splits.

@@ -113,7 +113,8 @@ def _capture_parser(build: Any) -> argparse.ArgumentParser:
 
 
 def _force_cpu_platform() -> None:
-    # launch-reference.md: the vLLM parser builds without a GPU once the platform is CPU.
+    # The vLLM parser builds without a GPU once the platform is CPU, as
+    # ../shared/docs/launch-reference.md (outside this repository) notes.
     import vllm.platforms
     import vllm.platforms.cpu
 

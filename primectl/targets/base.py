@@ -4,9 +4,9 @@ Engines say what runs; targets say where and how it starts. A target binds
 the plan's logical slots to machines (`bind`), renders what it ships
 (`render`), opens a rollout that the one `up` pipeline (deploy/pipeline.py)
 drives step by step (`apply`), and reads and stops what runs (`status`,
-`logs`, `down`). Today's SSH/local push is the first implementation
-(targets/ssh.py); adding a target is one module plus a line in
-primectl/registry.py.
+`logs`, `down`). The implementations are SSH/local push (targets/ssh.py),
+Slurm (targets/slurm.py) and Kubernetes (targets/kubernetes.py); adding a
+target is one module plus a line in primectl/registry.py.
 """
 
 from __future__ import annotations
