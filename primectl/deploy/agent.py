@@ -6,7 +6,10 @@ so nothing has to be installed on a host first. Over SSH it runs as
 `python3 -I -S -c <source> serve`, one session per connection: a JSON request
 line in, a JSON result line out, one round trip per operation. Locally it runs
 as `... <op> <json-args>` and prints one JSON result. In tests the fake
-transport calls `dispatch` in-process.
+transport calls `dispatch` in-process. A request whose args hold `progress_s`
+also gets `{"progress": [...]}` lines before its result while it waits (`wait`,
+`start_wait`): each awaited service's phase, elapsed time, budget, what its
+probe saw and its log's last line, at least every `progress_s` seconds.
 """
 
 from __future__ import annotations  # agent-source: drop
@@ -29,20 +32,24 @@ from primectl.deploy.protocol import (  # agent-source: drop
     KEEP_RELEASES,
     SUPERVISORS,
     InspectResult,
+    InstallProgress,
     Layout,
     Liveness,
     LockResult,
     ProbeResult,
     ProbeRetry,
     ProbeSpec,
+    Progress,
     ReadResult,
     Result,
+    ServiceProgress,
     ServiceRef,
     SpawnResult,
     StartResult,
     StopResult,
     Supervisor,
     TailResult,
+    WaitSpec,
     kill_session,
     read_json,
     run_probe,
@@ -55,11 +62,18 @@ class Host:
     """One operation's view of the host: its layout, supervisor and prober (tests swap the last two)."""
 
     def __init__(self, args: dict[str, Any], supervisor: Supervisor | None = None,
-                 prober: Callable[[str, ProbeSpec, str], tuple[bool, str]] | None = None):
+                 prober: Callable[[str, ProbeSpec, str], tuple[bool, str]] | None = None,
+                 emit: Callable[[Progress], None] | None = None):
         self.args = args
         self.layout = Layout(args["workdir"])
         self.supervisor = supervisor or SUPERVISORS[args.get("supervisor", "process")](self.layout)
         self._prober = prober
+        self._emit = emit
+
+    def emit(self, progress: Progress) -> None:
+        """Send a progress line ahead of the result, if the caller asked for them."""
+        if self._emit is not None and self.args.get("progress_s") is not None:
+            self._emit(progress)
 
     def liveness(self, name: str, unit: str) -> Liveness:
         return self.supervisor.liveness(name, unit)
@@ -209,6 +223,7 @@ def op_start(h: Host) -> StartResult:
 
 def op_start_wait(h: Host) -> StartResult:
     """Start services, then wait for their probes, in one round trip."""
+    WaitReport(h, h.args["waits"], time.time()).tick(force=True)  # "starting", before the first probe
     started = op_start(h)
     return op_wait(h) if started.get("ok") else started
 
@@ -224,17 +239,78 @@ def probe_once(p: ProbeSpec, workdir: str = "") -> tuple[bool, str]:
     return run_probe(p, os.path.realpath(os.path.join(workdir, "current")))
 
 
+def last_log_line(path: str) -> str:
+    """The last line a service wrote to its log since its last start ('' when none): what it is busy with."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    # progress bars redraw with \r: the text after the last one is what the terminal would show
+    lines = [line.strip() for line in readable(text.replace("\r", "\n")).splitlines()]
+    for line in reversed(lines):
+        if line.startswith("--- primectl: starting"):
+            return ""
+        if line:
+            return line[:200]
+    return ""
+
+
+class WaitReport:
+    """The progress lines of one wait: every awaited service's phase, at most every `progress_s` and at changes."""
+
+    def __init__(self, h: Host, waits: list[WaitSpec], started: float):
+        self.h = h
+        self.every = h.args.get("progress_s")
+        self.started = started
+        self.rows: dict[str, ServiceProgress] = {
+            w["name"]: {"name": w["name"], "phase": "starting", "elapsed": 0.0,
+                        "budget": float(w["probe"].get("timeout_s", 60)), "probe": "", "log": ""} for w in waits}
+        self.last = 0.0
+        self.changed = False
+
+    def set(self, name: str, phase: str, probe: str | None = None) -> None:
+        """Record what a service's probe saw (and its phase); ready/exited/timeout fix its elapsed time."""
+        row = self.rows[name]
+        self.changed |= row["phase"] != phase
+        row["phase"] = phase
+        if probe is not None:
+            row["probe"] = probe
+        if phase in ("ready", "exited", "timeout"):
+            row["elapsed"] = round(time.time() - self.started, 1)
+
+    def tick(self, *, force: bool = False) -> None:
+        """Emit a progress line when one is due (or `force`)."""
+        if self.every is None:
+            return
+        now = time.time()
+        if not (force or self.changed or now - self.last >= float(self.every)):
+            return
+        for name, row in self.rows.items():
+            if row["phase"] in ("starting", "waiting"):
+                row["elapsed"] = round(now - self.started, 1)
+            if row["phase"] != "ready" and name != "gate":
+                row["log"] = last_log_line(self.h.layout.log(name))
+        self.h.emit({"progress": [ServiceProgress(**r) for r in self.rows.values()]})
+        self.last, self.changed = now, False
+
+
 def op_wait(h: Host) -> StartResult:
     """Wait until every probe passes; fail fast if a watched service exits."""
     pending = {w["name"]: w for w in h.args["waits"]}
     retry = ProbeRetry({n: w["probe"] for n, w in pending.items()})
     started = time.time()
+    report = WaitReport(h, h.args["waits"], started)
     detail: dict[str, str] = {}
     ready: list[str] = []
     while pending:
         now = time.time()
         for name, w in list(pending.items()):
             if w.get("unit") and not h.liveness(name, w["unit"]).get("alive"):
+                report.set(name, "exited")
+                report.tick(force=True)
                 return {"ok": False, "code": CODE_EXITED, "service": name, "ready": ready,
                         "error": f"{name} exited before it became ready"}
             if not retry.due(name, now):
@@ -243,12 +319,17 @@ def op_wait(h: Host) -> StartResult:
             if ok:
                 ready.append(name)
                 del pending[name]
+                report.set(name, "ready", detail[name])
                 continue
             timeout = float(w["probe"].get("timeout_s", 60))
             if now - started > timeout:
+                report.set(name, "timeout", detail[name])
+                report.tick(force=True)
                 return {"ok": False, "code": CODE_TIMEOUT, "service": name, "ready": ready,
                         "error": f"{name} not ready after {timeout:g}s ({detail[name]})"}
+            report.set(name, "waiting", detail[name])
             retry.missed(name, now)
+        report.tick()
         if pending:
             time.sleep(0.05)
     return {"ok": True, "ready": ready, "seconds": round(time.time() - started, 3)}
@@ -367,39 +448,77 @@ def op_read(h: Host) -> ReadResult:
     return {"ok": True, "text": text}
 
 
+def op_install_progress(h: Host) -> InstallProgress:
+    """How far a runtime install is: distributions and MB in its venv, and what pip's log says it collected."""
+    venv, installed, size = h.args["venv"], 0, 0
+    for root, dirs, names in os.walk(venv):
+        for d in dirs:
+            if d.endswith(".dist-info") and root.endswith("site-packages") and \
+                    not d.startswith(("pip-", "setuptools-", "wheel-")):
+                installed += 1
+        for n in names:
+            try:
+                size += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                pass
+    collected, downloaded, last = 0, 0.0, ""
+    try:
+        with open(h.args["log"], encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("Collecting ") or line.startswith("Processing "):
+                    collected += 1
+                m = DOWNLOADED.search(line)
+                if m:
+                    downloaded += float(m.group(1)) * {"kB": 1e-3, "MB": 1.0, "GB": 1e3}[m.group(2)]
+                last = line or last
+    except OSError:
+        pass
+    return {"ok": True, "installed": installed, "venv_mb": round(size / 1e6, 1), "collected": collected,
+            "downloaded_mb": round(downloaded, 1), "last": readable(last)[:200]}
+
+
+DOWNLOADED = re.compile(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)")
+
 OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}
 
 
 def dispatch(op: str, args: dict[str, Any], supervisor: Supervisor | None = None,
-             prober: Callable[[str, ProbeSpec, str], tuple[bool, str]] | None = None) -> dict[str, Any]:
-    """Run one operation; every failure becomes an error result, never a traceback."""
+             prober: Callable[[str, ProbeSpec, str], tuple[bool, str]] | None = None,
+             emit: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Run one operation; every failure becomes an error result, never a traceback. `emit` gets its progress lines."""
     try:
         fn = OPS[op]
     except KeyError:
         return {"ok": False, "code": 1, "error": f"unknown agent operation {op!r}"}
     try:
-        result: dict[str, Any] = dict(fn(Host(args, supervisor, prober)))
+        result: dict[str, Any] = dict(fn(Host(args, supervisor, prober, emit)))
     except Exception as exc:
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     result.setdefault("code", 0 if result.get("ok") else 1)
     return result
 
 
+def write_line(obj: Any) -> None:
+    """One JSON line on stdout, sent at once (progress lines must not wait in a buffer)."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
 def serve() -> int:
-    """Session mode: one `{"op": ..., "args": ...}` JSON line in, one result line out, until EOF."""
+    """Session mode: one `{"op": ..., "args": ...}` JSON line in, progress lines and one result line out, until EOF."""
     for line in sys.stdin:
         if line.strip():
             request = json.loads(line)
-            sys.stdout.write(json.dumps(dispatch(request["op"], request["args"])) + "\n")
-            sys.stdout.flush()
+            write_line(dispatch(request["op"], request["args"], emit=write_line))
     return 0
 
 
 def main(argv: list[str]) -> int:
-    """Dispatch `<op> <json>` and print one JSON result, or `serve` a session."""
+    """Dispatch `<op> <json>` and print its progress lines and one JSON result, or `serve` a session."""
     if argv[1] == "serve":
         return serve()
-    result = dispatch(argv[1], json.loads(argv[2]))
+    result = dispatch(argv[1], json.loads(argv[2]), emit=write_line)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0 if result.get("ok") else int(result.get("code", 1))

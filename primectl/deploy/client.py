@@ -14,12 +14,13 @@ from primectl.deploy.protocol import (
     CODE_FAILED,
     HostState,
     InspectResult,
+    InstallProgress,
     LockResult,
     ServiceRef,
     StartResult,
     WaitSpec,
 )
-from primectl.deploy.transport import Transport
+from primectl.deploy.transport import OnProgress, Transport
 from primectl.errors import DeployError
 
 
@@ -42,9 +43,14 @@ class HostClient:
         self.base = {"workdir": workdir, "supervisor": supervisor}
 
     def call(self, op: str, args: dict[str, Any] | None = None, *, timeout: float | None = None,
-             check: bool = True) -> dict[str, Any]:
-        """Run one operation; HostError when it failed (unless `check` is off)."""
-        result = self.transport.agent(op, self.base | (args or {}), timeout)
+             check: bool = True, progress: OnProgress | None = None, every: float = 1.0) -> dict[str, Any]:
+        """Run one operation; HostError when it failed (unless `check` is off). `progress` gets its progress
+        lines (the agent sends one at least every `every` seconds while it waits)."""
+        args = self.base | (args or {})
+        if progress is None:
+            result = self.transport.agent(op, args, timeout)
+        else:
+            result = self.transport.agent(op, args | {"progress_s": every}, timeout, progress)
         if check and not result.get("ok"):
             raise HostError(self.name, op, str(result.get("error") or f"{op} failed"),
                             code=int(result.get("code", CODE_FAILED)), service=result.get("service"))
@@ -80,13 +86,21 @@ class HostClient:
         """Point `current` at a release already on the host."""
         self.call("switch", {"revision": revision})
 
-    def start_wait(self, services: list[ServiceRef], waits: list[WaitSpec], timeout: float | None = None) -> StartResult:
-        """Start services and wait for their probes; HostError naming the service that failed."""
-        return cast(StartResult, self.call("start_wait", {"services": services, "waits": waits}, timeout=timeout))
+    def start_wait(self, services: list[ServiceRef], waits: list[WaitSpec], timeout: float | None = None,
+                   progress: OnProgress | None = None) -> StartResult:
+        """Start services and wait for their probes; HostError naming the service that failed.
+        `progress` gets each service's phase while it waits (deploy/progress.py shows them)."""
+        return cast(StartResult, self.call("start_wait", {"services": services, "waits": waits}, timeout=timeout,
+                                           progress=progress))
 
-    def wait(self, waits: list[WaitSpec], timeout: float | None = None) -> StartResult:
+    def wait(self, waits: list[WaitSpec], timeout: float | None = None,
+             progress: OnProgress | None = None) -> StartResult:
         """Wait for probes."""
-        return cast(StartResult, self.call("wait", {"waits": waits}, timeout=timeout))
+        return cast(StartResult, self.call("wait", {"waits": waits}, timeout=timeout, progress=progress))
+
+    def install_progress(self, venv: str, log: str) -> InstallProgress:
+        """How far a runtime install into `venv` is (pip writing to `log`)."""
+        return cast(InstallProgress, self.call("install_progress", {"venv": venv, "log": log}, timeout=60))
 
     def stop(self, services: list[ServiceRef], *, remove_units: bool = False) -> list[str]:
         """Stop services; the names that were running."""

@@ -13,6 +13,7 @@ hosts get tests that run in milliseconds, beside the real-sshd tests.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import threading
@@ -20,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from primectl.deploy import agent
-from primectl.deploy.protocol import Layout, Liveness, ProbeSpec, ServiceRef, Supervisor
-from primectl.deploy.transport import HostUnreachable
+from primectl.deploy.protocol import Layout, Liveness, ProbeSpec, Progress, ServiceRef, Supervisor, mark_start
+from primectl.deploy.transport import HostUnreachable, OnProgress, progress_line
 from primectl.plan.model import HostPlan
 
 Fault = Literal["exit-at-start", "never-ready", "interrupt-at-start", "unhealthy-after-start"]
@@ -35,6 +36,9 @@ class FakeWorld:
     unreachable: set[str] = field(default_factory=set)  # hosts that refuse connections
     drop_after: dict[str, int] = field(default_factory=dict)  # host -> agent calls it answers, then drops
     gate_ready: bool = True
+    # service -> probes it fails ("connection refused") before it passes, logging "Loading weights... k/n" at each
+    ready_after: dict[str, int] = field(default_factory=dict)
+    probes: dict[str, int] = field(default_factory=dict)  # service -> probes so far
     taken: dict[str, set[int]] = field(default_factory=dict)  # host -> ports something else listens on
     running: dict[tuple[str, str], int] = field(default_factory=dict)  # (host, service) -> fake pid
     starts: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) start, in order
@@ -89,6 +93,7 @@ class FakeSupervisor(Supervisor):
             return None, None  # "started", then gone before it became ready
         pid = next(self.world._pids)
         self.world.running[(self.host, name)] = pid
+        mark_start(self.layout, name)
         return pid, None
 
     def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
@@ -111,11 +116,17 @@ class FakeTransport:
         fault = self.world.faults.get(name)
         if fault == "never-ready" or not self.world.is_running(self.host.name, name):
             return False, "fake HTTP 503"
+        n = self.world.probes[name] = self.world.probes.get(name, 0) + 1
+        if n <= self.world.ready_after.get(name, 0):
+            with open(Layout(workdir).log(name), "a") as log:
+                log.write(f"Loading weights... {n}/{self.world.ready_after[name]}\n")
+            return False, "fake connection refused"
         if fault == "unhealthy-after-start":
             return False, "fake HTTP 500"
         return True, "fake HTTP 200"
 
-    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None,
+              on_progress: OnProgress | None = None) -> dict[str, Any]:
         """Run one agent operation in-process (HostUnreachable once the host has dropped)."""
         with self.world._lock:
             self.world.calls.append((self.host.name, op))
@@ -130,7 +141,11 @@ class FakeTransport:
             result = agent.dispatch(op, args | {"ports": []}, supervisor=supervisor, prober=self._probe)
             result["taken"] = sorted(ports & self.world.taken.get(self.host.name, set()))
             return result
-        return agent.dispatch(op, args, supervisor=supervisor, prober=self._probe)
+        def emit(progress: Progress) -> None:  # as the transports hand progress lines on (JSON-decoded)
+            progress_line(json.loads(json.dumps(progress)), on_progress)
+
+        return agent.dispatch(op, args, supervisor=supervisor, prober=self._probe,
+                              emit=emit if on_progress is not None else None)
 
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         """Run a shell command on this machine (the fake host's files are local)."""

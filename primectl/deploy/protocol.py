@@ -234,6 +234,35 @@ class ReadResult(Result, total=False):
     text: str
 
 
+class ServiceProgress(TypedDict, total=False):
+    """How one awaited service stands (in a progress line of `wait`/`start_wait`)."""
+
+    name: str
+    phase: str  # "starting", "waiting" (its probe did not pass yet), "ready", "exited", "timeout"
+    elapsed: float  # seconds since the wait began
+    budget: float  # its probe's timeout_s
+    probe: str  # what its probe saw last ("" before the first try)
+    log: str  # the last line of its log file ("" when it has none)
+
+
+class Progress(TypedDict):
+    """A line an operation writes before its result when the request asks for it (`progress_s` in args).
+
+    Results always have `ok`; progress lines never do, so a reader tells them apart by the `progress` key."""
+
+    progress: list[ServiceProgress]
+
+
+class InstallProgress(Result, total=False):
+    """`install_progress`: how far a runtime install is, read from its venv and pip's log."""
+
+    installed: int  # distributions in the venv's site-packages (*.dist-info)
+    venv_mb: float  # size of the venv
+    collected: int  # packages pip has collected (downloaded or found in the wheelhouse)
+    downloaded_mb: float  # sizes pip printed for its downloads
+    last: str  # the log's last line
+
+
 # -- processes ------------------------------------------------------------------------------------------
 
 

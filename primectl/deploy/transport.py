@@ -1,7 +1,9 @@
 """One interface to reach a host: Fabric over SSH, or Invoke locally.
 
 Deploy code calls `agent(op, args)` and `put(data, path)` and never asks which
-transport it has (pyinfra's connectors, Fabric/Invoke's shared surface).
+transport it has (pyinfra's connectors, Fabric/Invoke's shared surface). An
+`on_progress` callback gets the progress lines the agent writes before its
+result (`{"progress": ...}`, never `ok`), as they come.
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ import io
 import json
 import os
 import posixpath
+import selectors
 import shlex
+import subprocess
+import tempfile
 import threading
+import time
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol
 
+from primectl.deploy.protocol import Progress
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan
 
@@ -63,13 +71,29 @@ class Transport(Protocol):
         """Write bytes to a file on the host (parent directory is created)."""
         ...
 
-    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
-        """Run one host-agent operation; its JSON result."""
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None,
+              on_progress: OnProgress | None = None) -> dict[str, Any]:
+        """Run one host-agent operation; its JSON result (`on_progress` gets its progress lines)."""
         ...
 
     def close(self) -> None:
         """Release the connection."""
         ...
+
+
+OnProgress = Callable[[Progress], None]
+
+
+def progress_line(obj: dict[str, Any], on_progress: OnProgress | None) -> bool:
+    """Whether an agent output line is a progress line (handed to `on_progress`, whose failures are ignored)."""
+    if "progress" not in obj or "ok" in obj:
+        return False
+    if on_progress is not None:
+        try:
+            on_progress(obj)  # type: ignore[arg-type]
+        except Exception:  # showing progress must never fail the operation
+            pass
+    return True
 
 
 def agent_command(*words: str) -> str:
@@ -85,9 +109,51 @@ def agent_once(t: Transport, op: str, args: dict[str, Any], timeout: float | Non
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
             result: dict[str, Any] = json.loads(line)
+            if progress_line(result, None):
+                continue
             result.setdefault("code", code)
             return result
     return {"ok": False, "code": code, "error": (err or out).strip()[-2000:] or f"agent exited {code}"}
+
+
+def agent_streaming(op: str, args: dict[str, Any], timeout: float | None, on_progress: OnProgress) -> dict[str, Any]:
+    """Start the agent here for one operation and read its output as it comes: progress lines, then the result."""
+    argv = ["python3", "-I", "-S", "-c", agent_source(), op, json.dumps(args)]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    result: dict[str, Any] | None = None
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        assert proc.stdout is not None
+        fd, buf = proc.stdout.fileno(), b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            try:
+                while True:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
+                    if not sel.select(left):
+                        continue
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    *lines, buf = (buf + chunk).split(b"\n")
+                    for line in lines:
+                        if line.startswith(b"{"):
+                            obj = json.loads(line)
+                            if not progress_line(obj, on_progress):
+                                result = obj
+            finally:
+                if proc.poll() is None and result is None:
+                    proc.kill()
+                proc.wait()
+                proc.stdout.close()
+        if result is not None:
+            result.setdefault("code", proc.returncode)
+            return result
+        err.seek(0)
+        text = err.read().decode(errors="replace").strip()
+    return {"ok": False, "code": proc.returncode, "error": text[-2000:] or f"agent exited {proc.returncode}"}
 
 
 class LocalTransport:
@@ -112,7 +178,10 @@ class LocalTransport:
         os.chmod(tmp, mode)
         os.replace(tmp, path)
 
-    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None,
+              on_progress: OnProgress | None = None) -> dict[str, Any]:
+        if on_progress is not None:
+            return agent_streaming(op, args, timeout, on_progress)
         return agent_once(self, op, args, timeout)
 
     def close(self) -> None:
@@ -177,7 +246,8 @@ class SSHTransport:
         except (OSError, EOFError) as exc:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: {exc}") from None
 
-    def agent(self, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None,
+              on_progress: OnProgress | None = None) -> dict[str, Any]:
         """One agent call over a long-lived `serve` channel: the agent starts once per connection."""
         with self._agent_lock:
             try:
@@ -187,6 +257,7 @@ class SSHTransport:
                     chan.exec_command(agent_command("serve"))
                     self._agent = (chan, chan.makefile_stdin("wb"), chan.makefile("rb"))
                 chan, stdin, stdout = self._agent
+                deadline = None if timeout is None else time.monotonic() + timeout
                 chan.settimeout(timeout)
                 stdin.write((json.dumps({"op": op, "args": args}) + "\n").encode())
                 stdin.flush()
@@ -196,7 +267,10 @@ class SSHTransport:
                         raise EOFError("agent session closed")
                     if line.startswith(b"{"):
                         result: dict[str, Any] = json.loads(line)
-                        return result
+                        if not progress_line(result, on_progress):
+                            return result
+                        if deadline is not None:  # progress lines do not extend the operation's time limit
+                            chan.settimeout(max(0.01, deadline - time.monotonic()))
             except TimeoutError:
                 self._close_agent()
                 return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
