@@ -30,6 +30,7 @@ from primectl.deploy.cluster import (
     unlock,
 )
 from primectl.deploy.fanout import parallel
+from primectl.deploy.progress import WaitProgress
 from primectl.deploy.protocol import STATE_SCHEMA, HostState, Layout, ServiceRecord, ServiceRef, WaitSpec, unit_name
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, Service
@@ -251,9 +252,11 @@ class SSHRollout:
             waits: list[WaitSpec] = [{"name": n, "unit": unit_name(plan.name, n),
                                       "probe": plan.service(n).ready.model_dump(mode="json")} for n in names]  # type: ignore[typeddict-item]
             timeout = max(plan.service(n).ready.timeout_s for n in names) + 60
-            return c.client(h).start_wait(_refs(plan, names), waits, timeout=timeout)
+            return c.client(h).start_wait(_refs(plan, names), waits, timeout=timeout, progress=progress.update)
 
-        for h, r in parallel(one, by_host).items():
+        with WaitProgress(wave) as progress:  # each service's phase on stderr while the wave comes up
+            results = parallel(one, by_host)
+        for h, r in results.items():
             if isinstance(r, HostError) and r.service:
                 tail = self._tail(h, r.service)
                 raise StartFailed(f"{r.service} on {h}: {str(r).removeprefix(f'{h}: ')}", service=r.service,
@@ -272,8 +275,9 @@ class SSHRollout:
         """The deployment-level readiness gate, probed from the head host."""
         plan = self.plan
         try:
-            self.cluster.client(plan.head).wait([{"name": "gate", "probe": plan.gate.model_dump(mode="json")}],  # type: ignore[typeddict-item]
-                                                timeout=plan.gate.timeout_s + 30)
+            with WaitProgress(["gate"]) as progress:
+                self.cluster.client(plan.head).wait([{"name": "gate", "probe": plan.gate.model_dump(mode="json")}],  # type: ignore[typeddict-item]
+                                                    timeout=plan.gate.timeout_s + 30, progress=progress.update)
         except HostError as exc:
             raise StartFailed(f"readiness gate {plan.gate.url}: {str(exc).removeprefix(f'{plan.head}: ')}",
                               service="frontend", log_tail=self._tail(plan.head, "frontend")) from None
