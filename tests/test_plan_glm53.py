@@ -17,7 +17,6 @@ import pytest
 from primectl.plan.build import build_plan, check_ports
 from primectl.plan.model import Plan
 from primectl.recipe.load import load_recipe
-from primectl.recipe.model import Recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -180,24 +179,11 @@ def test_start_waves_go_control_plane_cache_workers_frontend(glm53: Plan) -> Non
 
 # --- DEP vs TEP --------------------------------------------------------------------------------
 
-def _with_prefill(recipe: Recipe, parallel: str) -> Recipe:
-    """The same rack memory with the prefill groups in `parallel`; 8-GPU hosts so TEP8 can be placed."""
-    hosts = [h.model_copy(update={"gpus": 8 if h.gpus != 0 else 0}) for h in recipe.host_list()]
-    return recipe.model_copy(update={
-        "prefill": recipe.prefill.model_copy(update={"parallel": parallel}),
-        "hardware": recipe.hardware.model_copy(update={"gpus_per_host": 8}),
-        "hosts": hosts,
-    })
-
-
 def test_dep8_prefill_caches_several_times_the_prefix_tokens_of_tep8() -> None:
-    recipe = load_recipe(RECIPES / "glm53.yaml").recipe
-    dep = build_plan(_with_prefill(recipe, "DEP8")).capacity.prefill
-    tep = build_plan(_with_prefill(recipe, "TEP8")).capacity.prefill
-    on_trays = build_plan(recipe).capacity.prefill
-    assert dep and tep and on_trays
-    # Host shape does not change memory per GPU: the 8-GPU DEP8 figure is the tray figure.
-    assert dep.kv_tokens_per_instance == on_trays.kv_tokens_per_instance
+    """TEP8 now plans on the trays themselves (two trays of the NVL72 domain): recipes/glm53-tep8.yaml."""
+    dep = _plan("glm53.yaml").capacity.prefill
+    tep = _plan("glm53-tep8.yaml").capacity.prefill
+    assert dep and tep
     ratio = dep.kv_tokens_per_instance / tep.kv_tokens_per_instance
     print(f"DEP8 {dep.kv_tokens_per_instance:,} vs TEP8 {tep.kv_tokens_per_instance:,} tokens: {ratio:.2f}x")
     assert ratio > 4

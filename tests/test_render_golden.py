@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("PRIMECTL_UPDATE_GOLDEN") == "1"
 NOT_STORED = ("model/",)
-RECIPES = {"glm53": "glm53.yaml", "demo": "demo.yaml"}
+RECIPES = {"glm53": "glm53.yaml", "demo": "demo.yaml", "glm53-tp8-dcp4": "glm53-tp8-dcp4.yaml"}
 
 
 def render(recipe_file: str) -> tuple[Plan, dict[str, Bundle]]:

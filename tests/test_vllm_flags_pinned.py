@@ -20,7 +20,7 @@ from primectl.recipe.model import Software
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "primectl" / "recipe" / "data"
 VLLM_CATALOG = json.loads((DATA / f"vllm-{Software().vllm}.json").read_text())
-GPU_RECIPES = ["glm53.yaml", "glm53-fp8.yaml", "bench-4rack.yaml"]
+GPU_RECIPES = ["glm53.yaml", "glm53-fp8.yaml", "bench-4rack.yaml", "glm53-tep8.yaml", "glm53-tp8-dcp4.yaml"]
 
 
 def test_the_vllm_catalog_is_the_pinned_vllm() -> None:

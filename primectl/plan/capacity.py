@@ -100,18 +100,31 @@ class RoleMemory:
     kv_bytes_per_token: int
     kv_tokens_per_gpu: int
     kv_tokens_per_instance: int
+    kv_shards: int = 1
+
+
+def kv_shards(par: Parallel, dcp: int = 1) -> int:
+    """Ranks of one instance that hold distinct KV: each DP rank its own requests, each DCP rank every dcp-th token.
+
+    The other TP ranks of an MLA model hold copies (one latent head cannot be split by heads).
+    """
+    return par.dp * dcp
 
 
 def role_memory(
     arch: Architecture, hw: Hardware, weights: Mapping[Any, str], par: Parallel,
-    kv_dtype: str, utilisation: float, reserve_gb: float,
+    kv_dtype: str, utilisation: float, reserve_gb: float, dcp: int = 1,
 ) -> RoleMemory:
-    """KV budget per GPU = HBM x utilisation - weights share - reserve; tokens follow."""
+    """KV budget per GPU = HBM x utilisation - weights share - reserve; tokens follow.
+
+    `dcp`: decode context parallelism; vLLM stores token i's KV (MLA rows and indexer keys alike, one block
+    table of block_size x dcp virtual blocks) on DCP rank i mod dcp, so a GPU holds as many tokens as without
+    DCP but an instance holds dcp times as many distinct ones.
+    """
     usable = hw.hbm_gb * utilisation
     w = weights_gb_per_gpu(arch, weights, par)
     budget = usable - w - reserve_gb
     per_token = kv_bytes_per_token(arch, kv_dtype, par.tp)
     tokens = max(int(budget * GB // per_token), 0) if per_token else 0
-    # DP ranks each cache their own requests; TP ranks of an MLA model hold copies.
-    per_instance = tokens * par.dp
-    return RoleMemory(usable, w, reserve_gb, budget, per_token, tokens, per_instance)
+    shards = kv_shards(par, dcp)
+    return RoleMemory(usable, w, reserve_gb, budget, per_token, tokens, tokens * shards, shards)

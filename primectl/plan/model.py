@@ -87,6 +87,20 @@ class DataParallel(Frozen):
     address: str
 
 
+class TensorNodes(Frozen):
+    """This process's place in a tensor-parallel instance that spans hosts (vLLM's multi-node mp launch)."""
+
+    nnodes: int = Field(..., description="Hosts the instance spans (vLLM --nnodes).")
+    node_rank: int = Field(..., description="This host's rank (vLLM --node-rank); 0 runs the engine, the rest are headless.")
+    master_addr: str = Field(..., description="Address of node rank 0, where torch.distributed meets (--master-addr).")
+    master_port: int = Field(..., description="Port node rank 0 binds for torch.distributed (--master-port).")
+
+    @property
+    def headless(self) -> bool:
+        """A secondary node: vLLM workers only, no engine core and no Dynamo endpoints."""
+        return self.node_rank > 0
+
+
 class Slot(Frozen):
     """A logical place for one worker process, and the host it is bound to.
 
@@ -101,6 +115,7 @@ class Slot(Frozen):
     gpus: list[int] = Field(default_factory=list, description="GPU indices on the bound host.")
     cpus: list[int] = Field(default_factory=list, description="CPU cores on the bound host (hosts without GPUs).")
     data_parallel: DataParallel | None = None
+    tensor_nodes: TensorNodes | None = Field(None, description="Set when one tensor-parallel instance spans hosts.")
     group: str | None = Field(None, description="Instance this process belongs to when it spans hosts.")
     hosts_per_instance: int = Field(1, description="Hosts one instance of this slot's role spans.")
     domain: str | None = Field(None, description="NVLink domain the instance must stay inside (None: any).")
@@ -251,6 +266,8 @@ class RoleCapacity(Frozen):
     kv_bytes_per_token: int = Field(..., description="Across all layers, per GPU copy.")
     kv_tokens_per_gpu: int
     kv_tokens_per_instance: int = Field(..., description="Distinct tokens one instance can cache (MLA: TP ranks hold copies).")
+    dcp: int = Field(1, description="Decode context parallelism: TP ranks the KV cache is sharded over (1: none).")
+    kv_shards: int = Field(1, description="Ranks of one instance holding distinct KV (DP ranks x DCP ranks).")
     sessions_in_hbm: int
     host_tier_tokens_per_instance: int
     sessions_with_host_tier: int

@@ -1,8 +1,12 @@
 """Which worker runs on which host and GPUs, with which ports.
 
-Prefill groups are placed first (a DEP group larger than a host takes whole
-hosts inside one NVLink domain), then decode instances; first fit in host
-order, so the result is deterministic.
+Prefill groups are placed first, then decode instances; first fit in host
+order, so the result is deterministic. An instance larger than a host takes
+whole hosts inside one NVLink domain (hosts' `labels.nvlink_domain`): a DEP
+group as one process per host with its share of the DP ranks, a TP/TEP
+instance as one process per host with its node rank (vLLM's multi-node
+launch, node rank 0 the engine, the others headless). TP and TEP shard every
+layer over NVLink, so they never span hosts that do not share a domain.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from dataclasses import dataclass, field
 
 from primectl.errors import Finding
 from primectl.plan.capacity import Parallel, parse_parallel
-from primectl.plan.model import DataParallel, HostPlan, Slot
+from primectl.plan.model import DataParallel, HostPlan, Slot, TensorNodes
 from primectl.recipe.catalog import Hardware
 from primectl.recipe.model import Decode, Prefill, Recipe
 
@@ -84,11 +88,10 @@ def place_workers(recipe: Recipe, hw: Hardware, hosts: list[HostPlan]) -> Placem
         gpu_hosts = [c for c in candidates if c.plan.gpus > 0]
         widest = max((c.plan.gpus for c in gpu_hosts), default=0)
         if gpu_hosts and par.dp == 1 and par.size > widest:
-            # TP/TEP shards every layer over NVLink inside one process: it never spans hosts.
-            out.findings.append(Finding((role, "parallel"), (
-                f"{spec.parallel} cannot span hosts: tensor parallelism stays inside one host and the "
-                f"largest host has {widest} GPUs; use TP{widest} or less, or DEP{par.size} across whole hosts")))
-            continue
+            refusal = _tensor_span_refusal(spec.parallel, par, gpu_hosts, widest, hw)
+            if refusal:
+                out.findings.append(Finding((role, "parallel"), refusal))
+                continue
         for i in range(count):
             if not gpu_hosts:
                 _place_cpu(recipe, role, i, par, candidates, out, block)
@@ -106,15 +109,42 @@ def place_workers(recipe: Recipe, hw: Hardware, hosts: list[HostPlan]) -> Placem
     return out
 
 
+def _tensor_span_refusal(spec: str, par: Parallel, hosts: list[_HostGpus], widest: int, hw: Hardware) -> str | None:
+    """Why a TP/TEP instance wider than a host cannot be placed on these hosts (None: it can, if GPUs are free).
+
+    Tensor parallelism all-reduces every layer over NVLink: its hosts must be whole hosts of one NVLink domain.
+    """
+    span = par.size // widest
+    if par.size % widest:
+        return (f"{spec} cannot span hosts of {widest} GPUs: a tensor-parallel instance takes whole hosts; "
+                f"use a multiple of {widest}, TP{widest} or less")
+    if hw.hosts_per_nvlink_domain < span:
+        return (f"{spec} cannot span hosts: tensor parallelism needs {span} hosts of {widest} GPUs in one NVLink domain "
+                f"and a {hw.gpu} profile has NVLink inside {hw.hosts_per_nvlink_domain} host(s) only; "
+                f"use TP{widest} or less, or DEP{par.size} across whole hosts")
+    sizes: dict[str, int] = {}
+    for h in hosts:
+        if h.plan.gpus == widest:
+            sizes[h.domain] = sizes.get(h.domain, 0) + 1
+    if max(sizes.values()) < span:
+        shown = ", ".join(f"{d}: {n}" for d, n in sizes.items())
+        return (f"{spec} cannot span hosts that share no NVLink domain: tensor parallelism needs {span} hosts of "
+                f"{widest} GPUs with one `labels.nvlink_domain`, and the largest domain here has {max(sizes.values())} "
+                f"(hosts per domain: {shown}); label trays of one NVL72 rack with the same nvlink_domain, "
+                f"or use TP{widest} or less, or DEP{par.size}")
+    return None
+
+
 def _name(role: str, i: int, part: int | None) -> str:
     return f"{role}-{i}" if part is None else f"{role}-{i}-{part}"
 
 
 def _slot(role: str, i: int, part: int | None, par: Parallel, h: _HostGpus, gpus: list[int], dp: DataParallel | None,
-          ports: dict[str, int], *, span: int = 1, domain: str | None = None, cpus: list[int] | None = None) -> Slot:
+          ports: dict[str, int], *, span: int = 1, domain: str | None = None, cpus: list[int] | None = None,
+          tensor_nodes: TensorNodes | None = None) -> Slot:
     return Slot(
         name=_name(role, i, part), role=role, parallel=f"{par.kind}{par.size}", gpus=gpus, cpus=cpus or [],
-        data_parallel=dp,
+        data_parallel=dp, tensor_nodes=tensor_nodes,
         group=_name(role, i, None) if part is not None else None, hosts_per_instance=span, domain=domain,
         host=h.plan.name, ports=ports,
     )
@@ -147,8 +177,8 @@ def _place_gpu(
             out.gpus_used += par.size
             return True
     per_host = max(h.plan.gpus for h in hosts)
-    if par.size <= per_host or par.dp == 1 or par.size % per_host:
-        return False  # TP/TEP never spans hosts; DEP spans only whole hosts
+    if par.size <= per_host or par.size % per_host:
+        return False  # an instance spans only whole hosts
     span = par.size // per_host
     by_domain: dict[str, list[_HostGpus]] = {}
     for h in hosts:
@@ -159,15 +189,25 @@ def _place_gpu(
             continue
         chosen = members[:span]
         head = chosen[0]
-        dp_rpc = _ports(recipe, head.workers, block)["dp_rpc"]
+        # Every host of the instance meets at the first host's ports: DP RPC (DEP) or torch.distributed (TP/TEP).
+        if par.dp > 1:
+            shared = {"dp_rpc": _ports(recipe, head.workers, block)["dp_rpc"]}
+        else:
+            shared = {"tp_master": recipe.ports.tp_master + head.workers}
         for part, h in enumerate(chosen):
             gpus = tuple(h.free)
             h.free.clear()
             k = h.workers
             h.workers += 1
-            dp = DataParallel(size=par.dp, local=per_host, start_rank=part * per_host, address=head.plan.address)
-            ports = _ports(recipe, k, block) | {"dp_rpc": dp_rpc}
-            out.slots.append(_slot(role, i, part, par, h, list(gpus), dp, ports, span=span, domain=h.domain))
+            dp = tn = None
+            if par.dp > 1:
+                dp = DataParallel(size=par.dp, local=per_host, start_rank=part * per_host, address=head.plan.address)
+            else:
+                tn = TensorNodes(nnodes=span, node_rank=part, master_addr=head.plan.address,
+                                 master_port=shared["tp_master"])
+            ports = _ports(recipe, k, block) | shared
+            out.slots.append(_slot(role, i, part, par, h, list(gpus), dp, ports, span=span, domain=h.domain,
+                                   tensor_nodes=tn))
         out.gpus_used += par.size
         return True
     return False

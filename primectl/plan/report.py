@@ -47,7 +47,8 @@ def capacity_table(plan: Plan) -> Table:
     for name, _ in roles:
         t.add_column(name, justify="right")
     rows: list[tuple[str, Callable[[RoleCapacity], str]]] = [
-        ("instances x GPUs", lambda r: f"{r.instances} x {r.gpus_per_instance} ({r.parallel})"),
+        ("instances x GPUs",
+         lambda r: f"{r.instances} x {r.gpus_per_instance} ({r.parallel}{f' + DCP{r.dcp}' if r.dcp > 1 else ''})"),
         ("HBM per GPU", lambda r: f"{r.hbm_gb:g} GB"),
         ("usable (x utilisation)", lambda r: f"{r.usable_gb:.1f} GB"),
         ("weights per GPU", lambda r: f"{r.weights_gb:.1f} GB"),
@@ -55,6 +56,7 @@ def capacity_table(plan: Plan) -> Table:
         ("KV budget per GPU", lambda r: f"{r.kv_budget_gb:.1f} GB"),
         ("KV bytes per token", lambda r: f"{r.kv_bytes_per_token:,}"),
         ("KV tokens per GPU", lambda r: _fmt_tokens(r.kv_tokens_per_gpu)),
+        ("ranks with distinct KV", lambda r: f"{r.kv_shards} of {r.gpus_per_instance}"),
         ("KV tokens per instance", lambda r: _fmt_tokens(r.kv_tokens_per_instance)),
         ("sessions in HBM", lambda r: str(r.sessions_in_hbm)),
         ("+ host tier tokens", lambda r: _fmt_tokens(r.host_tier_tokens_per_instance)),

@@ -180,6 +180,17 @@ class Decode(Role):
 
     workers: int = Field(..., ge=1)
     token_budget_per_gpu: int | None = Field(None, gt=0)
+    dcp: int = Field(
+        1, ge=1, description="Decode context parallelism (vLLM --decode-context-parallel-size): the KV cache is sharded "
+        "over this many of the TP ranks instead of copied on each, so an instance holds ~dcp x the tokens. "
+        "A power of two that divides the TP size (TPn/TEPn); 1 = off.")
+
+    @field_validator("dcp")
+    @classmethod
+    def _dcp(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"{v} is not a power of two; allowed: 1, 2, 4, 8, ... dividing the TP size")
+        return v
 
 
 class KVCache(Strict):
@@ -245,6 +256,8 @@ class Ports(Strict):
     kv_events: Port = 20080
     nixl_side_channel: Port = 5600
     dp_rpc: Port = 29550
+    tp_master: Port = Field(29501, description="torch.distributed master port of a tensor-parallel instance that spans "
+                            "hosts (vLLM --master-port, bound on its first host).")
     bootstrap: Port = 8998
     response_stream: Port = 23000
     tcp_rpc: Port = 23100

@@ -68,10 +68,29 @@ def _topology_rules(r: Recipe) -> list[Finding]:
         if have != (want_p // gcd(want_p, want_d), want_d // gcd(want_p, want_d)):
             out.append(Finding(("ratio",), f"ratio {r.ratio} disagrees with prefill.groups={r.prefill.groups} and "
                                f"decode.workers={r.decode.workers} ({have[0]}:{have[1]})"))
+    out += _dcp_rules(r)
     hw = hardware_profile(r)
     if r.host_tier and r.host_tier.protocol == "rdma" and not hw.sm:
         out.append(Finding(("host_tier", "protocol"), "rdma needs RDMA NICs; on a cpu profile use `tcp`"))
     return out
+
+
+def _dcp_rules(r: Recipe) -> list[Finding]:
+    """DCP reuses the TP ranks (vLLM ParallelConfig: tp_size must be divisible by dcp_size)."""
+    from primectl.plan.capacity import parse_parallel
+
+    dcp = r.decode.dcp
+    if dcp == 1:
+        return []
+    par = parse_parallel(r.decode.parallel)
+    if par.tp == 1:
+        return [Finding(("decode", "dcp"), f"dcp {dcp} needs tensor parallelism to shard over, but decode.parallel is "
+                        f"{r.decode.parallel} (one rank per attention instance); use TPn or TEPn with n >= {dcp}, "
+                        "or dcp: 1")]
+    if par.tp % dcp:
+        return [Finding(("decode", "dcp"), f"dcp {dcp} must divide the TP size of {r.decode.parallel} ({par.tp}); "
+                        f"allowed: {', '.join(str(d) for d in (1, 2, 4, 8, 16, 32, 64) if d <= par.tp)}")]
+    return []
 
 
 def _kv_rules(r: Recipe, arch: Architecture | None) -> list[Finding]:
@@ -102,8 +121,9 @@ def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
     for role in ("prefill", "decode"):
         spec = getattr(r, role)
         par = parse_parallel(spec.parallel)
-        mem = role_memory(arch, hw, r.model.weights, par, r.kv.dtype, spec.gpu_memory_utilization, spec.reserve_gb)
-        need_kv = context * kv_bytes_per_token(arch, r.kv.dtype, par.tp) / 1e9
+        dcp = getattr(spec, "dcp", 1)
+        mem = role_memory(arch, hw, r.model.weights, par, r.kv.dtype, spec.gpu_memory_utilization, spec.reserve_gb, dcp)
+        need_kv = context * kv_bytes_per_token(arch, r.kv.dtype, par.tp) / dcp / 1e9
         if mem.kv_budget_gb < need_kv:
             out.append(Finding((role, "parallel"), (
                 f"{spec.parallel} does not fit: per GPU {hw.hbm_gb:g} GB x {spec.gpu_memory_utilization} = "

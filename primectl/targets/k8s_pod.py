@@ -7,7 +7,7 @@ component:
 
 - dropped: what the operator provides (discovery, the Dynamo namespace, the
   frontend's HTTP address, a multinode vLLM worker's per-node data-parallel
-  flags) and what only made sense on a shared host (advertised addresses,
+  or tensor-parallel launch flags) and what only made sense on a shared host (advertised addresses,
   per-process ports, CUDA_VISIBLE_DEVICES); every drop is recorded (`Dropped`)
   so the render can say what it left out;
 - replaced: the Mooncake master's host:port by its Service, the service's
@@ -74,6 +74,19 @@ MULTINODE_DP_FLAGS: dict[str, int] = {
     "--data-parallel-hybrid-lb": 0,
 }
 MULTINODE_DP = "the operator injects the per-node data-parallel flags (rank, address, RPC port, hybrid LB)"
+# Per-node flags of vLLM's multi-node TP/TEP launch; the operator injects them when TP exceeds one pod's GPUs
+# (deploy/operator/internal/dynamo/backend_vllm.go: `--distributed-executor-backend mp --nnodes N --master-addr
+# <leader> --master-port ... --node-rank R`, `--headless` on workers; or a Ray cluster, per its mp/ray choice).
+MULTINODE_TP_FLAGS: dict[str, int] = {
+    "--distributed-executor-backend": 1,
+    "--nnodes": 1,
+    "--node-rank": 1,
+    "--master-addr": 1,
+    "--master-port": 1,
+    "--headless": 0,
+}
+MULTINODE_TP = ("the operator injects the multi-node tensor-parallel launch (executor backend, node count and rank, "
+                "leader address and port, --headless on worker pods)")
 PROBE_PERIOD_S = 5
 IANA_SVC_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -225,6 +238,8 @@ def container_draft(
     if multinode:
         argv, gone = _strip_flags(argv, MULTINODE_DP_FLAGS)
         dropped += [Dropped(component, f"flag {f}", MULTINODE_DP) for f in gone]
+        argv, gone = _strip_flags(argv, MULTINODE_TP_FLAGS)
+        dropped += [Dropped(component, f"flag {f}", MULTINODE_TP) for f in dict.fromkeys(gone)]
     component_key = component.lower()
     paths = {f.path: f.path.replace(svc.name, component_key) for f in svc.files if svc.name in f.path}
     rw = Rewrite(svc.address, endpoints, paths)
