@@ -7,16 +7,20 @@ API server's structural-schema validation would check it: the CRD's
 (ConfigMap, Service) get small hand-written ones.
 
 The CRD files themselves are upstream data, so they are not committed here:
-they live in the steering repository's shared/crds/ (found beside or inside
-the checkout, or at $PRIMECTL_CRD_DIR), and each must match the sha256 pinned
-in primectl/targets/data/crds/PROVENANCE.
+they live in the steering repository's shared/crds/ (found at ../shared/crds
+beside the checkout, where CI has them, or shared/crds inside it, or at
+$PRIMECTL_CRD_DIR), and each must match the sha256 pinned in
+primectl/targets/data/crds/PROVENANCE.
 
 What the conversion enforces and what it cannot (docs/kubernetes-notes.md):
 types, enums, patterns, min/max, required fields, int32/int64 ranges, and
 unknown fields wherever the schema does not preserve them (the API server
 rejects those under `fieldValidation=Strict`, kubectl's default, and prunes
-them silently otherwise). CEL rules (`x-kubernetes-validations`), list-map
-key uniqueness and the operator's admission webhooks are not checked.
+them silently otherwise). A custom resource that passes is then checked
+against the CRD's CEL rules (`x-kubernetes-validations`, primectl/targets/k8s_cel.py):
+each evaluated as on a create, transition rules and rules needing a Kubernetes
+CEL function the library lacks named by `cel_report`. List-map key uniqueness
+and the operator's admission webhooks are not checked.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+
+from primectl.targets import k8s_cel
 
 JSONSchema = dict[str, Any]
 
@@ -179,13 +185,7 @@ def crd_json_schema(crd: Mapping[str, Any], version: str) -> JSONSchema:
     server validates metadata itself, not through the CRD schema).
     """
     spec = crd["spec"]
-    matching = [v for v in spec["versions"] if v["name"] == version]
-    if not matching:
-        raise KeyError(f"{spec['names']['kind']} has no version {version} (has: {', '.join(crd_versions(crd))})")
-    openapi = matching[0].get("schema", {}).get("openAPIV3Schema")
-    if openapi is None:
-        raise ValueError(f"{spec['names']['kind']} {version} declares no openAPIV3Schema")
-    root = openapi_to_json_schema(openapi)
+    root = openapi_to_json_schema(crd_openapi_schema(crd, version))
     root.setdefault("properties", {})
     root["properties"]["apiVersion"] = {"const": f"{spec['group']}/{version}"}
     root["properties"]["kind"] = {"const": spec["names"]["kind"]}
@@ -193,6 +193,42 @@ def crd_json_schema(crd: Mapping[str, Any], version: str) -> JSONSchema:
     root["required"] = sorted({*root.get("required", []), "apiVersion", "kind", "metadata"})
     root["$schema"] = DRAFT_2020_12
     return root
+
+
+def crd_openapi_schema(crd: Mapping[str, Any], version: str) -> Mapping[str, Any]:
+    """The CRD's own `openAPIV3Schema` for `version` (CEL rules and all), as loaded."""
+    spec = crd["spec"]
+    matching = [v for v in spec["versions"] if v["name"] == version]
+    if not matching:
+        raise KeyError(f"{spec['names']['kind']} has no version {version} (has: {', '.join(crd_versions(crd))})")
+    openapi = matching[0].get("schema", {}).get("openAPIV3Schema")
+    if openapi is None:
+        raise ValueError(f"{spec['names']['kind']} {version} declares no openAPIV3Schema")
+    return openapi  # type: ignore[no-any-return]
+
+
+def cel_rules(group: str, kind: str, version: str) -> list[k8s_cel.CelRule]:
+    """The `x-kubernetes-validations` rules of a vendored CRD version, compiled, each with its status on a create."""
+    return k8s_cel.rules_of(crd_openapi_schema(vendored_crd(group, kind), version))
+
+
+def cel_report(resources: Iterable[Any]) -> list[str]:
+    """For each vendored custom-resource kind and version among `resources` whose CRD is present: how many
+    CEL rules it has, how many are evaluated, and each one that is not (and why)."""
+    lines: list[str] = []
+    seen = set()
+    for resource in resources:
+        api_version, kind = resource.get("apiVersion"), resource.get("kind")
+        group, _, version = str(api_version).rpartition("/")
+        if (group, kind) not in VENDORED_CRDS or (api_version, kind) in seen:
+            continue
+        seen.add((api_version, kind))
+        try:
+            rules = cel_rules(group, str(kind), version)
+        except (CrdsUnavailable, KeyError):
+            continue  # the schema line already says the kind was not checked
+        lines += k8s_cel.rule_report(str(kind), str(api_version), rules)
+    return lines
 
 
 def openapi_to_json_schema(node: Mapping[str, Any]) -> JSONSchema:
@@ -204,7 +240,7 @@ def openapi_to_json_schema(node: Mapping[str, Any]) -> JSONSchema:
       `x-kubernetes-preserve-unknown-fields` refuses unknown fields;
     - `x-kubernetes-embedded-resource` requires apiVersion, kind and metadata;
     - `format: int32|int64` bounds the integer;
-    - other `x-kubernetes-*` keywords (CEL rules, list types) are dropped.
+    - other `x-kubernetes-*` keywords (CEL rules, list types) are dropped (k8s_cel evaluates the CEL rules).
     """
     out: JSONSchema = {k: copy.deepcopy(v) for k, v in node.items() if k not in _K8S_ONLY}
     for key in ("properties", "patternProperties"):
@@ -405,6 +441,8 @@ def validate_resource(resource: Any) -> list[SchemaProblem]:
     """Every schema problem of one manifest, chosen by its apiVersion and kind.
 
     An unknown apiVersion/kind is itself a problem: nothing would check it.
+    A custom resource without schema problems is then checked against its CRD's
+    CEL rules (as the API server, which skips them on an invalid object).
     Raises CrdsUnavailable when the CRD a custom resource needs is not present.
     """
     if not isinstance(resource, Mapping):
@@ -423,6 +461,10 @@ def validate_resource(resource: Any) -> list[SchemaProblem]:
     problems = _problems(_validator(api_version, kind).iter_errors(resource))
     if kind == "ConfigMap":
         problems += _configmap_size(resource)
+    if not problems and (group, kind) in VENDORED_CRDS:
+        # Like the API server, CEL rules are evaluated on a resource that passes the structural schema.
+        openapi = crd_openapi_schema(vendored_crd(group, kind), version)
+        problems = [SchemaProblem(p.path, p.message) for p in k8s_cel.check(resource, openapi)]
     return problems
 
 
