@@ -457,6 +457,39 @@ def test_with_the_crds_a_wrong_field_fails_the_render_naming_the_path(glm53_plan
 
 
 @needs_crds
+def test_with_the_crds_a_broken_cel_rule_fails_the_render_naming_the_path_and_the_rules_message(glm53_plan, monkeypatch):
+    real = build_manifests
+
+    def with_a_bug(plan: Plan) -> Any:
+        m = real(plan)
+        names = [c["name"] for c in m.dgd["spec"]["components"]]
+        m.dgd["spec"]["components"][names.index("decode")]["name"] = "Prefill"  # the CRD's schema allows capitals
+        return m
+
+    monkeypatch.setattr("primectl.targets.kubernetes.build_manifests", with_a_bug)
+    with pytest.raises(ManifestSchemaError) as err:
+        KubernetesTarget().render(glm53_plan)
+    (problem,) = err.value.problems
+    assert problem.startswith("dgd.yaml[0] DynamoGraphDeployment glm53 $.spec.components: component names must be "
+                              "unique case-insensitively (x-kubernetes-validations rule: self.all(c1, ")
+
+
+@needs_crds
+def test_the_render_report_counts_the_cel_rules_and_names_each_one_not_evaluated(glm53_plan):
+    cel = [line for line in KubernetesTarget().render_report(glm53_plan) if line.startswith("cel: ")]
+    version = ks.k8s_cel.library_version()
+    assert cel == [
+        f"cel: DynamoGraphDeployment nvidia.com/v1beta1: 18 x-kubernetes-validations rules, 17 evaluated ({version})",
+        "cel: DynamoGraphDeployment not applicable to a create (transition rule, reads oldSelf): $.spec.components[*]: "
+        "'minAvailable is immutable after creation' (rule: !has(oldSelf.minAvailable) || (has(self.minAvailable) && "
+        "self.minAvailable == oldSelf.minAvailable))",
+        f"cel: ComputeDomain resource.nvidia.com/v1beta1: 1 x-kubernetes-validations rules, 0 evaluated ({version})",
+        "cel: ComputeDomain not applicable to a create (transition rule, reads oldSelf): $.spec: "
+        "'A computeDomain.spec is immutable' (rule: self == oldSelf)",
+    ]
+
+
+@needs_crds
 def test_the_cli_reports_a_schema_bug_with_its_path_and_exit_1(cli, monkeypatch, tmp_path):
     real = build_manifests
 

@@ -121,7 +121,8 @@ class KubernetesTarget:
 
     def render_report(self, plan: Plan) -> list[str]:
         """Lines for the operator after a render: which rendered kinds were checked, against which schema."""
-        rendered = {str(doc["kind"]) for docs in manifest_files(build_manifests(plan)).values() for doc in docs}
+        resources = [doc for docs in manifest_files(build_manifests(plan)).values() for doc in docs]
+        rendered = {str(doc["kind"]) for doc in resources}
         lines = []
         for (_, kind), file in k8s_schema.VENDORED_CRDS.items():
             if kind not in rendered:
@@ -133,6 +134,7 @@ class KubernetesTarget:
                 lines.append(f"schema: {kind} NOT checked: {k8s_schema.CRD_ABSENT}")
                 continue
             lines.append(f"schema: {kind} checked against {pin['repo']} {pin['path']} at {pin['ref'][:12]}")
+        lines += k8s_schema.cel_report(resources)  # CEL rules: how many evaluated, and each one that is not
         core = sorted(rendered & {kind for _, kind in k8s_schema.CORE_SCHEMAS})
         return [*lines, f"schema: {', '.join(core)} checked against primectl's own schemas"] if core else lines
 
