@@ -223,7 +223,7 @@ def op_start(h: Host) -> StartResult:
 
 def op_start_wait(h: Host) -> StartResult:
     """Start services, then wait for their probes, in one round trip."""
-    WaitReport(h, h.args["waits"], time.time()).tick(force=True)  # "starting", before the first probe
+    WaitReport(h, h.args["waits"], time.time()).tick(force=True, logs=False)  # "starting" (the logs are old ones)
     started = op_start(h)
     return op_wait(h) if started.get("ok") else started
 
@@ -281,8 +281,8 @@ class WaitReport:
         if phase in ("ready", "exited", "timeout"):
             row["elapsed"] = round(time.time() - self.started, 1)
 
-    def tick(self, *, force: bool = False) -> None:
-        """Emit a progress line when one is due (or `force`)."""
+    def tick(self, *, force: bool = False, logs: bool = True) -> None:
+        """Emit a progress line when one is due (or `force`); `logs`: with each service's last log line."""
         if self.every is None:
             return
         now = time.time()
@@ -291,7 +291,7 @@ class WaitReport:
         for name, row in self.rows.items():
             if row["phase"] in ("starting", "waiting"):
                 row["elapsed"] = round(now - self.started, 1)
-            if row["phase"] != "ready" and name != "gate":
+            if logs and row["phase"] != "ready" and name != "gate":
                 row["log"] = last_log_line(self.h.layout.log(name))
         self.h.emit({"progress": [ServiceProgress(**r) for r in self.rows.values()]})
         self.last, self.changed = now, False
@@ -454,7 +454,7 @@ def op_install_progress(h: Host) -> InstallProgress:
     for root, dirs, names in os.walk(venv):
         for d in dirs:
             if d.endswith(".dist-info") and root.endswith("site-packages") and \
-                    not d.startswith(("pip-", "setuptools-", "wheel-")):
+                    not d.startswith(("pip-", "setuptools-", "wheel-", "~")):  # ~: pip moving one aside
                 installed += 1
         for n in names:
             try:

@@ -18,6 +18,7 @@ lines are redrawn at most every 0.2 s, or that interval if shorter).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import threading
@@ -32,6 +33,8 @@ from primectl.output import is_terminal
 PLAIN_EVERY_S = 5.0
 LIVE_EVERY_S = 0.2  # the fastest a live line is redrawn
 TICK_S = 1.0  # the clock on live lines moves even when no progress line came
+PLAIN_LOG_CHARS = 100  # a plain line keeps this much of a service's last log line (a live line: the width)
+URLOPEN = re.compile(r"<urlopen error (.*)>")
 
 
 def _mode(stream: TextIO) -> str:
@@ -176,16 +179,22 @@ class WaitProgress(Display):
         budget = row.get("budget")
         return seconds(self._elapsed(row)) + (f"/{budget:g}s" if budget and row.get("phase") != "ready" else "")
 
+    @staticmethod
+    def _notes(row: ServiceProgress, log_chars: int) -> list[str]:
+        notes = []
+        if row.get("probe"):
+            notes.append("probe: " + URLOPEN.sub(r"\1", row["probe"]))
+        if log := row.get("log", ""):
+            notes.append(f'last log: "{log if len(log) <= log_chars else log[: log_chars - 3] + "..."}"')
+        return notes
+
     def lines(self) -> list[str]:
         width = max(len(n) for n in self.rows)
         out = []
         for name, row in self.rows.items():
             parts = [f"{name:<{width}}", f"{row.get('phase', 'starting'):<8}", self._clock(row)]
             if row.get("phase") != "ready":
-                if row.get("probe"):
-                    parts.append(f"probe: {row['probe']}")
-                if row.get("log"):
-                    parts.append(f'last log: "{row["log"]}"')
+                parts += self._notes(row, 1000)
             out.append("  ".join(parts))
         return out
 
@@ -196,11 +205,7 @@ class WaitProgress(Display):
             if phase == "ready":
                 items.append(f"{name} ready {seconds(self._elapsed(row))}")
                 continue
-            notes = []
-            if row.get("probe"):
-                notes.append(f"probe: {row['probe']}")
-            if row.get("log"):
-                notes.append(f'last log: "{row["log"]}"')
+            notes = self._notes(row, PLAIN_LOG_CHARS)
             state = "" if phase == "waiting" else f" {phase}"
             items.append(f"{name}{state} {self._clock(row)}" + (f" ({'; '.join(notes)})" if notes else ""))
         return "waiting: " + ", ".join(items)
