@@ -12,14 +12,16 @@ npm), so a refresh reads them from git checkouts made elsewhere:
 Bare repositories work too (files are read with `git show REF:PATH`, no work
 tree needed). The script copies each CRD byte for byte into --dest (default:
 shared/crds in the checkout; the files are upstream data, kept in the steering
-repository's shared/, never committed here) and rewrites the pins in
+repository's shared/ beside the checkout, never committed here) and rewrites the pins in
 primectl/targets/data/crds/PROVENANCE: the resolved commit, its date, the
 commit that last changed the file, and the sha256. primectl refuses a CRD
 file whose sha256 differs from its pin.
 
   scripts/refresh-crds.py --check [--dest DIR]
 
-verifies, without git, that every file in DIR has the sha256 PROVENANCE pins.
+verifies, without git, that every file in DIR has the sha256 PROVENANCE pins
+(default: the first of shared/crds in the checkout and ../shared/crds beside it,
+where CI has them, that exists).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DEST = ROOT / "shared" / "crds"
+BESIDE = ROOT.parent / "shared" / "crds"  # the steering repository's shared/ next to the checkout (CI: read-only)
 PROVENANCE = ROOT / "primectl" / "targets" / "data" / "crds" / "PROVENANCE"
 
 
@@ -122,14 +125,15 @@ def main() -> int:
     """Refresh from the given checkouts, or --check the vendored files."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only verify the files in --dest against PROVENANCE")
-    ap.add_argument("--dest", type=pathlib.Path, default=DEFAULT_DEST, help=f"folder of CRD files (default {DEFAULT_DEST})")
+    ap.add_argument("--dest", type=pathlib.Path, help=f"folder of CRD files (default {DEFAULT_DEST}; --check: that, else {BESIDE})")
     for source in SOURCES:
         ap.add_argument(f"--{source.key}-git", type=pathlib.Path, help=f"clone of {source.repo}")
         ap.add_argument(f"--{source.key}-ref", help="tag, branch or commit to read")
         ap.add_argument(f"--{source.key}-path", default=source.path, help=f"path in the repository (default {source.path})")
     args = ap.parse_args()
     if args.check:
-        return check(args.dest)
+        return check(args.dest or next((d for d in (DEFAULT_DEST, BESIDE) if d.is_dir()), DEFAULT_DEST))
+    args.dest = args.dest or DEFAULT_DEST
 
     record = read_provenance() if PROVENANCE.exists() else {"files": []}
     entries = {e["file"]: e for e in record["files"]}

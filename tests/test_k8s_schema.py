@@ -75,6 +75,18 @@ def test_a_crd_file_that_differs_from_its_pin_is_refused(tmp_path, monkeypatch):
         ks.crd_file(name)
 
 
+def test_crds_are_looked_for_beside_the_checkout_and_beside_the_one_run_from(tmp_path, monkeypatch):
+    monkeypatch.delenv(ks.CRD_DIR_ENV, raising=False)
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    assert repo.parent / "shared" / "crds" in ks.crd_search_path()  # where CI has them: ../shared/crds
+    checkout = tmp_path / "checkout"
+    (checkout / "primectl" / "targets" / "data" / "crds").mkdir(parents=True)
+    (checkout / "primectl" / "targets" / "data" / "crds" / "PROVENANCE").write_text("files: []\n")
+    (checkout / "docs").mkdir()
+    monkeypatch.chdir(checkout / "docs")  # an installed primectl run from inside another checkout
+    assert tmp_path / "shared" / "crds" in ks.crd_search_path()
+
+
 def test_missing_crds_say_where_to_put_them(tmp_path, monkeypatch):
     monkeypatch.setenv(ks.CRD_DIR_ENV, str(tmp_path))
     with pytest.raises(ks.CrdsUnavailable, match="shared/crds"):

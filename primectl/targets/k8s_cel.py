@@ -306,6 +306,8 @@ def cel_value(node: Mapping[str, Any], value: Any) -> Any:
     if isinstance(value, list):
         items = node.get("items")
         return [cel_value(items, item) if isinstance(items, Mapping) else item for item in value]
+    if node.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # a `number` is a CEL double even when the manifest writes 2
     return value
 
 
