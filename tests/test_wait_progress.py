@@ -17,7 +17,7 @@ import pytest
 
 from primectl.deploy import progress as progress_mod
 from primectl.deploy import provision as provision_mod
-from primectl.deploy.agent import dispatch
+from primectl.deploy.agent import dispatch, last_log_line
 from primectl.deploy.client import HostClient
 from primectl.deploy.cluster import ConnectionPolicy, opened
 from primectl.deploy.progress import InstallDisplay, WaitProgress
@@ -199,3 +199,13 @@ def test_a_plain_line_comes_only_every_interval_and_the_clock_runs_between_repor
         'waiting: decode-0 10s/600s (probe: HTTP 503; last log: "Loading weights...")',
         'waiting: decode-0 41s/600s (probe: HTTP 503; last log: "Loading weights...")',
     ]
+
+
+def test_the_last_log_line_is_what_the_service_is_busy_with_not_its_answer_to_our_probe(tmp_path: Path) -> None:
+    log = tmp_path / "svc.log"
+    log.write_text("old run's last words\n--- primectl: starting svc at 2026-12-01T00:00:00 ---\n")
+    assert last_log_line(str(log)) == ""  # nothing from this start yet
+    with log.open("a") as f:
+        f.write("2026-12-01T19:58:49.179849Z  INFO loading: Loading safetensors 10%\rLoading safetensors 60%\n"
+                "2026-12-01T19:58:51.775355Z ERROR tower_http::trace::on_failure: response failed status=503\n")
+    assert last_log_line(str(log)) == "Loading safetensors 60%"

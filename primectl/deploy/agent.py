@@ -253,9 +253,15 @@ def last_log_line(path: str) -> str:
     for line in reversed(lines):
         if line.startswith("--- primectl: starting"):
             return ""
-        if line:
-            return line[:200]
+        if line and not PROBE_ECHO.search(line):
+            return LOG_STAMP.sub("", line)[:200]
     return ""
+
+
+# What a service logs about our own readiness probe (Dynamo's system server logs each 503 it answers):
+# never what it is busy with.
+PROBE_ECHO = re.compile(r"tower_http::trace|\bGET /(health|live|ready)\b")
+LOG_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+")  # a leading ISO time: the line says when, we say how long
 
 
 class WaitReport:
