@@ -98,6 +98,18 @@ def cpu_generators_of_discarded_rows(runner: Any) -> dict[int, Any]:
     return out
 
 
+_noted = False
+
+
+def _note() -> None:
+    """Say once per process that the bridge acted (the worker's log is where an operator looks)."""
+    global _noted
+    _noted = True
+    print("primectl vllm_cpu_seed_bridge: restored the CPU generator of a seeded request after a discarded "
+          "prompt-chunk sample (instead of vLLM's offset rewind, which CPU generators do not support)",
+          file=sys.stderr, flush=True)
+
+
 def wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     """``_sample`` that leaves the CPU generators of discarded rows as they were before the draw."""
 
@@ -111,6 +123,8 @@ def wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
                 gen = generators.get(i)
                 if gen is not None:
                     gen.set_state(state)
+            if saved and not _noted:
+                _note()
 
     setattr(_sample, MARK, original)
     return _sample

@@ -117,6 +117,79 @@ def test_a_short_bench_run_is_valid(demo: VllmDemo, tmp_path: Path) -> None:
     assert summary["figures"]["tok_s_per_user"] > 0 and summary["figures"]["error_rate"] == 0
 
 
+def _engine_cores(pid: int) -> set[int]:
+    """vLLM's EngineCore processes below a worker's recorded pid."""
+    found = set()
+    for p in _descendants(pid):
+        try:
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"EngineCore" in cmdline:
+            found.add(p)
+    return found
+
+
+def _answer(choice: Any) -> tuple[Any, ...]:
+    calls = [(t.function.name, t.function.arguments) for t in choice.message.tool_calls or []]
+    return choice.message.content, calls, choice.finish_reason
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid`."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def test_a_seeded_tool_call_request_with_a_chunked_prompt_is_served_and_the_engine_lives(demo: VllmDemo) -> None:
+    """seed + sampling + tools with a prompt over the prefill token budget (512): chunked prefill of a seeded
+    request used to kill the prefill worker's EngineCore (vLLM's offset rewind on a CPU generator) and every
+    later request got 503. primectl/bridges/vllm_cpu_seed_bridge.py: served, seeded, and the same twice."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{demo.url}/v1", api_key="none", timeout=600, max_retries=0)
+    prefill = demo.pid("prefill-0")
+    engine = _engine_cores(prefill)
+    assert engine, f"no EngineCore below the prefill worker: {_descendants(prefill)}"
+    prompt = " ".join(f"The weather in city {i} is mild and the river runs north." for i in range(40))
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "description": "The forecast for a city.",
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"], "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+    killer: dict[str, Any] = {
+        "model": "demo", "messages": [{"role": "user", "content": prompt}], "tools": [tool],
+        "tool_choice": "required", "parallel_tool_calls": False, "seed": 1234, "temperature": 0.8,
+        "max_tokens": 400}
+    first = client.chat.completions.create(**killer)
+    assert first.usage is not None and first.usage.prompt_tokens > 2 * 512, first.usage  # >= 3 prefill chunks
+    answer = first.choices[0]
+    assert answer.message.tool_calls or answer.message.content, first
+    # the engine still serves, and it is the same one (no restart hid a crash)
+    normal = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Say something."}],
+                                            max_tokens=16)
+    assert normal.choices[0].message.content
+    assert demo.pid("prefill-0") == prefill and _alive(prefill) and _engine_cores(prefill) == engine
+    # seeded: the same request answers the same (now mostly from the prefix cache, so chunked differently)
+    again = client.chat.completions.create(**killer).choices[0]
+    assert _answer(again) == _answer(answer), (again, answer)
+    print(f"\nseeded chunked request: {first.usage.prompt_tokens} prompt tokens, {_answer(answer)}; normal: "
+          f"{normal.choices[0].message.content!r}; prefill {prefill}, EngineCore {sorted(engine)} unchanged")
+    assert demo.pid("prefill-0") == prefill and _engine_cores(prefill) == engine
+
+
 def test_killing_the_decode_worker_makes_smoke_fail_and_name_it(demo: VllmDemo, tmp_path: Path) -> None:
     pid = demo.pid("decode-0")
     os.kill(pid, signal.SIGKILL)
