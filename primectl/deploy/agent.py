@@ -50,6 +50,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     Supervisor,
     TailResult,
     WaitSpec,
+    back_into_balancer,
     kill_session,
     read_json,
     run_probe,
@@ -174,7 +175,24 @@ def op_stage(h: Host) -> Result:
     os.unlink(archive)
     for sub in ("logs", "run", "secrets"):
         os.makedirs(lay.path(sub), exist_ok=True)
+    _share_model(lay, rel)
     return {"ok": True}
+
+
+def _share_model(lay: Layout, rel: str) -> None:
+    """A generated model that names a shared copy gets one under models/ (once: the name is its content's)."""
+    mark = os.path.join(rel, "model", ".primectl-shared-name")
+    if not os.path.exists(mark):
+        return
+    with open(mark) as f:
+        name = f.read().strip()
+    shared = lay.path("models", name)
+    if os.path.isdir(shared):
+        return
+    tmp = f"{shared}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(os.path.join(rel, "model"), tmp)
+    os.replace(tmp, shared)
 
 
 def op_switch(h: Host) -> Result:
@@ -225,13 +243,24 @@ def op_start_wait(h: Host) -> StartResult:
     """Start services, then wait for their probes, in one round trip."""
     WaitReport(h, h.args["waits"], time.time()).tick(force=True, logs=False)  # "starting" (the logs are old ones)
     started = op_start(h)
-    return op_wait(h) if started.get("ok") else started
+    if not started.get("ok"):
+        return started
+    result = op_wait(h)
+    if result.get("ok"):
+        for svc in h.args["services"]:  # ready again: back into the balancer's rotation it was drained from
+            spec = svc.get("drain")
+            if spec and spec.get("how") == "balancer":
+                error = back_into_balancer(spec)
+                if error:
+                    return {"ok": False, "error": error, "service": svc["name"]}
+    result["drained"] = h.supervisor.drained
+    return result
 
 
 def op_stop(h: Host) -> StopResult:
     """Stop services (SIGTERM, SIGKILL after each one's timeout); `remove_units` also forgets them."""
     stopped = h.supervisor.stop_many(h.args["services"], remove=bool(h.args.get("remove_units")))
-    return {"ok": True, "stopped": stopped}
+    return {"ok": True, "stopped": stopped, "drained": h.supervisor.drained}
 
 
 def probe_once(p: ProbeSpec, workdir: str = "") -> tuple[bool, str]:

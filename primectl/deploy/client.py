@@ -18,6 +18,7 @@ from primectl.deploy.protocol import (
     LockResult,
     ServiceRef,
     StartResult,
+    StopResult,
     WaitSpec,
 )
 from primectl.deploy.transport import OnProgress, Transport
@@ -104,7 +105,13 @@ class HostClient:
 
     def stop(self, services: list[ServiceRef], *, remove_units: bool = False) -> list[str]:
         """Stop services; the names that were running."""
-        return list(self.call("stop", {"services": services, "remove_units": remove_units}).get("stopped", []))
+        return self.stop_drained(services, remove_units=remove_units).get("stopped", [])
+
+    def stop_drained(self, services: list[ServiceRef], *, remove_units: bool = False) -> StopResult:
+        """Stop services, each drained first where its ref says how; what was stopped and what draining took."""
+        timeout = sum(float(s.get("drain", {}).get("timeout_s", 0)) + float(s.get("stop_timeout", 30))
+                      for s in services) + 60
+        return cast(StopResult, self.call("stop", {"services": services, "remove_units": remove_units}, timeout=timeout))
 
     def probe(self, probes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Run each probe once: name -> {ok, detail}."""

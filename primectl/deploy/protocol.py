@@ -44,7 +44,8 @@ class Layout:
     """Every path primectl keeps under a host's workdir."""
 
     # What `down --purge` removes (the runtime venv and wheelhouse stay: they are shared and costly).
-    PURGED = ("releases", "current", "state.json", "logs", "run", "secrets", "incoming", "lock", "data", "discovery")
+    PURGED = ("releases", "current", "state.json", "logs", "run", "secrets", "incoming", "lock", "data", "discovery",
+              "models")
 
     def __init__(self, workdir: str):
         self.workdir = workdir
@@ -113,11 +114,32 @@ class Layout:
 # -- state.json -------------------------------------------------------------------------------------
 
 
+class DrainSpec(TypedDict, total=False):
+    """How a service leaves routing and empties before it stops (the Plan's Drain as JSON)."""
+
+    how: str  # signal | balancer
+    inflight_url: str | None
+    inflight_metrics: list[str]
+    socket: str | None
+    server: str | None
+    timeout_s: float
+
+
+class Drained(TypedDict, total=False):
+    """What draining one service took: how long, and how many in-flight requests were cut at its timeout."""
+
+    seconds: float
+    cut: int
+    how: str
+
+
 class ProbeSpec(TypedDict, total=False):
     """A readiness probe (the Plan's Probe as JSON)."""
 
     kind: str
     url: str | None
+    json_path: str | None
+    json_expect: Any
     host: str | None
     port: int | None
     command: list[str] | None
@@ -139,6 +161,7 @@ class ServiceRecord(TypedDict, total=False):
     listens: list[int]
     ready: ProbeSpec
     stop_timeout: float
+    drain: DrainSpec
 
 
 class HostState(TypedDict, total=False):
@@ -160,11 +183,12 @@ class HostState(TypedDict, total=False):
 
 
 class ServiceRef(TypedDict, total=False):
-    """A service an operation acts on."""
+    """A service an operation acts on (`drain`: empty it before it stops)."""
 
     name: str
     unit: str
     stop_timeout: float
+    drain: DrainSpec
 
 
 class WaitSpec(TypedDict, total=False):
@@ -212,10 +236,12 @@ class StartResult(Result, total=False):
     pids: dict[str, int | None]
     ready: list[str]
     seconds: float
+    drained: dict[str, Drained]
 
 
 class StopResult(Result, total=False):
     stopped: list[str]
+    drained: dict[str, Drained]
 
 
 class ProbeResult(Result, total=False):
@@ -336,6 +362,145 @@ def kill_session_members(sid: int) -> list[int]:
     return killed
 
 
+def json_at(body: bytes, path: str) -> Any:
+    """The value at a dotted path of a JSON document (None when absent or not JSON)."""
+    try:
+        node: Any = json.loads(body)
+    except ValueError:
+        return None
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def inflight(drain: DrainSpec) -> int | None:
+    """In-flight requests a service reports on its metrics: the named gauges summed (None: unreadable)."""
+    import urllib.request  # here, not at the top: it is a third of the agent's start-up time
+
+    url, names = drain.get("inflight_url"), set(drain.get("inflight_metrics") or [])
+    if not url or not names:
+        return None
+    try:
+        with urllib.request.urlopen(str(url), timeout=2) as resp:
+            text = resp.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if line.split("{", 1)[0].split(" ", 1)[0] in names:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                pass
+    return int(total)
+
+
+# A draining worker has left discovery the moment it got SIGTERM, but a request the router had already
+# picked it for may still be on its way: it counts as empty only after this long with nothing in flight.
+DRAIN_QUIET_S = 1.0
+DRAINED_STOP_S = 2.0  # how long a drained service gets to exit by itself before SIGKILL
+
+
+def drain_by_signal(pid: int, drain: DrainSpec, alive: Any = None) -> Drained:
+    """SIGTERM the service's main process only (Dynamo workers then leave discovery and stop taking work) and
+    wait until its metrics show nothing in flight for DRAIN_QUIET_S, it exits, or `timeout_s` passes."""
+    alive = alive or (lambda: starttime(pid) is not None)
+    t0 = time.time()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return {"seconds": 0.0, "cut": 0, "how": "signal"}
+    deadline = t0 + float(drain.get("timeout_s", 60))
+    quiet_since: float | None = None
+    last: int | None = None
+    while time.time() < deadline and alive():
+        last = inflight(drain)
+        now = time.time()
+        if last == 0:
+            quiet_since = quiet_since or now
+            if now - quiet_since >= DRAIN_QUIET_S:
+                break
+        else:
+            quiet_since = None
+        time.sleep(0.1)
+    cut = (last or 0) if time.time() >= deadline and alive() else 0
+    return {"seconds": round(time.time() - t0, 3), "cut": cut, "how": "signal"}
+
+
+def balancer_command(sock_path: str, command: str) -> str:
+    """One command on a load balancer's admin socket (HAProxy's runtime API); its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(sock_path)
+        s.sendall(command.encode() + b"\n")
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def balancer_server(sock_path: str, server: str) -> dict[str, str]:
+    """The `show stat` row of backend/server (empty when the balancer does not know it)."""
+    backend, _, name = server.partition("/")
+    text = balancer_command(sock_path, "show stat")
+    lines = text.splitlines()
+    if not lines:
+        return {}
+    header = lines[0].lstrip("# ").split(",")
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(","), strict=False))
+        if row.get("pxname") == backend and row.get("svname") == name:
+            return row
+    return {}
+
+
+def drain_from_balancer(drain: DrainSpec) -> Drained:
+    """Stop the balancer sending the server new work, then wait until its sessions end (or `timeout_s`)."""
+    sock_path, server = str(drain.get("socket")), str(drain.get("server"))
+    t0 = time.time()
+    try:
+        balancer_command(sock_path, f"set server {server} state drain")
+    except OSError:
+        return {"seconds": 0.0, "cut": 0, "how": "balancer"}  # no balancer running: nothing routes to it
+    deadline = t0 + float(drain.get("timeout_s", 60))
+    current = 0
+    while time.time() < deadline:
+        try:
+            row = balancer_server(sock_path, server)
+        except OSError:
+            break
+        current = int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+        if current == 0:
+            break
+        time.sleep(0.1)
+    cut = current if time.time() >= deadline else 0
+    return {"seconds": round(time.time() - t0, 3), "cut": cut, "how": "balancer"}
+
+
+def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
+    """Put the server back in rotation and wait until the balancer's health check calls it UP (None: done)."""
+    sock_path, server = str(drain.get("socket")), str(drain.get("server"))
+    deadline = time.time() + timeout
+    status = "?"
+    while time.time() < deadline:
+        try:
+            balancer_command(sock_path, f"set server {server} state ready")
+            status = balancer_server(sock_path, server).get("status", "?")
+        except OSError as exc:
+            return None if not os.path.exists(sock_path) else f"balancer socket {sock_path}: {exc}"
+        if status.startswith("UP"):
+            return None
+        time.sleep(0.1)
+    return f"the balancer still calls {server} {status} after {timeout:g}s"
+
+
 def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
     """Run one readiness probe once: (passed, what it saw). Command probes get `release` for RELEASE_MARK."""
     kind = p["kind"]
@@ -344,11 +509,16 @@ def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
             import urllib.error  # here, not at the top: it is a third of the agent's start-up time
             import urllib.request
 
+            body = b""
             try:
                 with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
                     status = resp.status
+                    body = resp.read(1 << 20) if p.get("json_path") else b""
             except urllib.error.HTTPError as exc:
                 status = exc.code
+            if status == p.get("expect_status", 200) and p.get("json_path"):
+                seen = json_at(body, str(p["json_path"]))
+                return seen == p.get("json_expect"), f"{p['json_path']} = {seen!r} (want {p.get('json_expect')!r})"
             return status == p.get("expect_status", 200), f"HTTP {status}"
         if kind == "tcp":
             with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
@@ -395,10 +565,26 @@ class Supervisor:
 
     def __init__(self, layout: Layout):
         self.layout = layout
+        self.drained: dict[str, Drained] = {}
 
     def liveness(self, name: str, unit: str) -> Liveness:
         """Whether the service runs (and the supervisor's own view of it)."""
         raise NotImplementedError
+
+    def drain(self, svc: ServiceRef) -> bool:
+        """Empty a running service that says how (its `drain`) before it is stopped; whether it drained."""
+        spec = svc.get("drain")
+        if not spec:
+            return False
+        live = self.liveness(svc["name"], svc.get("unit", svc["name"]))
+        pid = live.get("pid")
+        if not live.get("alive") or pid is None:
+            return False
+        if spec.get("how") == "balancer":
+            self.drained[svc["name"]] = drain_from_balancer(spec)
+        else:
+            self.drained[svc["name"]] = drain_by_signal(pid, spec)
+        return True
 
     def prepare(self, services: list[ServiceRef]) -> str | None:
         """Before starting services of the current release (systemd: install their units); an error or None."""
@@ -473,9 +659,11 @@ class ProcessSupervisor(Supervisor):
 
     def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
         name = svc["name"]
+        drained = self.drain(svc)
         pid = self._pid(name)
         if pid is not None:
-            kill_session(pid, float(svc.get("stop_timeout", 30)))
+            # drained: nothing is left in flight, and a worker would only sit out its grace period
+            kill_session(pid, DRAINED_STOP_S if drained else float(svc.get("stop_timeout", 30)))
         elif (recorded := self._recorded(name)) is not None:
             # the main process died (a crash, kill -9); what it started may live on in its session (vLLM's
             # engine core and workers do): stop them too
@@ -548,6 +736,8 @@ class SystemdSupervisor(Supervisor):
 
     def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
         unit = self._unit(svc)
+        if self.drain(svc):
+            self._ctl("kill", "--signal=SIGKILL", unit)  # drained: nothing left in flight
         self._ctl("reset-failed", unit)  # a unit that failed before must not hit its start limit now
         mark_start(self.layout, svc["name"])
         r = self._ctl("restart", unit)
@@ -564,6 +754,9 @@ class SystemdSupervisor(Supervisor):
             return []
         was = [svc["name"] for svc in services if self.liveness(svc["name"], svc["unit"]).get("alive")]
         units = [self._unit(svc) for svc in services]
+        drained = [self._unit(svc) for svc in services if self.drain(svc)]
+        if drained:
+            self._ctl("kill", "--signal=SIGKILL", *drained)  # drained: nothing left in flight
         # Disabled first: a stopped unit must not come back at the next boot. `stop` also cancels a
         # pending automatic restart; it waits for each unit's TimeoutStopSec, then systemd SIGKILLs.
         installed = [u for u in units if os.path.exists(os.path.join(self.unit_dir, u))]

@@ -26,6 +26,7 @@ from primectl.plan.model import EXPECT_FIELDS, RELEASE, RUN_FIELDS, HostPlan, Pl
 from primectl.recipe.model import ENV_NAME_RE
 
 MANIFEST = "manifest.json"
+SHARED_MODEL_MARK = "model/.primectl-shared-name"
 MODEL_ROLES = ("prefill", "decode", "frontend")
 # Roles a unit waits for at boot (workers register dynamically: the frontend never waits for them).
 UNIT_AFTER_ROLES = ("control", "cache")
@@ -119,6 +120,8 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
              if plan.service(d).role in UNIT_AFTER_ROLES and plan.service(d).host == svc.host]
     unit_text = env.get_template("unit.service.j2").render(
         plan=plan, service=svc, host=host, script=script_path(host, svc), log=log_path(host, svc), after=after,
+        # a service that drains gets SIGTERM on its main process alone (it winds its children down itself)
+        kill_mode="mixed" if svc.drain else "control-group",
     )
     return {f"bin/{svc.name}.sh": script, f"systemd/{unit}.service": unit_text}
 
@@ -139,7 +142,10 @@ def _generated_model(kind: str, served_name: str, max_context: int) -> tuple[tup
 def model_files(plan: Plan) -> dict[str, bytes]:
     """The generated model directory the plan's model source asks for ({} for weights on the hosts)."""
     m = plan.serving.model
-    return dict(_generated_model(m.generate, m.served_name, m.max_context)) if m.generate else {}
+    files = dict(_generated_model(m.generate, m.served_name, m.max_context)) if m.generate else {}
+    if files and m.shared_name:  # the host agent copies the directory to models/<name> when it stages the release
+        files[SHARED_MODEL_MARK] = (m.shared_name + "\n").encode()
+    return files
 
 
 def render_host(plan: Plan, host: HostPlan) -> Bundle:
@@ -152,6 +158,9 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
         own = {path: text.encode() for path, text in render_service(plan, host, svc).items()}
         for spec in svc.files:
             own[spec.path] = spec.content.encode()
+        if svc.twin is not None:  # its surge twin ships with it: started beside it only while it restarts
+            own |= {path: text.encode() for path, text in render_service(plan, host, svc.twin).items()}
+            own |= {spec.path: spec.content.encode() for spec in svc.twin.files}
         if svc.role in MODEL_ROLES:
             own |= model  # a new tokenizer or config must restart the services that read it
         for path, data in own.items():
@@ -159,7 +168,7 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
                 raise ValueError(f"two services write different {path} on {host.name}")
             files[path] = data
             modes[path] = 0o755 if path.startswith("bin/") else 0o644
-        for spec in svc.files:
+        for spec in [*svc.files, *(svc.twin.files if svc.twin else [])]:
             modes[spec.path] = spec.mode
         services[svc.name] = {
             **svc.hashes(),
