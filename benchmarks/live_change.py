@@ -106,6 +106,10 @@ def write(doc: Doc, path: Path) -> None:
 def prepare(source: Path, tmp: Path, port: int) -> Doc:
     """The recipe as its own deployment: its own name and workdir (the namespace keeps the ports apart)."""
     doc: Doc = yaml.safe_load(source.read_text())
+    while "extends" in doc:  # written out whole: the copy lives in another directory
+        base_path = (source.parent / doc.pop("extends")).resolve()
+        doc = _merge(yaml.safe_load(base_path.read_text()), doc)
+        source = base_path
     doc["name"] = doc["namespace"] = "live-change"
     doc["hosts"][0]["workdir"] = str(tmp / "wd")
     doc["frontend"]["port"] = port
@@ -113,6 +117,13 @@ def prepare(source: Path, tmp: Path, port: int) -> Doc:
     if python:
         doc.setdefault("software", {})["python"] = python
     return doc
+
+
+def _merge(base: Doc, over: Doc) -> Doc:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def kill_decode(workdir: Path) -> None:

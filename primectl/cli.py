@@ -276,6 +276,40 @@ def logs(
     raise typer.Exit(_guard(body))
 
 
+def _drain_or_restart(recipe: Path, service: str, *, restart: bool, accept_new_host_keys: bool, break_lock: bool) -> None:
+    from primectl.plan.build import check_service_name
+
+    def body() -> None:
+        p = _plan(recipe)
+        check_service_name(p, service, str(recipe))
+        _ssh_only(p, "restart" if restart else "drain")
+        _target(p).drain(p, service, _policy(p, accept_new_host_keys), _say, restart=restart, break_lock=break_lock)
+
+    _guard(body)
+
+
+@app.command()
+def drain(
+    recipe: RecipeArg,
+    service: Annotated[str, typer.Argument(help="The service to drain, e.g. decode-7.")],
+    accept_new_host_keys: AcceptKeysOpt = False,
+    break_lock: BreakLockOpt = False,
+) -> None:
+    """Take a service out of routing, let its in-flight requests finish (up to its drain timeout), then stop it."""
+    _drain_or_restart(recipe, service, restart=False, accept_new_host_keys=accept_new_host_keys, break_lock=break_lock)
+
+
+@app.command()
+def restart(
+    recipe: RecipeArg,
+    service: Annotated[str, typer.Argument(help="The service to restart, e.g. decode-7.")],
+    accept_new_host_keys: AcceptKeysOpt = False,
+    break_lock: BreakLockOpt = False,
+) -> None:
+    """Drain a service, restart it, and wait until it is ready and back in routing (beside a surge twin if it has room)."""
+    _drain_or_restart(recipe, service, restart=True, accept_new_host_keys=accept_new_host_keys, break_lock=break_lock)
+
+
 @app.command()
 def unlock(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None:
     """Break the cluster lock left by an interrupted run."""

@@ -109,11 +109,75 @@ def test_a_dead_service_is_restarted_and_nothing_else(env: Env) -> None:
     assert env.world.starts[before:] == [("h3", "decode-1")]
 
 
-def test_a_decode_change_restarts_only_the_decode_workers(env: Env) -> None:
+def test_a_decode_change_starts_a_new_generation_beside_the_old_one_then_retires_the_twins(env: Env) -> None:
     env.up(env.plan())
     before = len(env.world.starts)
-    env.up(env.plan(decode={"env": {"NCCL_DEBUG": "INFO"}}))
+    changed = env.plan(decode={"env": {"NCCL_DEBUG": "INFO"}})
+    env.up(changed)
+    starts = [s for _, s in env.world.starts[before:]]
+    twins = ["prefill-0-surge", "decode-0-surge", "decode-1-surge"]
+    # twins of every worker first (the new generation), then the workers in place, never the frontend or etcd
+    assert sorted(starts[:3]) == sorted(twins) and sorted(starts[3:]) == ["decode-0", "decode-1", "prefill-0"]
+    assert not any(env.world.is_running(h, t) for h in HOSTS for t in twins), "the twins were left running"
+    generation = changed.service("decode-0").generation
+    assert generation and generation != env.plan().service("decode-0").generation
+    assert {env.world.namespaces[("h3", "decode-0")], env.world.namespaces[("h2", "prefill-0")]} == {generation}
+    assert ("h3", "decode-0") in env.world.drains and ("h3", "decode-0-surge") in env.world.drains
+    assert any("surge: starting" in line for line in env.said)
+
+
+def _gpu(env: Env, **changes: Any) -> Plan:
+    """The same deployment on GPU hosts that it fills: no room for a twin, so no generations."""
+    return env.plan(hardware={"profile": "h200-hgx", "gpus_per_host": 2}, **changes)
+
+
+def test_without_room_an_env_change_rolls_through_the_decoders_one_at_a_time(env: Env) -> None:
+    env.up(_gpu(env))
+    before = len(env.world.starts)
+    env.up(_gpu(env, decode={"env": {"NCCL_DEBUG": "INFO"}}))
+    assert [s for _, s in env.world.starts[before:]] == ["decode-0", "decode-1"]
+    assert [line for line in env.said if line.startswith("rolling decode")] == [
+        "rolling decode 1/2: decode-0 (drain, restart, ready, registered)",
+        "rolling decode 2/2: decode-1 (drain, restart, ready, registered)"]
+    assert env.world.drains[-2:] == [("h3", "decode-0"), ("h3", "decode-1")]
+
+
+def test_without_room_a_new_command_line_restarts_the_role_together_and_diff_says_why(env: Env) -> None:
+    env.up(_gpu(env))
+    changed = _gpu(env, decode={"max_num_seqs": 32})
+    _, steps = diff(changed, env.options.connection, env.said.append)
+    waves = next(s for s in steps if s.step == "waves")
+    assert any("decode-0, decode-1 restart together" in d and "model card" in d for d in waves.details), waves.details
+    before = len(env.world.starts)
+    env.up(changed)
     assert sorted(s for _, s in env.world.starts[before:]) == ["decode-0", "decode-1"]
+    assert not any(line.startswith("rolling decode 2/") for line in env.said)
+
+
+def test_a_failed_batch_rolls_back_only_what_it_touched(env: Env) -> None:
+    env.up(_gpu(env))
+    env.world.faults["decode-1"] = "never-ready"
+    with pytest.raises(DeployError, match="decode-1"):
+        env.up(_gpu(env, decode={"env": {"X": "1"}}))
+    # decode-0 had rolled and is put back; nothing else was touched
+    assert env.world.is_running("h3", "decode-0") and env.world.is_running("h2", "prefill-0")
+    assert env.state("h3")["services"]["decode-0"]["release"] == env.current("h3")
+
+
+def test_batches_never_take_every_instance_of_a_role_out_at_once() -> None:
+    from primectl.plan.model import RoleRollout
+    from primectl.targets.ssh import batches
+
+    twelve = RoleRollout(role="decode", instances=[[f"decode-{i}"] for i in range(12)], max_unavailable=4)
+    assert batches(twelve, {f"decode-{i}" for i in range(12)}) == [
+        [f"decode-{i}" for i in range(j, j + 4)] for j in (0, 4, 8)]
+    assert len(batches(twelve.model_copy(update={"max_unavailable": 1}), {"decode-3", "decode-7"})) == 2
+    two = RoleRollout(role="decode", instances=[["decode-0"], ["decode-1"]], max_unavailable=5)
+    assert batches(two, {"decode-0", "decode-1"}) == [["decode-0"], ["decode-1"]]
+    group = RoleRollout(role="prefill", instances=[["prefill-0-0", "prefill-0-1"], ["prefill-1-0", "prefill-1-1"]],
+                        max_unavailable=1)
+    assert batches(group, {"prefill-0-0", "prefill-0-1", "prefill-1-0", "prefill-1-1"}) == [
+        ["prefill-0-0", "prefill-0-1"], ["prefill-1-0", "prefill-1-1"]]
 
 
 def test_scaling_decode_adds_a_worker_and_restarts_neither_frontend_nor_the_others(env: Env) -> None:

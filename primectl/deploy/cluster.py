@@ -116,6 +116,7 @@ def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[
 
     def one(h: str) -> InspectResult:
         units = {s.name: unit_name(plan.name, s.name) for s in plan.services_on(h)}
+        units |= {s.twin.name: unit_name(plan.name, s.twin.name) for s in plan.services_on(h) if s.twin}
         # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
         ports = sorted({p for s in plan.services_on(h) for p in s.listens})
         return _connect_and_inspect(cluster, policy, h, plan.host(h), units, ports)

@@ -43,6 +43,8 @@ class FakeWorld:
     running: dict[tuple[str, str], int] = field(default_factory=dict)  # (host, service) -> fake pid
     starts: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) start, in order
     stops: list[tuple[str, str]] = field(default_factory=list)
+    drains: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) drained before it stopped
+    namespaces: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, service) -> its DYN_NAMESPACE
     calls: list[tuple[str, str]] = field(default_factory=list)  # every (host, op)
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,14 +93,30 @@ class FakeSupervisor(Supervisor):
         if fault == "exit-at-start":
             self.world.running.pop((self.host, name), None)
             return None, None  # "started", then gone before it became ready
+        if svc.get("drain") and (self.host, name) in self.world.running:
+            self.world.drains.append((self.host, name))
         pid = next(self.world._pids)
         self.world.running[(self.host, name)] = pid
+        self.world.namespaces[(self.host, name)] = self._namespace(name)
         mark_start(self.layout, name)
         return pid, None
+
+    def _namespace(self, name: str) -> str:
+        """The Dynamo namespace its run script exports (where a real worker would register)."""
+        try:
+            with open(self.layout.script(name)) as f:
+                for line in f:
+                    if line.startswith("export DYN_NAMESPACE="):
+                        return line.split("=", 1)[1].strip().strip("'")
+        except OSError:
+            pass
+        return ""
 
     def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
         with self.world._lock:
             self.world.stops.append((self.host, svc["name"]))
+            if svc.get("drain") and (self.host, svc["name"]) in self.world.running:
+                self.world.drains.append((self.host, svc["name"]))
         return self.world.running.pop((self.host, svc["name"]), None) is not None
 
 
@@ -113,6 +131,12 @@ class FakeTransport:
     def _probe(self, name: str, probe: ProbeSpec, workdir: str) -> tuple[bool, str]:
         if name == "gate":
             return self.world.gate_ready, "fake gate " + ("ready" if self.world.gate_ready else "not ready")
+        if probe.get("json_path"):  # "<role> registered": the router counts the role's running instances
+            role = name.split(" ")[0]
+            namespace = str(probe["json_path"]).split(".")[1]  # namespaces.<ns>.worker_types.<role>.workers
+            count = sum(1 for key in self.world.running
+                        if key[1].startswith(role + "-") and self.world.namespaces.get(key) == namespace)
+            return count == probe.get("json_expect"), f"fake router counts {count} {role} worker(s) in {namespace}"
         fault = self.world.faults.get(name)
         if fault == "never-ready" or not self.world.is_running(self.host.name, name):
             return False, "fake HTTP 503"

@@ -17,9 +17,9 @@ from typing import Any, Protocol, cast
 
 from primectl import registry
 from primectl.errors import Finding
-from primectl.plan.model import Capabilities, HostPlan, ModelSource, Runtime, Service, Slot, Tier
+from primectl.plan.model import Capabilities, Drain, HostPlan, ModelSource, Runtime, Service, Slot, Tier
 from primectl.recipe.catalog import Architecture, Hardware
-from primectl.recipe.model import Decode, Prefill, Recipe
+from primectl.recipe.model import Decode, Prefill, Recipe, Role
 
 FlagCatalog = dict[str, dict[str, Any]]
 
@@ -123,6 +123,12 @@ class PlanContext:
         """The Python interpreter of the host runtime."""
         return self.runtime[host].python
 
+    def model_path(self, host: str) -> str:
+        """The model directory workers on `host` load (a generated model's shared copy where there is one)."""
+        if self.model.shared_name:
+            return posixpath.join(self.hosts[host].workdir, "models", self.model.shared_name)
+        return self.model.path
+
     def runtime_bin(self, host: str, program: str) -> str:
         """A program installed into the host runtime's bin directory."""
         return posixpath.join(posixpath.dirname(self.python(host)), program)
@@ -152,3 +158,23 @@ class PlanContext:
         if self.discovery_dir:
             env["DYN_FILE_KV"] = self.discovery_dir
         return env
+
+
+# The gauge a Dynamo worker's system server reports its in-flight requests in (dynamo/prometheus_names.py).
+DYNAMO_INFLIGHT = "dynamo_component_inflight_requests"
+# Past its drain timeout a draining service gets this long to exit before SIGKILL.
+STOP_GRACE_S = 30
+
+
+def drained_worker(svc: Service, spec: Role) -> Service:
+    """A Dynamo worker that drains before it stops.
+
+    On SIGTERM a Dynamo 1.6.1 worker leaves discovery first (so the router stops picking it), then waits
+    DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS (default 5) before it aborts what is still in flight; the grace
+    period is the role's drain timeout, and primectl stops the process as soon as its in-flight gauge reads 0.
+    """
+    timeout = spec.rollout.drain_timeout_s
+    drain = Drain(how="signal", inflight_url=svc.metrics_url, inflight_metrics=[DYNAMO_INFLIGHT],
+                  timeout_s=timeout) if svc.metrics_url else None
+    env = svc.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": str(timeout)}
+    return svc.model_copy(update={"drain": drain, "env": env, "stop_timeout_s": max(svc.stop_timeout_s, timeout + STOP_GRACE_S)})

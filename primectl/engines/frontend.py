@@ -6,16 +6,21 @@ from primectl.engines.base import PlanContext
 from primectl.plan.model import Probe, Service
 
 
-def frontend_service(ctx: PlanContext, host: str, depends_on: list[str]) -> Service:
-    """The frontend bound to the host's address, with router and admission settings."""
+def frontend_service(ctx: PlanContext, host: str, depends_on: list[str], replica: int | None = None,
+                     namespace_prefix: str | None = None) -> Service:
+    """The frontend bound to the host's address, with router and admission settings (`replica`: one of several
+    behind the balancer, on ports of its own; `namespace_prefix`: it serves workers of every generation)."""
     r = ctx.recipe
     fe = r.frontend
     addr = ctx.hosts[host].address
+    name = "frontend" if replica is None else f"frontend-{replica}"
+    http_port = fe.port if replica is None else r.ports.frontend_replica + replica
+    stream_port = r.ports.response_stream + (replica or 0)
     argv = [
         ctx.python(host), "-m", "dynamo.frontend",
-        "--namespace", r.dynamo_namespace,
+        *(["--namespace-prefix", namespace_prefix] if namespace_prefix else ["--namespace", r.dynamo_namespace]),
         "--http-host", addr,
-        "--http-port", str(fe.port),
+        "--http-port", str(http_port),
         "--router-mode", fe.router_mode,
         "--kv-cache-block-size", str(r.kv.block_size),
         "--migration-limit", str(fe.migration_limit),
@@ -34,18 +39,28 @@ def frontend_service(ctx: PlanContext, host: str, depends_on: list[str]) -> Serv
             argv += ["--" + flag.replace("_", "-"), str(value)]
     env = ctx.dynamo_env(host)
     # The frontend caches model cards under $HOME/.cache/dynamo (it ignores XDG_CACHE_HOME): keep it in the workdir.
-    scratch = f"{ctx.hosts[host].workdir}/data/frontend"
+    scratch = f"{ctx.hosts[host].workdir}/data/{name}"
     env["HOME"] = f"{scratch}/home"
     env["XDG_CACHE_HOME"] = f"{scratch}/cache"
     env["DYN_TCP_RESPONSE_STREAM_HOST"] = addr
-    env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(r.ports.response_stream)
-    base = f"http://{addr}:{fe.port}"
+    env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(stream_port)
+    base = f"http://{addr}:{http_port}"
     return Service(
-        name="frontend", role="frontend", component="dynamo-frontend", host=host, address=addr,
+        name=name, role="frontend", component="dynamo-frontend", host=host, address=addr,
         argv=argv, env=env, dirs=[env["HOME"], env["XDG_CACHE_HOME"]],
-        ports={"http": fe.port, "response_stream": r.ports.response_stream},
-        listens=[fe.port, r.ports.response_stream],
+        ports={"http": http_port, "response_stream": stream_port},
+        listens=[http_port, stream_port],
         depends_on=depends_on,
         ready=Probe(kind="http", url=f"{base}/health", timeout_s=120),
         metrics_url=f"{base}/metrics",
     )
+
+
+def registered_probe(ctx: PlanContext, endpoint: str, namespace: str, role: str, count: int, timeout_s: float) -> Probe:
+    """Passes once the frontend counts `count` workers of `role` in `namespace` (its /ready answer:
+    `namespaces.<ns>.worker_types.<role>.workers`), i.e. a restarted instance has registered again."""
+    from urllib.parse import quote
+
+    return Probe(kind="http", url=f"{endpoint}/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready",
+                 json_path=f"namespaces.{namespace}.worker_types.{role}.workers", json_expect=count,
+                 timeout_s=timeout_s)

@@ -70,7 +70,7 @@ class MockerEngine:
         per_token = kv_bytes_per_token(ctx.arch, r.kv.dtype, parse_parallel(slot.parallel).tp)
         argv = [
             ctx.python(slot.host), "-m", "dynamo.mocker",
-            "--model-path", ctx.model.path,
+            "--model-path", ctx.model_path(slot.host),
             "--model-name", r.model.served_name,
             "--disaggregation-mode", slot.role,
             "--data-parallel-size", str(dp_size),

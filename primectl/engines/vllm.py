@@ -249,7 +249,7 @@ class VllmEngine:
             entry = [ctx.python(slot.host), "-m", "dynamo.vllm"]
         argv = [
             *entry,
-            "--model", ctx.model.path,
+            "--model", ctx.model_path(slot.host),
             "--served-model-name", r.model.served_name,
             "--disaggregation-mode", slot.role,
             "--tensor-parallel-size", str(par.tp),

@@ -12,10 +12,11 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from primectl.deploy.protocol import Layout
-from primectl.engines.base import Engine, PlanContext
+from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
 from primectl.engines.etcd import etcd_service
-from primectl.engines.frontend import frontend_service
+from primectl.engines.frontend import frontend_service, registered_probe
+from primectl.engines.haproxy import balancer_service, replica_drain
 from primectl.engines.mooncake import master_service
 from primectl.errors import Finding, PlanError, Problem, RecipeError
 from primectl.plan.capacity import (
@@ -35,13 +36,14 @@ from primectl.plan.model import (
     Plan,
     Probe,
     RoleCapacity,
+    RoleRollout,
     Runtime,
     Service,
     Serving,
     TargetSpec,
     Tier,
 )
-from primectl.plan.placement import Placement, place_workers
+from primectl.plan.placement import Placement, place_workers, surge_slot
 from primectl.recipe.catalog import MODELS, Architecture, Hardware
 from primectl.recipe.load import LoadedRecipe, load_recipe
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
@@ -158,12 +160,34 @@ def build_plan(recipe: Recipe) -> Plan:
     if ctx.tier:
         services.append(master_service(ctx, ctx.tier.master_host, workers_use_store=served.capabilities.exercises_host_tier))
         control.append("mooncake-master")
-    workers: list[str] = []
+    pairs: list[tuple[Service, Service | None]] = []
+    surges = get_target(recipe.target).surges
     for slot in placement.slots:
         spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
-        services.append(engine.worker(ctx, slot, spec, list(control)))
-        workers.append(slot.name)
-    services.append(frontend_service(ctx, fe_host, control + workers))
+        twin_slot = surge_slot(recipe, slot) if surges else None
+        pairs.append((drained_worker(engine.worker(ctx, slot, spec, list(control)), spec),
+                      drained_worker(engine.worker(ctx, twin_slot, spec, list(control)), spec) if twin_slot else None))
+    prefix = None
+    if pairs and all(twin is not None for _, twin in pairs):
+        # Room for a whole second generation: each configuration registers in a namespace of its own, so a
+        # change can start the new one beside the old one (Dynamo rejects workers whose model card differs).
+        prefix = f"{recipe.dynamo_namespace}-gen-"
+        generation = prefix + generation_id([svc for svc, _ in pairs])
+        pairs = [(in_generation(svc, generation), in_generation(twin, generation) if twin else None)
+                 for svc, twin in pairs]
+    workers = [svc.name for svc, _ in pairs]
+    services += [svc.model_copy(update={"twin": twin}) for svc, twin in pairs]
+    if recipe.frontend.replicas > 1 and not surges:
+        raise PlanError([Finding(("frontend", "replicas"), (
+            f"{recipe.frontend.replicas} replicas behind a balancer are rendered for target ssh only; target "
+            f"{recipe.target} runs one frontend (allowed here: 1)"))])
+    if recipe.frontend.replicas == 1:
+        services.append(frontend_service(ctx, fe_host, control + workers, namespace_prefix=prefix))
+    else:
+        replicas = [frontend_service(ctx, fe_host, control + workers, replica=i, namespace_prefix=prefix).model_copy(
+            update={"drain": replica_drain(ctx, fe_host, f"frontend-{i}")}) for i in range(recipe.frontend.replicas)]
+        services += replicas
+        services.append(balancer_service(ctx, fe_host, replicas))
 
     fe = by_name[fe_host]
     endpoint = f"http://{fe.address}:{recipe.frontend.port}"
@@ -171,6 +195,7 @@ def build_plan(recipe: Recipe) -> Plan:
         kind="http", url=f"{endpoint}/v1/models/{quote(recipe.model.served_name, safe='')}/ready",
         timeout_s=max(s.ready.timeout_s for s in services),
     )
+    rollouts = role_rollouts(ctx, recipe, services, endpoint)
     serving = Serving(
         engine=engine.name, context_limit=served.context_limit, prefill_budget=served.prefill_budget,
         block_size=recipe.kv.block_size, kv_dtype=recipe.kv.dtype, model=ctx.model, tier=ctx.tier,
@@ -186,7 +211,7 @@ def build_plan(recipe: Recipe) -> Plan:
         hosts=hosts, head=fe_host, slots=placement.slots, services=services, gate=gate,
         endpoint=endpoint, serving=serving, capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
-        known_hosts=recipe.known_hosts, defaults=_defaults(recipe),
+        known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,
     )
     port_findings = check_ports(plan)
     if port_findings:
@@ -194,12 +219,51 @@ def build_plan(recipe: Recipe) -> Plan:
     return plan
 
 
+def generation_id(workers: list[Service]) -> str:
+    """What names a generation: a hash of the first instance of each role as it runs (argv, env, files), which
+    scaling a role leaves alone and any change of its configuration does not."""
+    firsts: dict[str, Service] = {}
+    for svc in workers:
+        firsts.setdefault(svc.role, svc)
+    doc = {role: {"argv": s.argv, "env": s.env, "files": [f.model_dump() for f in s.files]} for role, s in firsts.items()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def in_generation(svc: Service, namespace: str) -> Service:
+    """A worker registered in its generation's Dynamo namespace."""
+    return svc.model_copy(update={"generation": namespace, "env": svc.env | {"DYN_NAMESPACE": namespace}})
+
+
+def role_rollouts(ctx: PlanContext, recipe: Recipe, services: list[Service], endpoint: str) -> list[RoleRollout]:
+    """Per role with instances to roll through: its instances (a multi-host one as all its services), the batch
+    size, and for workers the probe that says the router counts all of them again."""
+    out: list[RoleRollout] = []
+    for role, spec in (("prefill", recipe.prefill), ("decode", recipe.decode)):
+        instances: dict[str, list[str]] = {}
+        for svc in services:
+            if svc.role == role:
+                instances.setdefault(svc.group or svc.name, []).append(svc.name)
+        timeout = max((s.ready.timeout_s for s in services if s.role == role), default=60)
+        namespace = next((s.generation for s in services if s.role == role and s.generation), recipe.dynamo_namespace)
+        out.append(RoleRollout(role=role, instances=list(instances.values()), max_unavailable=spec.rollout.max_unavailable,
+                               registered=registered_probe(ctx, endpoint, namespace, role, len(instances), timeout)))
+    replicas = [[s.name] for s in services if s.role == "frontend"]
+    if len(replicas) > 1:
+        out.append(RoleRollout(role="frontend", instances=replicas, max_unavailable=1))
+    return out
+
+
 def model_source(recipe: Recipe) -> ModelSource:
-    """Where workers find the model: the recipe's path, or the directory primectl generates into the bundle."""
+    """Where workers find the model: the recipe's path, or the directory primectl generates into the bundle (kept
+    outside the releases too where the target replaces workers one by one, so a restarted one names the same path
+    as those still running)."""
     m = recipe.model
+    context = m.max_context or GENERATED_MODEL_CONTEXT
+    shared = None
+    if m.generate and get_target(recipe.target).surges:
+        shared = hashlib.sha256(f"{m.generate}:{m.served_name}:{context}".encode()).hexdigest()[:12]
     return ModelSource(served_name=m.served_name, path=f"{RELEASE}/model" if m.generate else m.path,
-                       generate=m.generate, max_context=m.max_context or GENERATED_MODEL_CONTEXT,
-                       weights_gb=m.weights_gb)
+                       generate=m.generate, max_context=context, weights_gb=m.weights_gb, shared_name=shared)
 
 
 def tier(recipe: Recipe, hosts: dict[str, HostPlan]) -> Tier | None:
@@ -218,7 +282,7 @@ def check_ports(plan: Plan) -> list[Finding]:
     """No two services on one host may bind the same port."""
     owner: dict[tuple[str, int], str] = {}
     findings: list[Finding] = []
-    for svc in plan.services:
+    for svc in [*plan.services, *(s.twin for s in plan.services if s.twin)]:
         for port in svc.listens:
             key = (svc.host, port)
             if key in owner:

@@ -36,12 +36,13 @@ def node_marker(host: str) -> str:
     """What stands for the address of logical host `host` until the scheduler binds it."""
     return f"@node:{host}@"
 
-Role = Literal["control", "cache", "prefill", "decode", "frontend"]
+Role = Literal["control", "cache", "prefill", "decode", "frontend", "balancer"]
 WORKER_ROLES: tuple[str, ...] = ("prefill", "decode")
 # Fields of a service that change how its process runs: a change restarts it.
 RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "env", "files", "dirs", "listens")
 # Fields that only say what to expect of it (start order, readiness, metrics): a change is recorded, no restart.
-EXPECT_FIELDS = ("role", "group", "slot", "ports", "depends_on", "ready", "metrics_url", "stop_timeout_s")
+EXPECT_FIELDS = ("role", "group", "slot", "ports", "depends_on", "ready", "metrics_url", "stop_timeout_s", "drain",
+                 "generation")
 
 
 def _hash(value: Any) -> str:
@@ -64,10 +65,25 @@ class Probe(Frozen):
     port: int | None = None
     command: list[str] | None = None
     expect_status: int = 200
+    json_path: str | None = Field(None, description="http: also require the JSON answer's value at this dotted path ...")
+    json_expect: Any = Field(None, description="... to equal this.")
     timeout_s: float = Field(60, description="Give up after this long.")
     interval_s: float = Field(
         0.5, description="Longest wait between tries (the agent retries after 0.05 s, growing 1.5x per miss up to this)."
     )
+
+
+class Drain(Frozen):
+    """How a service leaves routing and empties before it is stopped (a service without one stops at once)."""
+
+    how: Literal["signal", "balancer"] = Field(..., description=(
+        "signal: SIGTERM to its main process makes it leave discovery and finish what it holds; "
+        "balancer: the load balancer in front of it stops sending it work"))
+    inflight_url: str | None = Field(None, description="Metrics URL whose in-flight gauge says when it is empty.")
+    inflight_metrics: list[str] = Field(default_factory=list, description="Gauges summed for its in-flight requests.")
+    socket: str | None = Field(None, description="balancer: the load balancer's admin socket on the service's host.")
+    server: str | None = Field(None, description="balancer: this service as backend/server.")
+    timeout_s: float = Field(..., description="In-flight work still running after this long is cut.")
 
 
 class FileSpec(Frozen):
@@ -145,6 +161,11 @@ class Service(Frozen):
     ready: Probe
     metrics_url: str | None = None
     stop_timeout_s: int = 30
+    drain: Drain | None = None
+    generation: str | None = Field(None, description="Workers: the Dynamo namespace of their generation (one per "
+                                   "configuration, so the router never mixes old and new workers).")
+    twin: Service | None = Field(None, description="Workers: the same process on ports of its own, started beside "
+                                 "it while it restarts (None: its host has no room for two).")
 
     def hashes(self) -> dict[str, Any]:
         """From one dump of the service: `hash`, of what changes how the process runs (argv, env, files,
@@ -176,6 +197,9 @@ class ModelSource(Frozen):
     served_name: str
     path: str = Field(..., description="Directory on the hosts (inside the release for a generated model).")
     generate: str | None = Field(None, description="Model primectl generates into the bundle (demo-tiny, tiny-qwen2).")
+    shared_name: str | None = Field(
+        None, description="A generated model the host also keeps outside its releases, as models/<this> under the "
+        "workdir, so every release's workers name the same path (the router compares workers' model cards).")
     max_context: int = Field(..., description="Context length the generated model's config declares.")
     weights_gb: float | None = Field(None, description="Size of the weights directory, for preflight.")
 
@@ -300,6 +324,20 @@ class Capacity(Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
+class RoleRollout(Frozen):
+    """How a change rolls through one role's running instances."""
+
+    role: str
+    instances: list[list[str]] = Field(..., description="The role's instances, each as the services it is made of.")
+    max_unavailable: int = Field(..., description="Instances out of service at once.")
+    registered: Probe | None = Field(
+        None, description="Passes once the router counts every instance of the role again (after a batch restarts).")
+
+    def registered_count(self, count: int) -> Probe | None:
+        """The registration probe for another number of instances (twins beside the planned ones)."""
+        return self.registered.model_copy(update={"json_expect": count}) if self.registered else None
+
+
 class Plan(Frozen):
     """Everything `render` and `apply` need, derived from a recipe without I/O."""
 
@@ -325,6 +363,7 @@ class Plan(Frozen):
     secret_sources: dict[str, str] = Field(
         default_factory=dict, description="Where each secret is read on the control machine (env:NAME, file:PATH).")
     known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys (None: ~/.ssh/known_hosts).")
+    rollouts: list[RoleRollout] = Field(default_factory=list, description="Per role: how a change rolls through it.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Values the recipe left out, as resolved.")
 
     def service(self, name: str) -> Service:
@@ -353,6 +392,10 @@ class Plan(Frozen):
         """Names of the hosts that run at least one service, in recipe order."""
         used = {s.host for s in self.services}
         return [h.name for h in self.hosts if h.name in used]
+
+    def rollout_of(self, service: str) -> RoleRollout | None:
+        """The rolling rule of the role `service` is an instance of (None: it restarts in place)."""
+        return next((r for r in self.rollouts if any(service in inst for inst in r.instances)), None)
 
     def start_waves(self) -> list[list[str]]:
         """Services grouped so each group depends only on earlier groups."""

@@ -211,3 +211,23 @@ def _place_gpu(
         out.gpus_used += par.size
         return True
     return False
+
+
+# Instance offset of the port block a surge twin takes (beside its instance, never over another one's).
+SURGE_PORT_OFFSET = 64
+
+
+def surge_slot(recipe: Recipe, slot: Slot) -> Slot | None:
+    """Where a second instance of `slot` can run beside it during a change (None: no room for one).
+
+    Hosts without GPUs have room (ports and memory are all it takes on the CPU demo); a GPU instance would need
+    free GPUs on its host, which primectl does not yet hand to a twin.
+    """
+    if slot.gpus or slot.hosts_per_instance > 1:
+        return None
+    block = port_block(recipe)
+    k = slot.ports["system"] - recipe.ports.worker_system + SURGE_PORT_OFFSET
+    ports = _ports(recipe, k, block)
+    if "dp_rpc" in slot.ports:
+        ports["dp_rpc"] = slot.ports["dp_rpc"] + SURGE_PORT_OFFSET
+    return slot.model_copy(update={"name": f"{slot.name}-surge", "ports": ports})

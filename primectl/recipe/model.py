@@ -140,6 +140,18 @@ class Frontend(Strict):
     busy: Admission = Field(default_factory=Admission)
     migration_limit: int = Field(3, ge=0, description="Times a request may move to another worker on failure.")
     host_cache_hit_weight: float | None = Field(None, ge=0)
+    replicas: int = Field(
+        1, ge=1, description="Frontend processes; more than one puts a load balancer (HAProxy) on `port` in front of "
+        "them, so a frontend change rolls through them with no lost request.")
+    drain_timeout_s: int = Field(60, ge=0, description="How long a frontend replica may take to finish its streams.")
+
+
+class Rollout(Strict):
+    """How a change to a running role reaches its instances: in batches, each drained before it stops."""
+
+    max_unavailable: int = Field(1, ge=1, description="Instances of the role out of service at once during a change.")
+    drain_timeout_s: int = Field(
+        60, ge=0, description="How long a draining instance may take to finish its in-flight requests before they are cut.")
 
 
 class Role(Strict):
@@ -158,6 +170,7 @@ class Role(Strict):
     cpu_kv_cache_gib: int = Field(
         1, ge=1, description="CPU hosts: GiB of host memory each worker of this role gives its KV cache "
         "(vLLM's VLLM_CPU_KVCACHE_SPACE, whole GiB); GPU hosts size KV from gpu_memory_utilization.")
+    rollout: Rollout = Field(default_factory=lambda: Rollout(), description="How a change rolls through this role's instances.")
 
     @field_validator("parallel")
     @classmethod
@@ -260,6 +273,8 @@ class Ports(Strict):
                             "hosts (vLLM --master-port, bound on its first host).")
     bootstrap: Port = 8998
     response_stream: Port = 23000
+    frontend_replica: Port = Field(8100, description="HTTP port of frontend replica 0 when `frontend.replicas` > 1 "
+                                   "(the balancer takes `frontend.port`).")
     tcp_rpc: Port = 23100
 
 

@@ -146,6 +146,9 @@ class Target(Protocol):
     """One way to run a plan. Implementations live in primectl/targets/<name>.py."""
 
     name: str
+    # Whether it can start a worker's surge twin beside it during a change (then each configuration of the
+    # workers registers as a generation of its own); a scheduler or an operator replaces workers its own way.
+    surges: bool
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
         """The hosts as this target plans them (SSH: as the recipe names them; a scheduler: logical node slots)."""

@@ -106,6 +106,7 @@ class KubernetesTarget:
     """`target: kubernetes`: render only; the cluster is driven with kubectl."""
 
     name = "kubernetes"
+    surges = False
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
         """The recipe's hosts shape the render (GPUs per node, NVLink domains); pods are placed by the scheduler."""

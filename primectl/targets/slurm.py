@@ -549,6 +549,7 @@ class SlurmTarget:
     """`target: slurm`."""
 
     name = "slurm"
+    surges = False
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
         """Logical node slots: addresses bound in the job, workdirs per job on the shared filesystem."""

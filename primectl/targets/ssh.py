@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from primectl.checks.preflight_rules import ours_listening
 from primectl.deploy.changes import Change, compute_changes, pending, secrets_hash
@@ -31,9 +31,19 @@ from primectl.deploy.cluster import (
 )
 from primectl.deploy.fanout import parallel
 from primectl.deploy.progress import WaitProgress
-from primectl.deploy.protocol import STATE_SCHEMA, HostState, Layout, ServiceRecord, ServiceRef, WaitSpec, unit_name
+from primectl.deploy.protocol import (
+    STATE_SCHEMA,
+    DrainSpec,
+    HostState,
+    Layout,
+    ProbeSpec,
+    ServiceRecord,
+    ServiceRef,
+    WaitSpec,
+    unit_name,
+)
 from primectl.errors import DeployError
-from primectl.plan.model import HostPlan, Plan, Service
+from primectl.plan.model import HostPlan, Plan, RoleRollout, Service
 from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan
 from primectl.targets.base import ChangeLine, PlannedHosts, StartFailed, StepPlan
@@ -58,19 +68,43 @@ def _tar(bundle: Bundle) -> bytes:
     return buf.getvalue()
 
 
+def _ref(name: str, unit: str, stop_timeout: float, drain: DrainSpec | None) -> ServiceRef:
+    ref: ServiceRef = {"name": name, "unit": unit, "stop_timeout": stop_timeout}
+    if drain:
+        ref["drain"] = drain
+    return ref
+
+
 def _refs(plan: Plan, names: Iterable[str]) -> list[ServiceRef]:
-    return [{"name": n, "unit": unit_name(plan.name, n), "stop_timeout": plan.service(n).stop_timeout_s} for n in names]
+    out = []
+    for n in names:
+        svc = plan.service(n)
+        drain = cast(DrainSpec, svc.drain.model_dump(mode="json")) if svc.drain else None
+        out.append(_ref(n, unit_name(plan.name, n), svc.stop_timeout_s, drain))
+    return out
 
 
 def _recorded_refs(records: dict[str, ServiceRecord], names: Iterable[str]) -> list[ServiceRef]:
-    return [{"name": n, "unit": records[n]["unit"], "stop_timeout": records[n].get("stop_timeout", 30)} for n in names]
+    return [_ref(n, records[n]["unit"], records[n].get("stop_timeout", 30), records[n].get("drain")) for n in names]
+
+
+def batches(rollout: RoleRollout, changed: set[str]) -> list[list[str]]:
+    """The changed instances of a role in restart batches: at most max_unavailable at once, and never every
+    instance of a role that has more than one (each batch lists the services of its instances)."""
+    touched = [inst for inst in rollout.instances if any(n in changed for n in inst)]
+    size = max(1, min(rollout.max_unavailable, len(rollout.instances) - 1 if len(rollout.instances) > 1 else 1))
+    return [[n for inst in touched[i:i + size] for n in inst if n in changed] for i in range(0, len(touched), size)]
 
 
 def _record(svc: Service, bundle: Bundle) -> ServiceRecord:
     m: dict[str, Any] = bundle.services[svc.name]
-    return {"hash": m["hash"], "files_hash": m["files_hash"], "expect_hash": m["expect_hash"], "fields": m["fields"],
-            "unit": m["unit"], "role": svc.role, "release": bundle.revision, "listens": svc.listens,
-            "ready": svc.ready.model_dump(mode="json"), "stop_timeout": svc.stop_timeout_s}  # type: ignore[typeddict-item]
+    record: ServiceRecord = {
+        "hash": m["hash"], "files_hash": m["files_hash"], "expect_hash": m["expect_hash"], "fields": m["fields"],
+        "unit": m["unit"], "role": svc.role, "release": bundle.revision, "listens": svc.listens,
+        "ready": cast(ProbeSpec, svc.ready.model_dump(mode="json")), "stop_timeout": svc.stop_timeout_s}
+    if svc.drain:
+        record["drain"] = cast(DrainSpec, svc.drain.model_dump(mode="json"))
+    return record
 
 
 def _group(plan: Plan, names: Iterable[str]) -> dict[str, list[str]]:
@@ -92,6 +126,7 @@ class SSHRollout:
         self.secrets_hash = ""
         self.stale_secrets: list[str] = []
         self.started: list[str] = []
+        self.twins: list[str] = []  # surge twins running now (stopped at the end of their surge, or by rollback)
 
     # -- lock and diff --------------------------------------------------------------------------------
 
@@ -160,7 +195,7 @@ class SSHRollout:
             StepPlan("activate", skip if idle else (", ".join(f"switch {h}" for h in self.push_hosts) or "no switch")
                      + ("; write secrets" if self.stale_secrets or plan.secret_names else "")),
             StepPlan("stop removed", ", ".join(removed) or "nothing to remove"),
-            StepPlan("waves", "; ".join(waves) or "nothing to start"),
+            StepPlan("waves", "; ".join(waves) or "nothing to start", self.rollout_plan()),
             StepPlan("gate", skip if idle else f"GET {plan.gate.url} == 200 (up to {plan.gate.timeout_s:g}s)"),
             StepPlan("smoke", skip if idle else ("run the endpoint checks" if smoke else "skipped (--no-smoke)")),
             StepPlan("record", skip if idle else f"write state on {len(self.hosts)} host(s)"
@@ -241,7 +276,180 @@ class SSHRollout:
         names = self.to_start
         return [[n for n in wave if n in names] for wave in self.plan.start_waves() if any(n in names for n in wave)]
 
+    def rollout_plan(self) -> list[str]:
+        """Per wave, how the running services that change are replaced, and what clients lose (0, or why not)."""
+        plan, out = self.plan, []
+        for wave in self.waves():
+            at_once, surge, rolls = self.rolling(wave)
+            running = {ch.service for ch in self.changes if ch.action == "change"}
+            for n in at_once:
+                if n in running:
+                    svc = plan.service(n)
+                    out.append(f"{n}: single instance, no spare capacity: up to {svc.ready.timeout_s:g}s without "
+                               f"this {svc.role} (it restarts in place)"
+                               + ("; `frontend.replicas: 2` puts a balancer in front" if svc.role == "frontend" else ""))
+            if surge:
+                kind = ("new generation (its own Dynamo namespace: the router never mixes the two)"
+                        if self._new_generation(surge) else "same generation")
+                out.append(f"surge, {kind}: twins {', '.join(n + '-surge' for n in surge)} start beside the running "
+                           f"ones and register; then {', '.join(surge)} drain (up to "
+                           f"{max(_drain_s(plan.service(n)) for n in surge):g}s) "
+                           "and restart; then the twins drain and stop; expected loss 0")
+            for rollout, steps in rolls:
+                drain = max((_drain_s(plan.service(n)) for b in steps for n in b), default=0)
+                if len(rollout.instances) == 1:
+                    svc = plan.service(steps[0][0])
+                    out.append(f"{rollout.role}: single instance, no spare capacity: up to {svc.ready.timeout_s:g}s "
+                               f"without this role")
+                    continue
+                if rollout.registered is not None and self._card_changes(steps[0]):
+                    svc = plan.service(steps[0][0])
+                    out.append(f"{rollout.role}: {', '.join(steps[0])} restart together: their command line changes, "
+                               "and Dynamo's router rejects workers whose model card differs from the running ones; "
+                               f"no room for a second generation here: up to {svc.ready.timeout_s:g}s without "
+                               f"{'this role' if len(steps[0]) == len(rollout.instances) else 'them'}")
+                    continue
+                together = len(steps) == 1 and len(steps[0]) >= len([n for i in rollout.instances for n in i])
+                out.append(f"{rollout.role}: {len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
+                           f"drain (up to {drain:g}s) -> restart -> ready"
+                           + (" -> registered with the router" if rollout.registered else " -> back in the balancer")
+                           + ("; every instance at once: the role is out until they are ready" if together
+                              else "; expected loss 0"))
+        return out
+
+    def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
+        """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers
+        that change and have a surge twin each (a new generation starts beside the old one); and per role, the
+        batches the other running instances that change restart in."""
+        changing = {ch.service for ch in self.changes if ch.action == "change"} & set(wave)
+        surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None]
+        rolls = []
+        in_batches: set[str] = set(surge)
+        for rollout in self.plan.rollouts:
+            mine = {n for inst in rollout.instances for n in inst} & changing - set(surge)
+            if mine and rollout.registered is not None and self._card_changes(mine):
+                # Dynamo 1.6.1's router keeps the first configuration of a worker set and rejects workers whose
+                # model card differs ("Rejected incompatible workers"): a new argv cannot roll in batches.
+                rolls.append((rollout, [sorted(mine, key=wave.index)]))
+                in_batches |= mine
+            elif mine:
+                rolls.append((rollout, batches(rollout, mine)))
+                in_batches |= mine
+        return [n for n in wave if n not in in_batches], surge, rolls
+
     def start(self, wave: list[str]) -> None:
+        """Start a wave: new and dead services at once; changing workers with room for a twin as a surge (twins
+        first, then the old ones drained and replaced, then the twins drained); a role's other running instances
+        that change in batches, each drained first and back in the router's count before the next batch starts."""
+        at_once, surge, rolls = self.rolling(wave)
+        if at_once:
+            self._start_now(at_once)
+        if surge:
+            self._surge(surge)
+        for rollout, steps in rolls:
+            for i, batch in enumerate(steps, 1):
+                if len(steps) > 1 or len(rollout.instances) > 1:
+                    self.cluster.say(f"rolling {rollout.role} {i}/{len(steps)}: {', '.join(batch)} "
+                                     f"(drain, restart, ready{', registered' if rollout.registered else ''})")
+                self._start_now(batch)
+                if rollout.registered is not None:
+                    self._wait_registered(rollout)
+
+    def _surge(self, names: list[str]) -> None:
+        """Replace running workers with no moment short of capacity: their twins (the new configuration, on
+        ports of their own) start and register, the old instances drain and restart as the new configuration,
+        then the twins drain and stop. A new generation registers in a namespace of its own, so the router
+        never mixes workers whose model cards differ."""
+        plan, c = self.plan, self.cluster
+        twins = [plan.service(n).twin for n in names]
+        c.say(f"surge: starting {', '.join(t.name for t in twins if t)} beside {', '.join(names)}")
+        self.twins += [t.name for t in twins if t]
+        self._start_services([t for t in twins if t is not None])
+        extra = {r.role: sum(1 for n in names if plan.service(n).role == r.role) for r in plan.rollouts}
+        self._wait_roles(names, extra, fresh=True)
+        c.say(f"surge: draining and replacing {', '.join(names)}")
+        self._start_now(names)
+        self._wait_roles(names, extra, fresh=False)
+        c.say(f"surge: draining {', '.join(t.name for t in twins if t)}")
+        self._stop_twins()
+        self._wait_roles(names, {}, fresh=False)
+
+    def _wait_roles(self, names: list[str], twins: dict[str, int], *, fresh: bool) -> None:
+        """Until the router counts each role of `names` as planned plus its twins still up (`fresh`: only the twins
+        and the instances that do not change have registered in this generation so far)."""
+        plan = self.plan
+        for rollout in plan.rollouts:
+            if rollout.registered is None or not any(n in inst for inst in rollout.instances for n in names):
+                continue
+            changing = sum(1 for inst in rollout.instances if any(n in names for n in inst))
+            unchanged = len(rollout.instances) - changing
+            # a new generation counts apart: at first only its twins and the instances that did not change
+            count = (unchanged if fresh and self._new_generation(names) else len(rollout.instances)) + twins.get(rollout.role, 0)
+            self._wait_registered(rollout, count)
+
+    def _card_changes(self, names: Iterable[str]) -> bool:
+        """Whether any of these workers changes its command line (what its model card is made from)."""
+        return any(self._field_changed(n, "argv") for n in names)
+
+    def _field_changed(self, name: str, field: str) -> bool:
+        host = self.plan.service(name).host
+        have = (self.cluster.recorded(host).get(name) or {}).get("fields", {})
+        want = cast(dict[str, str], self.bundles[host].services[name].get("fields", {}))
+        return have.get(field) != want.get(field)
+
+    def _new_generation(self, names: list[str]) -> bool:
+        """Whether the workers that change move to a generation (Dynamo namespace) other than the running one."""
+        return any(self._field_changed(n, "generation") for n in names)
+
+    def _start_services(self, services: list[Service]) -> None:
+        """Start services that are not in the plan's list (surge twins) and wait until each is ready."""
+        c = self.cluster
+        by_host: dict[str, list[Service]] = {}
+        for svc in services:
+            by_host.setdefault(svc.host, []).append(svc)
+
+        def one(h: str) -> Any:
+            svcs = by_host[h]
+            refs = [_ref(s.name, unit_name(self.plan.name, s.name), s.stop_timeout_s,
+                         cast(DrainSpec, s.drain.model_dump(mode="json")) if s.drain else None) for s in svcs]
+            waits: list[WaitSpec] = [{"name": s.name, "unit": unit_name(self.plan.name, s.name),
+                                      "probe": cast(ProbeSpec, s.ready.model_dump(mode="json"))} for s in svcs]
+            return c.client(h).start_wait(refs, waits, timeout=max(s.ready.timeout_s for s in svcs) + 60)
+
+        for h, r in parallel(one, by_host).items():
+            if isinstance(r, BaseException):
+                name = getattr(r, "service", None) or by_host[h][0].name
+                raise StartFailed(f"surge twin {name} on {h}: {r}", service=name, log_tail=self._tail(h, name))
+
+    def _stop_twins(self) -> None:
+        """Drain and stop every surge twin this `up` started (systemd: and forget their units)."""
+        plan, c = self.plan, self.cluster
+        twins = [svc.twin for svc in plan.services if svc.twin and svc.twin.name in self.twins]
+        by_host: dict[str, list[ServiceRef]] = {}
+        for t in twins:
+            by_host.setdefault(t.host, []).append(_ref(t.name, unit_name(plan.name, t.name), t.stop_timeout_s,
+                                                       cast(DrainSpec, t.drain.model_dump(mode="json")) if t.drain else None))
+        for h, r in parallel(lambda h: c.client(h).stop(by_host[h], remove_units=True), by_host).items():
+            if isinstance(r, BaseException):
+                c.say(f"WARNING: could not stop the surge twins on {h}: {r}")
+        self.twins = []
+
+    def _wait_registered(self, rollout: RoleRollout, count: int | None = None) -> None:
+        """Until the router counts every instance of the role again (the batch just started has registered),
+        or `count` of them."""
+        plan = self.plan
+        probe = rollout.registered if count is None else rollout.registered_count(count)
+        assert probe is not None
+        try:
+            with WaitProgress([f"{rollout.role} registered"]) as progress:
+                self.cluster.client(plan.head).wait([{"name": f"{rollout.role} registered",
+                                                      "probe": cast(ProbeSpec, probe.model_dump(mode="json"))}],
+                                                    timeout=probe.timeout_s + 30, progress=progress.update)
+        except HostError as exc:
+            raise StartFailed(f"{rollout.role} did not register with the router again: "
+                              f"{str(exc).removeprefix(f'{plan.head}: ')}", service=rollout.instances[0][0]) from None
+
+    def _start_now(self, wave: list[str]) -> None:
         """Start services (per host in parallel) and wait until every one is ready."""
         plan, c = self.plan, self.cluster
         self.started += wave
@@ -251,12 +459,14 @@ class SSHRollout:
             names = by_host[h]
             waits: list[WaitSpec] = [{"name": n, "unit": unit_name(plan.name, n),
                                       "probe": plan.service(n).ready.model_dump(mode="json")} for n in names]  # type: ignore[typeddict-item]
-            timeout = max(plan.service(n).ready.timeout_s for n in names) + 60
+            timeout = max(plan.service(n).ready.timeout_s for n in names) + 60 + sum(_drain_s(plan.service(n)) for n in names)
             return c.client(h).start_wait(_refs(plan, names), waits, timeout=timeout, progress=progress.update)
 
         with WaitProgress(wave) as progress:  # each service's phase on stderr while the wave comes up
             results = parallel(one, by_host)
         for h, r in results.items():
+            for name, d in (r.get("drained") or {}).items() if isinstance(r, dict) else ():
+                c.say(f"{name}: {_drained_text(d)}")
             if isinstance(r, HostError) and r.service:
                 tail = self._tail(h, r.service)
                 raise StartFailed(f"{r.service} on {h}: {str(r).removeprefix(f'{h}: ')}", service=r.service,
@@ -312,6 +522,7 @@ class SSHRollout:
                     if ch.action == "remove" or ch.service in self.started:
                         restore.setdefault(h, []).append(ch.service)
         if not restore:
+            self._stop_twins()
             return
         c.say(f"restoring {', '.join(n for names in restore.values() for n in names)} on the previous revision")
 
@@ -322,6 +533,7 @@ class SSHRollout:
             return c.client(h).start_wait(_recorded_refs(recorded, restore[h]), waits)
 
         bad = [f"{h}: {r}" for h, r in parallel(one, restore).items() if isinstance(r, BaseException)]
+        self._stop_twins()  # the previous revision serves again: only now may the twins go
         if bad:
             c.say("WARNING: the previous revision did not come back healthy: " + "; ".join(bad))
         else:
@@ -369,6 +581,24 @@ class SSHRollout:
         return f"{len(self.to_start)} started, {keep} unchanged"
 
 
+def _drain_s(svc: Service) -> float:
+    return svc.drain.timeout_s if svc.drain else 0.0
+
+
+def _drained_text(d: Any) -> str:
+    if not d:
+        return "was not running"
+    text = f"drained in {d.get('seconds', 0):.1f}s"
+    return text + (f", {d['cut']} in-flight request(s) cut at the drain timeout" if d.get("cut") else ", nothing cut")
+
+
+@contextmanager
+def target_apply(plan: Plan, options: Any, say: Say) -> Iterator[SSHRollout]:
+    """An SSH rollout on the plan's hosts (what `drain` and `restart` act through)."""
+    with opened(plan, _policy(options), say, include_dropped=True) as cluster:
+        yield SSHRollout(cluster)
+
+
 def _stop_refs(cluster: Cluster, groups: dict[str, list[ServiceRef]], remove: bool, host: str) -> list[str]:
     return cluster.client(host).stop(groups[host], remove_units=remove)
 
@@ -377,6 +607,7 @@ class SSHTarget:
     """`target: ssh` (the default)."""
 
     name = "ssh"
+    surges = True
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
         """The recipe names real hosts: planned as written."""
@@ -414,6 +645,36 @@ class SSHTarget:
         finally:
             t.close()
         return code
+
+    def drain(self, plan: Plan, service: str, options: Any, say: Say, *, restart: bool, break_lock: bool) -> None:
+        """Take one service out of routing and let its in-flight work finish, then stop it (`restart`: start it
+        again, wait until it is ready and back in the router's count, beside a surge twin where it has one)."""
+        with target_apply(plan, options, say) as run:
+            run.lock(break_lock=break_lock)
+            try:
+                run.diff(None)
+                change = next((c for c in run.changes if c.service == service), None)
+                if change is None or change.action in ("add", "remove"):
+                    raise DeployError(f"{service} is not deployed; `primectl up` deploys it")
+                if change.action == "change":
+                    raise DeployError(f"{service} runs another definition than the recipe's ({change.reason}); "
+                                      "`primectl up` rolls it to the recipe")
+                svc = plan.service(service)
+                if not restart:
+                    r = run.cluster.client(svc.host).stop_drained(_refs(plan, [service]))
+                    say(f"{service}: {_drained_text((r.get('drained') or {}).get(service))}; stopped "
+                        "(`primectl restart` or `primectl up` starts it again)")
+                    return
+                rollout = plan.rollout_of(service)
+                if svc.twin is not None:
+                    run._surge([service])
+                else:
+                    run._start_now([service])
+                    if rollout is not None and rollout.registered is not None:
+                        run._wait_registered(rollout)
+                say(f"{service}: restarted, ready" + (" and back in the router's count" if rollout else ""))
+            finally:
+                run.unlock()
 
     def unlock(self, plan: Plan, options: Any, say: Say) -> str:
         """Remove the lock on the head host, whoever holds it."""

@@ -8,8 +8,9 @@ export DYN_DISCOVERY_BACKEND=file
 export DYN_EVENT_PLANE=zmq
 export DYN_EVENT_PLANE_HOST=127.0.0.1
 export DYN_FILE_KV=/tmp/primectl-demo/discovery/demo
+export DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS=60
 export DYN_HTTP_RPC_HOST=127.0.0.1
-export DYN_NAMESPACE=demo
+export DYN_NAMESPACE=demo-gen-c88bfec3
 export DYN_REQUEST_PLANE=tcp
 export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_SYSTEM_HOST=127.0.0.1
@@ -21,7 +22,7 @@ export NO_COLOR=1
 export PYTHONUNBUFFERED=1
 exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.mocker \
-  --model-path "${release_dir}"/model \
+  --model-path /tmp/primectl-demo/models/25cc0d110f2b \
   --model-name demo \
   --disaggregation-mode decode \
   --data-parallel-size 1 \

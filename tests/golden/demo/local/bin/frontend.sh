@@ -22,7 +22,7 @@ export XDG_CACHE_HOME=/tmp/primectl-demo/data/frontend/cache
 mkdir -p /tmp/primectl-demo/data/frontend/home /tmp/primectl-demo/data/frontend/cache
 exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.frontend \
-  --namespace demo \
+  --namespace-prefix demo-gen- \
   --http-host 127.0.0.1 \
   --http-port 8000 \
   --router-mode kv \

@@ -1,0 +1,49 @@
+"""HAProxy (Debian's haproxy 2.6) in front of the frontend replicas: the endpoint clients use.
+
+It health-checks each replica's `/health`, retries a request a replica refused
+before answering, and takes a replica out of rotation through its admin
+socket (`set server ... state drain`) so a frontend change rolls through the
+replicas without cutting a stream.
+"""
+
+from __future__ import annotations
+
+from primectl.engines.base import PlanContext
+from primectl.plan.model import RELEASE, Drain, FileSpec, Probe, Service
+
+HAPROXY_BINARY = "/usr/sbin/haproxy"
+BACKEND = "frontends"
+CONFIG = "config/balancer.haproxy.cfg"
+MAXCONN = 4096
+
+
+def socket_path(ctx: PlanContext, host: str) -> str:
+    """The admin socket of the balancer on `host` (under the workdir, so it survives a release switch)."""
+    return f"{ctx.hosts[host].workdir}/run/balancer.haproxy.sock"
+
+
+def replica_drain(ctx: PlanContext, balancer_host: str, replica: str) -> Drain:
+    """How a frontend replica leaves rotation: the balancer stops sending it work and its streams finish."""
+    return Drain(how="balancer", socket=socket_path(ctx, balancer_host), server=f"{BACKEND}/{replica}",
+                 timeout_s=ctx.recipe.frontend.drain_timeout_s)
+
+
+def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Service:
+    """HAProxy bound to the frontend's address and port, one health-checked server per replica."""
+    from primectl.render.bundle import template
+
+    fe = ctx.recipe.frontend
+    addr = ctx.hosts[host].address
+    config = template("haproxy.cfg.j2").render(
+        name="balancer", deployment=ctx.recipe.name, maxconn=MAXCONN, socket=socket_path(ctx, host),
+        stream_timeout_s=600, address=addr, port=fe.port,
+        servers=[{"name": r.name, "address": r.address, "port": r.ports["http"]} for r in replicas],
+    )
+    argv = [HAPROXY_BINARY, "-W", "-db", "-f", f"{RELEASE}/{CONFIG}"]
+    return Service(
+        name="balancer", role="balancer", component="haproxy", host=host, address=addr,
+        argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config)],
+        ports={"http": fe.port}, listens=[fe.port],
+        depends_on=[r.name for r in replicas],
+        ready=Probe(kind="http", url=f"http://{addr}:{fe.port}/health", timeout_s=60),
+    )
