@@ -45,7 +45,8 @@ needs_crds = pytest.mark.usefixtures("crds")
 
 
 def plan_of(recipe: str) -> Plan:
-    return plan_recipe(REPO / recipe)[1]
+    """The recipe planned for this target, as `primectl render --target kubernetes` plans it."""
+    return plan_recipe(REPO / recipe, target="kubernetes")[1]
 
 
 @pytest.fixture(scope="module")
