@@ -109,10 +109,21 @@ def test_a_dead_service_is_restarted_and_nothing_else(env: Env) -> None:
     assert env.world.starts[before:] == [("h3", "decode-1")]
 
 
-def test_a_decode_change_starts_a_new_generation_beside_the_old_one_then_retires_the_twins(env: Env) -> None:
+def test_a_decode_env_change_keeps_the_generation_and_restarts_only_the_decoders_beside_twins(env: Env) -> None:
     env.up(env.plan())
     before = len(env.world.starts)
     changed = env.plan(decode={"env": {"NCCL_DEBUG": "INFO"}})
+    assert changed.service("decode-0").generation == env.plan().service("decode-0").generation
+    env.up(changed)
+    starts = [s for _, s in env.world.starts[before:]]
+    assert sorted(starts[:2]) == ["decode-0-surge", "decode-1-surge"] and sorted(starts[2:]) == ["decode-0", "decode-1"]
+    assert not any(env.world.is_running("h3", t) for t in ("decode-0-surge", "decode-1-surge"))
+
+
+def test_a_decode_argument_change_starts_a_new_generation_beside_the_old_one_then_retires_the_twins(env: Env) -> None:
+    env.up(env.plan())
+    before = len(env.world.starts)
+    changed = env.plan(decode={"max_num_seqs": 32})
     env.up(changed)
     starts = [s for _, s in env.world.starts[before:]]
     twins = ["prefill-0-surge", "decode-0-surge", "decode-1-surge"]

@@ -172,7 +172,7 @@ def build_plan(recipe: Recipe) -> Plan:
         # Room for a whole second generation: each configuration registers in a namespace of its own, so a
         # change can start the new one beside the old one (Dynamo rejects workers whose model card differs).
         prefix = f"{recipe.dynamo_namespace}-gen-"
-        generation = prefix + generation_id([svc for svc, _ in pairs])
+        generation = prefix + generation_id([svc for svc, _ in pairs], recipe)
         pairs = [(in_generation(svc, generation), in_generation(twin, generation) if twin else None)
                  for svc, twin in pairs]
     workers = [svc.name for svc, _ in pairs]
@@ -219,13 +219,17 @@ def build_plan(recipe: Recipe) -> Plan:
     return plan
 
 
-def generation_id(workers: list[Service]) -> str:
-    """What names a generation: a hash of the first instance of each role as it runs (argv, env, files), which
-    scaling a role leaves alone and any change of its configuration does not."""
+def generation_id(workers: list[Service], recipe: Recipe) -> str:
+    """What names a generation: a hash of the first instance of each role as primectl derives it from the
+    recipe's serving fields (argv, and the env it sets: the KV layout is there), which scaling a role leaves
+    alone. The role's own `env:` entries are not in it: a change there keeps the generation (and the model
+    card), so it rolls in place."""
     firsts: dict[str, Service] = {}
     for svc in workers:
         firsts.setdefault(svc.role, svc)
-    doc = {role: {"argv": s.argv, "env": s.env, "files": [f.model_dump() for f in s.files]} for role, s in firsts.items()}
+    extra = {"prefill": set(recipe.prefill.env), "decode": set(recipe.decode.env)}
+    doc = {role: {"argv": s.argv, "env": {k: v for k, v in s.env.items() if k not in extra.get(role, set())}}
+           for role, s in firsts.items()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]
 
 
