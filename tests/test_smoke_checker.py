@@ -440,14 +440,14 @@ def test_a_stream_whose_chunks_come_at_once_is_not_incremental():
         "fewer than 2 content chunks", "no usage chunk despite stream_options.include_usage", "no finish_reason"]
 
 
-def _runner_streaming(answers: list[list[float]]) -> tuple[Runner, list[int]]:
+def _runner_streaming(answers: list[list[float]], completion_tokens: int = 32) -> tuple[Runner, list[int]]:
     """A Runner whose streamed chats arrive at the given times, one list per attempt (no server)."""
     runner = Runner("http://127.0.0.1:9", "m", None)
     calls: list[int] = []
 
     def once() -> tuple[list[float], tuple[int, int] | None, str | None]:
         calls.append(1)
-        return answers[len(calls) - 1], (20, 32), "length"
+        return answers[len(calls) - 1], (20, completion_tokens), "length"
 
     runner._stream_once = once  # type: ignore[method-assign]
     return runner, calls
@@ -466,7 +466,14 @@ def test_a_frontend_that_always_buffers_fails_after_every_attempt():
     assert res.status == "fail" and len(calls) == STREAM_ATTEMPTS and "not incremental" in res.evidence
 
 
-def test_a_stream_with_one_chunk_fails_without_a_retry():
-    runner, calls = _runner_streaming([[0.5]])
+def test_a_stream_of_one_token_fails_without_a_retry():
+    runner, calls = _runner_streaming([[0.5]], completion_tokens=1)
     res = runner.check("chat: streaming", runner.chat_stream)
     assert res.status == "fail" and len(calls) == 1 and "fewer than 2 content chunks" in res.evidence
+
+
+def test_many_tokens_in_one_chunk_are_merged_deltas_and_tried_again():
+    """vLLM on a loaded CPU host sometimes hands a whole answer over as one delta: the next try streams."""
+    runner, calls = _runner_streaming([[0.5], [0.2, 0.3, 0.4]])
+    res = runner.check("chat: streaming", runner.chat_stream)
+    assert res.status == "pass" and len(calls) == 2 and "32 tokens in 1 content chunk(s)" in res.evidence

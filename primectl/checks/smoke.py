@@ -181,7 +181,10 @@ def judge_stream(arrivals: list[float], usage: tuple[int, int] | None, finish: s
           f"median gap {statistics.median(gaps) * 1000:.1f} ms, spread {(arrivals[-1] - arrivals[0]) * 1000:.0f} ms, "
           f"finish_reason={finish}, usage={tokens}") if len(arrivals) >= 2 else f"{len(arrivals)} content chunk(s)"
     problems = []
-    if len(arrivals) < 2:
+    if len(arrivals) < 2 and usage is not None and usage[1] >= 2:
+        # several tokens in one chunk: merged the same way as a burst of chunks (worth another try)
+        problems.append(f"{COALESCED} ({usage[1]} tokens in {len(arrivals)} content chunk(s))")
+    elif len(arrivals) < 2:
         problems.append("fewer than 2 content chunks")
     elif arrivals[-1] - arrivals[0] < 0.001:
         problems.append(f"{COALESCED} (not incremental)")

@@ -659,6 +659,7 @@ class ProcessSupervisor(Supervisor):
 
     def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
         name = svc["name"]
+        running = self._pid(name) is not None
         drained = self.drain(svc)
         pid = self._pid(name)
         if pid is not None:
@@ -672,7 +673,7 @@ class ProcessSupervisor(Supervisor):
             os.unlink(self.layout.pidfile(name))
         except FileNotFoundError:
             pass
-        return pid is not None
+        return running
 
 
 class SystemdSupervisor(Supervisor):

@@ -148,7 +148,9 @@ class KubernetesTarget:
     def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
         """Refused: `primectl render ... --target kubernetes -o DIR`, then `kubectl apply -f DIR`."""
         raise self._refuse("up` / `diff", "primectl render RECIPE --target kubernetes -o DIR && kubectl apply -f DIR "
-                           "(kubectl diff -f DIR shows what would change; DIR/NOTES.txt lists what to create first)")
+                           "(kubectl diff -f DIR shows what would change; DIR/NOTES.txt lists what to create first). "
+                           "A change is handed to the Dynamo operator, which replaces the changed components' pods "
+                           "itself; primectl's surge, batches and drain do not apply there")
 
     def status(self, plan: Plan, options: Any, say: Say) -> Any:
         """Refused: names the kubectl command that shows the graph's state."""

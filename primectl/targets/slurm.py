@@ -237,7 +237,11 @@ class SlurmRollout:
                   f"wait until it runs (up to {o.pending_timeout_s}s) and read its node addresses"
                 if self.replace else "keep the running job" + ("; write secrets" if self.stale_secrets else ""))),
             StepPlan("stop removed", "nothing: the new job replaces the old one" if self.replace else "nothing to remove"),
-            StepPlan("waves", "; ".join(waves) or "nothing to start"),
+            StepPlan("waves", "; ".join(waves) or "nothing to start", [
+                f"rollout: the job is resubmitted whole: every service stops with job(s) "
+                f"{', '.join(j for j, _ in self.active)} and starts in the new one, so clients have no endpoint "
+                f"until it is ready (up to {plan.gate.timeout_s:g}s); a job's nodes hold one revision at a time, "
+                "so there is no surge, batch or drain here"] if self.replace and self.active and not idle else []),
             StepPlan("gate", skip if idle else f"GET {plan.gate.url} == 200 (up to {plan.gate.timeout_s:g}s)"),
             StepPlan("smoke", skip if idle else ("run the endpoint checks" if smoke else "skipped (--no-smoke)")),
             StepPlan("record", skip if idle else f"write {self.files.path('state.json')}"),

@@ -419,7 +419,8 @@ class SSHRollout:
         for h, r in parallel(one, by_host).items():
             if isinstance(r, BaseException):
                 name = getattr(r, "service", None) or by_host[h][0].name
-                raise StartFailed(f"surge twin {name} on {h}: {r}", service=name, log_tail=self._tail(h, name))
+                raise StartFailed(f"surge twin {name} on {h}: {str(r).removeprefix(f'{h}: ')}", service=name,
+                                  log_tail=self._tail(h, name))
 
     def _stop_twins(self) -> None:
         """Drain and stop every surge twin this `up` started (systemd: and forget their units)."""
@@ -522,7 +523,9 @@ class SSHRollout:
                     if ch.action == "remove" or ch.service in self.started:
                         restore.setdefault(h, []).append(ch.service)
         if not restore:
-            self._stop_twins()
+            if self.twins:  # only twins had started: the previous revision never stopped serving
+                self._stop_twins()
+                c.say("previous revision is healthy again (it kept serving while the surge twins started)")
             return
         c.say(f"restoring {', '.join(n for names in restore.values() for n in names)} on the previous revision")
 
