@@ -137,6 +137,24 @@ def test_a_decode_argument_change_starts_a_new_generation_beside_the_old_one_the
     assert any("surge: starting" in line for line in env.said)
 
 
+def test_a_kv_contract_change_rolls_prefill_and_decode_as_one_new_generation(env: Env) -> None:
+    """An old prefill must never hand KV to a new decode: a new block size moves both roles to a new namespace,
+    and the old generation serves until the new one is registered."""
+    env.up(env.plan())
+    old = env.plan().service("prefill-0").generation
+    changed = env.plan(kv={"block_size": 32})
+    new = changed.service("prefill-0").generation
+    assert new != old and changed.service("decode-0").generation == new
+    _, steps = diff(changed, env.options.connection, env.said.append)
+    waves = next(s for s in steps if s.step == "waves")
+    assert any(d.startswith("surge, new generation") for d in waves.details), waves.details
+    before = len(env.world.starts)
+    env.up(changed)
+    twins = {"prefill-0-surge", "decode-0-surge", "decode-1-surge"}
+    assert {s for _, s in env.world.starts[before:before + 3]} == twins  # the new generation first, whole
+    assert {env.world.namespaces[k] for k in env.world.running if k[1] in ("prefill-0", "decode-0", "decode-1")} == {new}
+
+
 def _gpu(env: Env, **changes: Any) -> Plan:
     """The same deployment on GPU hosts that it fills: no room for a twin, so no generations."""
     return env.plan(hardware={"profile": "h200-hgx", "gpus_per_host": 2}, **changes)
