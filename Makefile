@@ -10,7 +10,7 @@ RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
+.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
 
 system:
 	bash scripts/install-system.sh
@@ -104,6 +104,16 @@ demo-vllm: system venv
 
 demo-vllm-down: venv
 	$(PRIMECTL) down recipes/demo-vllm.yaml
+
+# The demo set up for changes under load (two frontend replicas behind HAProxy, two prefill workers), and the
+# benchmark that counts what each kind of live change loses (in a private network namespace; it takes its own
+# copy up and down).
+demo-live: system venv
+	$(PRIMECTL) up recipes/demo-live.yaml
+	@echo "Demo (live changes) is up: http://127.0.0.1:8000/v1 behind HAProxy. Stop: $(PRIMECTL) down recipes/demo-live.yaml"
+
+bench-live-change: system venv runtime
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/python benchmarks/live_change.py --recipe recipes/demo-live.yaml'
 
 # The same stack as one Slurm job on a throw-away Slurm cluster (munged, slurmctld, three slurmd on 127.0.0.2-4).
 demo-slurm: system venv wheelhouse
