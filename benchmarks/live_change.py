@@ -73,6 +73,13 @@ def _set(path: str, value: Any) -> Callable[[Doc], None]:
     return edit
 
 
+def _scale(workers: int) -> Callable[[Doc], None]:
+    def edit(doc: Doc) -> None:
+        doc["decode"]["workers"] = workers
+        doc.pop("ratio", None)  # a fixed P:D ratio would refuse the new count
+    return edit
+
+
 def scenarios(doc: Doc) -> list[Scenario]:
     """The live-ops table's rows, each applied on top of the one before."""
     seqs = int(doc["decode"].get("max_num_seqs") or 64)
@@ -83,8 +90,8 @@ def scenarios(doc: Doc) -> list[Scenario]:
         Scenario("none", "nothing changed"),
         Scenario("decode-arg", f"decode.max_num_seqs {seqs} -> {seqs - 8}", _set("decode.max_num_seqs", seqs - 8)),
         Scenario("decode-arg-back", f"decode.max_num_seqs {seqs - 8} -> {seqs}", _set("decode.max_num_seqs", seqs)),
-        Scenario("scale-up", f"decode.workers {workers} -> {workers + 1}", _set("decode.workers", workers + 1)),
-        Scenario("scale-down", f"decode.workers {workers + 1} -> {workers}", _set("decode.workers", workers)),
+        Scenario("scale-up", f"decode.workers {workers} -> {workers + 1}", _scale(workers + 1)),
+        Scenario("scale-down", f"decode.workers {workers + 1} -> {workers}", _scale(workers)),
         Scenario("prefill-arg", f"prefill.token_budget_per_gpu {budget} -> {budget // 2}",
                  _set("prefill.token_budget_per_gpu", budget // 2)),
         Scenario("frontend-arg", f"frontend.session_affinity.ttl_secs {ttl} -> {ttl + 300}",
