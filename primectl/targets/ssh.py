@@ -75,13 +75,14 @@ def _ref(name: str, unit: str, stop_timeout: float, drain: DrainSpec | None) -> 
     return ref
 
 
+def _service_ref(plan: Plan, svc: Service) -> ServiceRef:
+    """How the agent names a planned service (or a surge twin): unit, stop timeout, and how it drains."""
+    drain = cast(DrainSpec, svc.drain.model_dump(mode="json")) if svc.drain else None
+    return _ref(svc.name, unit_name(plan.name, svc.name), svc.stop_timeout_s, drain)
+
+
 def _refs(plan: Plan, names: Iterable[str]) -> list[ServiceRef]:
-    out = []
-    for n in names:
-        svc = plan.service(n)
-        drain = cast(DrainSpec, svc.drain.model_dump(mode="json")) if svc.drain else None
-        out.append(_ref(n, unit_name(plan.name, n), svc.stop_timeout_s, drain))
-    return out
+    return [_service_ref(plan, plan.service(n)) for n in names]
 
 
 def _recorded_refs(records: dict[str, ServiceRecord], names: Iterable[str]) -> list[ServiceRef]:
@@ -410,8 +411,7 @@ class SSHRollout:
 
         def one(h: str) -> Any:
             svcs = by_host[h]
-            refs = [_ref(s.name, unit_name(self.plan.name, s.name), s.stop_timeout_s,
-                         cast(DrainSpec, s.drain.model_dump(mode="json")) if s.drain else None) for s in svcs]
+            refs = [_service_ref(self.plan, s) for s in svcs]
             waits: list[WaitSpec] = [{"name": s.name, "unit": unit_name(self.plan.name, s.name),
                                       "probe": cast(ProbeSpec, s.ready.model_dump(mode="json"))} for s in svcs]
             return c.client(h).start_wait(refs, waits, timeout=max(s.ready.timeout_s for s in svcs) + 60)
@@ -428,8 +428,7 @@ class SSHRollout:
         twins = [svc.twin for svc in plan.services if svc.twin and svc.twin.name in self.twins]
         by_host: dict[str, list[ServiceRef]] = {}
         for t in twins:
-            by_host.setdefault(t.host, []).append(_ref(t.name, unit_name(plan.name, t.name), t.stop_timeout_s,
-                                                       cast(DrainSpec, t.drain.model_dump(mode="json")) if t.drain else None))
+            by_host.setdefault(t.host, []).append(_service_ref(plan, t))
         for h, r in parallel(lambda h: c.client(h).stop(by_host[h], remove_units=True), by_host).items():
             if isinstance(r, BaseException):
                 c.say(f"WARNING: could not stop the surge twins on {h}: {r}")
