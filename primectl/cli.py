@@ -517,6 +517,99 @@ def ab(
     raise typer.Exit(_guard(body))
 
 
+@app.command()
+def sweep(
+    recipe: Annotated[Path | None, typer.Argument(help="Base recipe (not with --resume).", show_default=False)] = None,
+    vary: Annotated[list[str] | None, typer.Option(
+        "--vary", help="An axis: PATH=V1,V2,... e.g. decode.workers=1,2,3 or ratio=1:2,1:4 (repeat for more axes).")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", help="One variant of fields that change together: PATH=V,PATH=V (repeat; crossed with --vary).")] = None,
+    sweep_file: Annotated[Path | None, typer.Option("--sweep-file", help="YAML with a `vary:` mapping of axes.")] = None,
+    sla: Annotated[str | None, typer.Option("--sla", help="The SLA each variant's knee must meet, e.g. 'ttft_p90_ms<=800'.")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Knee searches per variant (>= 2 gives the spread).")] = 1,
+    predict: Annotated[bool, typer.Option("--predict", help="Put aiconfigurator's prediction beside each variant.")] = False,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Top of each knee search's range.")] = 8,
+    low: Annotated[int, typer.Option("--low", min=1, help="Bottom of each knee search's range.")] = 1,
+    max_runs: Annotated[int, typer.Option("--max-runs", min=1, max=7, help="AIPerf runs per knee search.")] = 4,
+    duration: Annotated[float, typer.Option("--duration", help="Seconds of load per AIPerf run.")] = 60.0,
+    workload: Annotated[str | None, typer.Option("--workload", help="agentic or agentic-demo (default: the engine's).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Workload and AIPerf seed (the same for every variant).")] = 20260,
+    max_error_rate: Annotated[float, typer.Option("--max-error-rate", help="Above this error fraction a run is INVALID.")] = 0.01,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Where the sweep directory goes.")] = Path("runs"),
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted sweep in this directory.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and plan every variant, show the order; deploy nothing.")] = False,
+    no_smoke: NoSmokeOpt = False,
+    skip_preflight: SkipPreflightOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Topology sweep: each variant through `up`, its SLA knee measured, the winner by goodput per GPU."""
+
+    def body() -> int:
+        import shutil
+        import tempfile
+
+        from primectl.bench.aiperf import AIPerfMissing
+        from primectl.bench.report import print_sweep, print_sweep_plan
+        from primectl.bench.runner import BenchOptions, new_run_dir
+        from primectl.bench.sweep import SweepSpec, bench_fields, load, prepare, run
+        from primectl.bench.variants import Axis, parse_variant, parse_vary, read_sweep_file
+        from primectl.deploy.pipeline import UpOptions
+
+        if resume is not None:
+            if recipe or vary or variant or sweep_file or sla:
+                raise RecipeError([Problem("--resume", 0, 0, "--resume", "a resumed sweep runs as it was started: "
+                                           "give only --resume DIR (and connection options)")])
+            sw = load(resume)
+        else:
+            if recipe is None or sla is None:
+                raise RecipeError([Problem("sweep", 0, 0, "RECIPE" if recipe is None else "--sla",
+                                           "a sweep needs a base recipe and --sla (or --resume DIR)")])
+            axes = [read_sweep_file(sweep_file)] if sweep_file else []
+            flat = [a for group in axes for a in group] + [parse_vary(v) for v in vary or []]
+            if variant:
+                flat.append(Axis("variant", tuple(parse_variant(v) for v in variant), "--variant"))
+            opts = BenchOptions(workload=workload, duration_s=duration, concurrency=concurrency, seed=seed,
+                                max_error_rate=max_error_rate)
+            if low > concurrency:
+                raise RecipeError([Problem("sweep", 0, 0, "--low", f"--low {low} is above --concurrency {concurrency}")])
+            spec = SweepSpec(base=str(recipe.resolve()), sla=sla, repeat=repeat, low=low, max_runs=max_runs,
+                             predict=predict, preflight=not skip_preflight, smoke=not no_smoke,
+                             bench=bench_fields(opts))
+            root = Path(tempfile.mkdtemp(prefix="primectl-sweep-")) if dry_run else new_run_dir(
+                runs_dir, recipe.stem + "-sweep")
+            try:
+                sw = prepare(recipe, flat, spec, root)
+            except (RecipeError, ValueError):
+                shutil.rmtree(root, ignore_errors=True)
+                raise
+            if dry_run:
+                try:
+                    print_sweep_plan(sw, predict=predict, say=_say)
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+                return 0
+        first = sw.plans[sw.state["order"][0]]
+        up_opts = UpOptions(connection=_policy(first, accept_new_host_keys))
+        print_sweep_plan(sw, predict=False, say=_say, stream=sys.stderr)
+        try:
+            run(sw, up_opts, _say)
+        except KeyboardInterrupt:
+            _say(f"interrupted: the last deployed variant is still running; resume with: primectl sweep --resume {sw.root}")
+            return 130
+        except AIPerfMissing as exc:
+            _say(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        return 0 if print_sweep(sw, output.value) else EXIT_FAILURE
+
+    try:
+        code = _guard(body)
+    except ValueError as exc:
+        _say(f"error: {exc}")
+        code = EXIT_BAD_INPUT
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -64,3 +64,8 @@ class DeployError(Exception):
         self.service = service
         self.log_tail = log_tail
         super().__init__(message)
+
+
+class Interrupted(DeployError):
+    """Ctrl-C during a rollout, after the previous revision was put back."""
+

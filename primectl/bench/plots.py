@@ -112,3 +112,30 @@ def ab_plots(rows: list[dict[str, Any]], runs: list[tuple[str, int, dict[str, An
     fig.savefig(pareto, dpi=100)
     plt.close(fig)
     return [ab, pareto]
+
+
+def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[tuple[float, float]]]], path: Path, *,
+                  title: str, x_sla: float | None = None) -> list[Path]:
+    """Output tok/s per GPU against tok/s per user: one curve per variant through its probes (by concurrency),
+    each repeat's knee marked with a star, the SLA as a vertical line when it is a tok/s-per-user bound."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, (label, pts, knees) in enumerate(curves):
+        color = colors[n % len(colors)]
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", ms=4, color=color, label=label, alpha=0.8)
+        for c, x, y in pts:
+            ax.annotate(str(c), (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points", color=color)
+        if knees:
+            ax.scatter([k[0] for k in knees], [k[1] for k in knees], marker="*", s=160, color=color,
+                       edgecolors="black", zorder=3)
+    if x_sla is not None:
+        ax.axvline(x_sla, linestyle="--", color="#333333", label=f"SLA tok/s/user >= {x_sla:g}")
+    ax.set_xlabel("tok/s per user (interactivity)")
+    ax.set_ylabel("output tok/s per GPU (efficiency)")
+    ax.set_title(f"{title}\n(points: probes, labelled by concurrency; stars: knees)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]

@@ -275,9 +275,14 @@ class KneeRun:
 
 
 def run_knee(plan: Plan, opts: BenchOptions, sla: SLA, *, recipe: str = "", low: int = 1, max_runs: int = 7,
-             runs_root: Path = Path("runs"), say: Say = print) -> KneeRun:
-    """Bisect concurrency in [low, opts.concurrency] for the most sessions meeting `sla` (<= max_runs runs)."""
-    root = new_run_dir(runs_root, f"{plan.name}-knee")
+             runs_root: Path = Path("runs"), root: Path | None = None, say: Say = print) -> KneeRun:
+    """Bisect concurrency in [low, opts.concurrency] for the most sessions meeting `sla` (<= max_runs runs).
+
+    Probes go under `root` when given (a sweep's repeat), else a new runs/<time>-<name>-knee.
+    """
+    if root is None:
+        root = new_run_dir(runs_root, f"{plan.name}-knee")
+    root.mkdir(parents=True, exist_ok=True)
     runs: dict[int, BenchResult] = {}
 
     def measure(c: int) -> tuple[float | None, str]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from primectl.errors import DeployError, Problem, RecipeError
+from primectl.errors import DeployError, Interrupted, Problem, RecipeError
 from primectl.plan.model import Plan
 from primectl.targets.base import ChangeLine, Rollout, StepPlan
 from primectl.targets.base import get as get_target
@@ -130,7 +130,7 @@ def _locked(run: Rollout, options: UpOptions, secrets: str, say: Say, t0: float)
         # Ctrl-C mid-rollout: put the previous revision back rather than leave a mix (a second Ctrl-C aborts).
         say("interrupted: rolling back to the previous revision")
         run.rollback()
-        raise DeployError("interrupted by the operator (rolled back to the previous revision)") from None
+        raise Interrupted("interrupted by the operator (rolled back to the previous revision)") from None
     run.record()
     run.retire()
     say(f"ready: {run.plan.endpoint} ({run.summary()})")
