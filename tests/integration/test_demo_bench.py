@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +162,81 @@ def test_ab_demo_vs_variant_writes_the_report(demo: Path, tmp_path: Path) -> Non
     for png in ("ab.png", "pareto.png"):
         assert (ab_dir / png).read_bytes()[:4] == b"\x89PNG"
     assert "deploying B" in r.stderr
+
+
+def _sweep_state(runs: Path) -> tuple[Path, dict] | None:
+    found = sorted(runs.glob("*-sweep/sweep.json"))
+    if not found:
+        return None
+    try:
+        return found[-1].parent, json.loads(found[-1].read_text())
+    except json.JSONDecodeError:  # mid-write is impossible (atomic replace), but be safe
+        return None
+
+
+def test_sweep_interrupted_by_ctrl_c_then_resumed_writes_every_file(demo: Path, tmp_path: Path) -> None:
+    """Two variants (decode workers 1 and 2) on the real demo: Ctrl-C after the first variant's knee search,
+    the deployment keeps serving, `--resume` measures only what is left and writes the report."""
+    runs = tmp_path / "runs"
+    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [PRIMECTL, "sweep", str(demo), "--vary", "decode.workers=1,2", "--sla", "ttft_p90_ms<=60000",
+         "--concurrency", "2", "--max-runs", "2", "--duration", "3", "--no-smoke", "--skip-preflight", "--predict",
+         "--runs-dir", str(runs)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            got = _sweep_state(runs)
+            if got and any(r["repeats"] for r in got[1]["results"].values()):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, f"sweep ended before it could be interrupted:\n{proc.communicate()}"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    got = _sweep_state(runs)
+    assert got is not None
+    root, state = got
+    assert f"resume with: primectl sweep --resume {root}" in err
+    assert state["status"] == "interrupted"
+    first = state["order"][0]
+    assert state["order"] == ["v02", "v01"] and state["restarts"]["v02"] == []  # the base (2 workers) is deployed
+    assert len(state["results"][first]["repeats"]) == 1
+    assert not state["results"].get("v01", {}).get("repeats")
+    kept = {p: p.stat().st_mtime_ns for p in (root / first).rglob("summary.json")}
+    assert kept
+    with urllib.request.urlopen(f"http://127.0.0.1:{FRONTEND_PORT}/v1/models", timeout=10) as resp:
+        assert resp.status == 200  # Ctrl-C left a deployment serving
+
+    r = cli("sweep", "--resume", root, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = json.loads((root / "sweep.json").read_text())
+    assert state["status"] == "done"
+    assert {vid: len(res["repeats"]) for vid, res in state["results"].items()} == {"v01": 1, "v02": 1}
+    assert {p: p.stat().st_mtime_ns for p in (root / first).rglob("summary.json")} == kept  # not measured again
+    assert state["time"]["deploy_s"] > 0 and state["time"]["measure_s"] > 0
+    for row in state["summary"]:
+        assert row["status"] == "measured" and row["sessions"] == 2, row
+        assert row["output_tok_s_per_gpu"] > 0 and row["tok_s_per_user"] > 0 and row["ttft_p90_ms"] > 0
+        assert row["prediction"]["status"] == "n/a"  # the CPU demo has no perf database
+    assert [r["gpus"] for r in state["summary"]] == [2, 3]  # worker slots: prefill + 1 or 2 decoders
+    md = (root / "sweep.md").read_text()
+    assert "| v01 | decode.workers=1 | ratio=1:1 | 2 | 2 |" in md and "s deploying" in md
+    assert "n/a: hardware profile cpu" in md and "![frontier](frontier.png)" in md
+    assert (root / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    w = state["winner"]
+    assert w["id"] in ("v01", "v02") and "not checked against noise" in w["verdict"]
+    assert w["verdict"] in r.stdout
+    winner_yaml = root / "winner.yaml"
+    from primectl.plan.build import plan_recipe
+
+    won = plan_recipe(winner_yaml)[0].recipe
+    assert won.decode.workers == (1 if w["id"] == "v01" else 2) and won.name == "benchdemo"
+
+    back = cli("up", demo, "--no-smoke")  # the base again, for the tests after this one
+    assert back.returncode == 0, back.stdout + back.stderr
