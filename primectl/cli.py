@@ -518,6 +518,34 @@ def ab(
 
 
 @app.command()
+def predict(
+    recipe: RecipeArg,
+    workload: Annotated[str | None, typer.Option(
+        "--workload", help="The bench workload to predict (default: the engine's, as `bench` picks it).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        "--concurrency", min=1, help="Sessions in flight (default: the decoders full, as the plan sizes them).")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """aiconfigurator's prediction for the recipe on the bench's workload (no deployment needed); n/a without data."""
+
+    def body() -> int:
+        import json
+
+        from primectl.bench.predict import predict as run_predict
+        from primectl.bench.predict import render
+
+        try:
+            pred = run_predict(_plan(recipe), workload=workload, concurrency=concurrency, say=_say)
+        except ValueError as exc:
+            _say(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        print(json.dumps(pred.to_json(), indent=2) if output is Output.json else render(pred))
+        return EXIT_FAILURE if pred.status == "failed" else 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
 def sweep(
     recipe: Annotated[Path | None, typer.Argument(help="Base recipe (not with --resume).", show_default=False)] = None,
     vary: Annotated[list[str] | None, typer.Option(
