@@ -114,17 +114,23 @@ def ab_plots(rows: list[dict[str, Any]], runs: list[tuple[str, int, dict[str, An
     return [ab, pareto]
 
 
-def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[tuple[float, float]]]], path: Path, *,
-                  title: str, x_sla: float | None = None) -> list[Path]:
-    """Output tok/s per GPU against tok/s per user: one curve per variant through its probes (by concurrency),
-    each repeat's knee marked with a star, the SLA as a vertical line when it is a tok/s-per-user bound."""
+def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[tuple[float, float]],
+                                    list[tuple[float, float]]]], path: Path, *, title: str,
+                  x_sla: float | None = None) -> list[Path]:
+    """Output tok/s per GPU against tok/s per user, one curve per variant.
+
+    Each curve: (label, per-concurrency means (c, x, y), every probe (x, y), each repeat's knee (x, y)). The line
+    joins the means in concurrency order; faint dots are single probes; stars are knees. The SLA is a vertical
+    line when it bounds tok/s per user.
+    """
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for n, (label, pts, knees) in enumerate(curves):
+    for n, (label, means, raw, knees) in enumerate(curves):
         color = colors[n % len(colors)]
-        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", ms=4, color=color, label=label, alpha=0.8)
-        for c, x, y in pts:
-            ax.annotate(str(c), (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points", color=color)
+        ax.scatter([p[0] for p in raw], [p[1] for p in raw], s=10, color=color, alpha=0.35)
+        ax.plot([p[1] for p in means], [p[2] for p in means], marker="o", ms=4, color=color, label=label)
+        for c, x, y in means:
+            ax.annotate(str(c), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points", color=color)
         if knees:
             ax.scatter([k[0] for k in knees], [k[1] for k in knees], marker="*", s=160, color=color,
                        edgecolors="black", zorder=3)
@@ -132,7 +138,7 @@ def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[t
         ax.axvline(x_sla, linestyle="--", color="#333333", label=f"SLA tok/s/user >= {x_sla:g}")
     ax.set_xlabel("tok/s per user (interactivity)")
     ax.set_ylabel("output tok/s per GPU (efficiency)")
-    ax.set_title(f"{title}\n(points: probes, labelled by concurrency; stars: knees)", fontsize=9)
+    ax.set_title(f"{title}\n(line: mean per concurrency, labelled; dots: single probes; stars: knees)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -159,15 +159,18 @@ def frontier(state: dict[str, Any], rows: list[dict[str, Any]], sla: SLA, path: 
     curves = []
     for r in rows:
         res = state["results"].get(r["id"], {})
-        pts, knees = [], []
+        by_c: dict[int, list[tuple[float, float]]] = {}
+        knees = []
         for rep in res.get("repeats", []):
             for p in rep["probes"]:
                 if p["valid"] and p.get("tok_s_per_user") is not None and p.get("output_tok_s_per_gpu") is not None:
-                    pts.append((p["concurrency"], p["tok_s_per_user"], p["output_tok_s_per_gpu"]))
+                    by_c.setdefault(p["concurrency"], []).append((p["tok_s_per_user"], p["output_tok_s_per_gpu"]))
                     if p["concurrency"] == rep["knee"]:
                         knees.append((p["tok_s_per_user"], p["output_tok_s_per_gpu"]))
-        if pts:
-            curves.append((f"{r['id']} {r['label']}", sorted(pts), knees))
+        if by_c:
+            means = [(c, statistics.fmean(x for x, _ in v), statistics.fmean(y for _, y in v)) for c, v in sorted(by_c.items())]
+            raw = [pt for v in by_c.values() for pt in v]
+            curves.append((f"{r['id']} {r['label']}", means, raw, knees))
     try:
         from primectl.bench import plots
     except ImportError as exc:
