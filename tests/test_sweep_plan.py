@@ -175,3 +175,30 @@ def test_resume_refuses_a_sweep_whose_base_changed(tmp_path: Path) -> None:
     assert "changed since this sweep started" in str(exc.value)
     assert json.loads((root / "sweep.json").read_text())["status"] == "planned"
     assert os.path.isfile(root / "variants" / "v01.yaml")
+
+
+def test_measured_over_predicted_is_recorded_and_read_back_by_a_later_sweep(tmp_path: Path) -> None:
+    """The bookkeeping of `sweep --predict` (the numbers come from sweep runs; here they are given)."""
+    from primectl.bench.sweep_report import aggregate, record_accuracy
+
+    plan = plan_recipe(GLM)[1]
+
+    def state(sweep: str, tok_s: float) -> dict[str, object]:
+        knee = {"tok_s_per_user": tok_s, "output_tok_s_per_gpu": 50.0, "ttft_p90_ms": 900.0, "itl_p90_ms": 9.0,
+                "ttft_p50_ms": 400.0}
+        return {"variants": [{"id": "v01", "label": "ratio=1:4", "derived": {}, "gpus": 72, "gpu_basis": "GPUs",
+                              "file": str(tmp_path / sweep / "variants" / "v01.yaml")}],
+                "results": {"v01": {"repeats": [{"index": 1, "knee": 8, "knee_figures": knee, "probes": []}],
+                                    "prediction": {"status": "predicted", "figures": {
+                                        "tok_s_per_user": 40.0, "ttft_ms": 200.0, "output_tok_s_per_gpu": 25.0}}}}}
+
+    first = state("20261201T000000Z-glm53-sweep", 80.0)
+    rows = aggregate(first, {"v01": plan})
+    assert rows[0]["measured_over_predicted"] == {"tok_s_per_user": 2.0, "ttft_p50_ms": 2.0, "output_tok_s_per_gpu": 2.0}
+    got = record_accuracy(first, rows, {"v01": plan}, tmp_path)
+    assert got["recorded"] == 1 and got["earlier"] == {}
+    second = state("20261202T000000Z-glm53-sweep", 120.0)
+    got = record_accuracy(second, aggregate(second, {"v01": plan}), {"v01": plan}, tmp_path)
+    assert got["earlier"]["tok_s_per_user"] == {"median": 2.0, "n": 1}  # the first sweep, not this one
+    lines = (tmp_path / "predictor-accuracy.jsonl").read_text().splitlines()
+    assert [json.loads(x)["hardware"] for x in lines] == [plan.hardware.profile] * 2
