@@ -8,7 +8,10 @@ load (by `primectl up`, as an operator would, or by `kill -9` of one decode
 worker), and the load runs on `--after` seconds once the change is done. A
 request is lost when it ends without a `finish_reason`, raises, or gets an HTTP
 error. Prints one row per scenario: lost, served, how long the change took,
-and what the clients saw.
+and what the clients saw. The kill row adds a line from the frontends' and the
+balancer's counters: the migrations Dynamo started and how many it could not
+finish, the requests the balancer sent again, and the lost ones split into
+before their first token and mid-stream (`--json` has each lost request).
 
 It binds loopback ports, so it refuses to run outside a private network
 namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
@@ -42,11 +45,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.liveload import LiveLoad  # noqa: E402
+from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters  # noqa: E402
 from primectl.deploy.protocol import Layout  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+# After a kill -9 the load runs at least this long: past the file store's TTL (10 s), so every request the router
+# could still send to the dead worker before discovery drops it is counted.
+KILL_AFTER_S = 12.0
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && "
             "PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py'")
 
@@ -139,14 +145,44 @@ def kill_decode(workdir: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def kill_findings(before: dict[str, float], after: dict[str, float], report: LoadReport, t_kill: float) -> Doc:
+    """What a worker's death did: the migrations Dynamo started (`new_request`: before the request's stream
+    began, `ongoing_request`: after) and how they ended, how many Dynamo could not migrate, how many the balancer
+    sent again (those Dynamo failed before any byte of a response), and each lost request: when it started and
+    ended (seconds from the kill) and how many tokens its client had by then."""
+    lost = report.lost
+    return {
+        "migrated": counter_delta(before, after, "migration"),
+        "migration_outcomes": counter_delta(before, after, "migration_outcome"),
+        "unmigrated": counter_delta(before, after, "migration_outcome").get("failure", 0),
+        "balancer_retries": int(after.get("balancer_retries", 0) - before.get("balancer_retries", 0)),
+        "lost_before_first_token": sum(o.tokens == 0 for o in lost),
+        "lost_mid_stream": sum(o.tokens > 0 for o in lost),
+        "lost_detail": [{"client": o.client, "started_s": round(o.started - t_kill, 3),
+                         "ended_s": round(o.ended - t_kill, 3), "tokens": o.tokens, "detail": o.detail} for o in lost],
+    }
+
+
+def kill_line(k: Doc) -> str:
+    """The kill row's second line: what Dynamo migrated and could not, and how the lost requests split."""
+    migrated = ", ".join(f"{n} {kind}" for kind, n in k["migrated"].items()) or "none"
+    return (f"Dynamo migrated {migrated}; could not migrate {k['unmigrated']} (the balancer sent "
+            f"{k['balancer_retries']} request(s) again that had failed before any byte); lost "
+            f"{k['lost_before_first_token'] + k['lost_mid_stream']}: {k['lost_before_first_token']} before their "
+            f"first token, {k['lost_mid_stream']} mid-stream")
+
+
 def run_one(s: Scenario, doc: Doc, recipe: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     if s.edit is not None:
         s.edit(doc)
     write(doc, recipe)
     endpoint = f"http://127.0.0.1:{doc['frontend']['port']}"
     load = LiveLoad(endpoint, doc["model"]["served_name"], clients=args.clients, deadline_s=args.before + 600 + args.after)
+    before: dict[str, float] = {}
     with load:
         time.sleep(args.before)
+        if s.action == "kill-decode":
+            before = deployment_counters(workdir)
         t0 = time.monotonic()
         if s.action == "kill-decode":
             kill_decode(workdir)
@@ -155,12 +191,13 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, workdir: Path, args: argparse.N
             r = primectl("up", str(recipe))
             code, tail = r.returncode, (r.stdout + r.stderr)[-1500:]
         took = time.monotonic() - t0
-        time.sleep(args.after)
+        time.sleep(max(args.after, KILL_AFTER_S) if s.action == "kill-decode" else args.after)
     report = load.report
-    if s.action == "kill-decode":
-        primectl("up", str(recipe))  # put decode-0 back for the next scenario (not counted)
     row = {"scenario": s.name, "change": s.what, "lost": len(report.lost), "served": report.served,
            "change_s": round(took, 1), "up_exit": code, "seen": report.seen()}
+    if s.action == "kill-decode":
+        row["kill"] = kill_findings(before, deployment_counters(workdir), report, t0)
+        primectl("up", str(recipe))  # put decode-0 back for the next scenario (not counted)
     if code != 0:
         row["up_output"] = tail
     return row
@@ -195,6 +232,8 @@ def main() -> int:
             rows.append(row)
             print(f"{row['scenario']:16} {row['change']:48} lost {row['lost']:3}  served {row['served']:4}  "
                   f"change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}", flush=True)
+            if "kill" in row:
+                print(f"{'':17}{kill_line(row['kill'])}", flush=True)
             if row["up_exit"] != 0:
                 print(row["up_output"], file=sys.stderr)
     finally:

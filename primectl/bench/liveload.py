@@ -10,10 +10,15 @@ and stops by itself.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from primectl.deploy.protocol import balancer_command, balancer_server
 
 
 @dataclass
@@ -25,6 +30,7 @@ class Outcome:
     ended: float
     ok: bool
     detail: str = ""
+    tokens: int = 0  # content chunks the client had received when the request ended (0: failed before any token)
 
 
 @dataclass
@@ -108,13 +114,14 @@ class LiveLoad:
         while self._more():
             n += 1
             t0 = time.monotonic()
-            ok, detail = self._one(client, f"client {client_id} turn {n}: tell me about the weather")
+            ok, detail, tokens = self._one(client, f"client {client_id} turn {n}: tell me about the weather")
             with self._lock:
-                self.report.outcomes.append(Outcome(client_id, t0, time.monotonic(), ok, detail))
+                self.report.outcomes.append(Outcome(client_id, t0, time.monotonic(), ok, detail, tokens))
             if not ok:
                 time.sleep(0.05)  # an error comes back at once: do not spin
 
-    def _one(self, client: object, prompt: str) -> tuple[bool, str]:
+    def _one(self, client: object, prompt: str) -> tuple[bool, str, int]:
+        tokens = 0
         try:
             stream = client.chat.completions.create(  # type: ignore[attr-defined]
                 model=self.model, messages=[{"role": "user", "content": prompt}],
@@ -122,7 +129,59 @@ class LiveLoad:
             finish = None
             for chunk in stream:
                 for choice in chunk.choices:
+                    tokens += bool(choice.delta and choice.delta.content)
                     finish = choice.finish_reason or finish
-            return (True, "") if finish else (False, "stream ended without a finish_reason")
+            return (True, "", tokens) if finish else (False, "stream ended without a finish_reason", tokens)
         except Exception as exc:  # every failure a client can see counts, whatever its type
-            return False, _describe(exc)
+            return False, _describe(exc), tokens
+
+
+# The balancer's admin socket under a deployment's workdir (engines/haproxy.py) and its backend of frontend replicas.
+BALANCER_SOCKET = "run/balancer.haproxy.sock"
+BALANCER_BACKEND = "frontends"
+_MIGRATION_SAMPLE = re.compile(r"^dynamo_frontend_model_migration_(total|duration_seconds_count)\{([^}]*)\} (\S+)$")
+
+
+def frontend_metrics_urls(workdir: Path) -> list[str]:
+    """Each frontend replica's /metrics, from the balancer's server list (none without a balancer)."""
+    sock = workdir / BALANCER_SOCKET
+    if not sock.exists():
+        return []
+    urls = []
+    for line in balancer_command(str(sock), f"show servers state {BALANCER_BACKEND}").splitlines():
+        f = line.split()  # be_id be_name srv_id srv_name srv_addr ... srv_port (the 19th field)
+        if len(f) > 18 and f[0].isdigit():
+            urls.append(f"http://{f[4]}:{f[18]}/metrics")
+    return urls
+
+
+def deployment_counters(workdir: Path) -> dict[str, float]:
+    """What the deployment counted, summed over the frontend replicas: `migration/<type>` (migrations Dynamo
+    started: new_request before a stream, ongoing_request after), `migration_outcome/<outcome>` (how they ended;
+    `failure`: Dynamo could not migrate the request) and `balancer_retries` (requests HAProxy sent again)."""
+    out: dict[str, float] = {}
+    for url in frontend_metrics_urls(workdir):
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                text = resp.read().decode(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            m = _MIGRATION_SAMPLE.match(line)
+            if not m:
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            key = (f"migration/{labels.get('migration_type')}" if m.group(1) == "total"
+                   else f"migration_outcome/{labels.get('outcome')}")
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+    sock = workdir / BALANCER_SOCKET
+    if sock.exists():
+        out["balancer_retries"] = float(balancer_server(str(sock), f"{BALANCER_BACKEND}/BACKEND").get("wretr") or 0)
+    return out
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float], prefix: str) -> dict[str, int]:
+    """The counters under `prefix/` that moved, by their name after the prefix."""
+    keys = {k for k in (*before, *after) if k.startswith(prefix + "/")}
+    moved = {k.split("/", 1)[1]: int(after.get(k, 0) - before.get(k, 0)) for k in sorted(keys)}
+    return {k: v for k, v in moved.items() if v}
