@@ -1,9 +1,10 @@
 """HAProxy (Debian's haproxy 2.6) in front of the frontend replicas: the endpoint clients use.
 
-It health-checks each replica's `/health`, retries a request a replica refused
-before answering, and takes a replica out of rotation through its admin
-socket (`set server ... state drain`) so a frontend change rolls through the
-replicas without cutting a stream.
+It health-checks each replica's `/health`, sends a request again when a replica
+refused it or answered a 5xx before any byte of a response (a request Dynamo
+could not migrate off a dead worker before its stream began), and takes a
+replica out of rotation through its admin socket (`set server ... state drain`)
+so a frontend change rolls through the replicas without cutting a stream.
 """
 
 from __future__ import annotations
