@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 
 from primectl import registry
 from primectl.errors import Finding
-from primectl.plan.model import Capabilities, Drain, HostPlan, ModelSource, Runtime, Service, Slot, Tier
+from primectl.plan.model import Capabilities, ContainerImage, Drain, HostPlan, ModelSource, Runtime, Service, Slot, Tier
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.model import Decode, Prefill, Recipe, Role
 
@@ -40,10 +40,14 @@ class EngineServing:
     prefill_budget: int
     capabilities: Capabilities
     kv_tokens_per_worker: dict[str, int] | None = None
+    # The container image targets that run containers start the workers from (None: such targets refuse the engine).
+    image: ContainerImage | None = None
 
 
 class Engine(Protocol):
-    """One worker engine. Implementations live in primectl/engines/<name>.py and are registered in primectl.registry."""
+    """One worker engine: a class in one module, registered as an entry point in group `primectl.engines`
+    (primectl.registry; the built-in ones live in primectl/engines/). Everything engine-specific is declared here:
+    later stages ask the Plan (argv, capabilities, image), never the engine's name."""
 
     name: str
     component: str
@@ -78,8 +82,13 @@ class Engine(Protocol):
 
 
 def get(name: str) -> Engine:
-    """The registered engine called `name` (KeyError if none)."""
-    return cast(Engine, registry.engine(name))
+    """The registered engine called `name` (KeyError if none; registry.PluginError if a plugin's is broken or incomplete)."""
+    obj = registry.engine(name)
+    missing = registry.missing_members(obj, Engine)
+    if missing:
+        raise registry.PluginError("engine", name, f"engine {name!r} lacks {', '.join(missing)} of the Engine protocol "
+                                                   f"(primectl.engines.base.Engine; {registry.entry('engine', name).describe()})")
+    return cast(Engine, obj)
 
 
 # Flags the Dynamo worker adapters (vLLM and mocker) set from recipe fields: flag -> the field to use instead.

@@ -18,7 +18,7 @@ from primectl.engines.base import (
 )
 from primectl.errors import Finding
 from primectl.plan.capacity import kv_bytes_per_token, parse_parallel
-from primectl.plan.model import Capabilities, Probe, Service, Slot
+from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
 from primectl.recipe.model import Decode, Prefill, Recipe
@@ -27,6 +27,8 @@ CATALOGS = ("dynamo-mocker-1.6.1.json",)
 # AISimulate (the mocker's source of default timings) is not installable, so
 # bandwidths are always passed explicitly.
 HOST_OFFLOAD_GBPS = 50.0
+# 1.6.1 publishes no mocker image: its mocker DGD template runs the planner image, which carries the wheel.
+IMAGE = ContainerImage(repository="nvcr.io/nvidia/ai-dynamo/dynamo-planner", working_dir="/workspace")
 
 
 class MockerEngine:
@@ -60,7 +62,7 @@ class MockerEngine:
         caps = Capabilities(tool_calls=False, nixl_metrics=False, over_context="5xx-warn", exercises_host_tier=False,
                             reports_kv_cache=False, workload="agentic-demo")
         return EngineServing(context_limit=recipe.model.max_context, prefill_budget=recipe.prefill.token_budget_per_gpu,
-                             capabilities=caps)
+                             capabilities=caps, image=IMAGE)
 
     def worker(self, ctx: PlanContext, slot: Slot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
         """One mocker process standing in for a vLLM prefill or decode instance."""

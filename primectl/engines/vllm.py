@@ -27,13 +27,16 @@ from primectl.engines.base import (
 from primectl.engines.mooncake import store_config
 from primectl.errors import Finding
 from primectl.plan.capacity import parse_parallel
-from primectl.plan.model import RELEASE, Capabilities, FileSpec, Probe, Service, Slot
+from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
 from primectl.recipe.suggest import did_you_mean
 
 CATALOGS = ("vllm-0.31.0.json", "dynamo-vllm-1.6.1.json")
+# The image and working directory ai-dynamo 1.6.1's own vLLM DGD templates use (target: kubernetes).
+IMAGE = ContainerImage(repository="nvcr.io/nvidia/ai-dynamo/vllm-runtime", working_dir="/workspace/examples/backends/vllm",
+                       backend_framework="vllm")
 # vLLM's name for each recipe KV dtype, per attention kind.
 VLLM_KV_DTYPE = {
     ("mla", "nvfp4"): "nvfp4_ds_mla",
@@ -202,7 +205,7 @@ class VllmEngine:
                          for role in ("prefill", "decode")}
         return EngineServing(context_limit=recipe.model.max_context or arch.max_context,
                              prefill_budget=recipe.prefill.token_budget_per_gpu, capabilities=caps,
-                             kv_tokens_per_worker=predicted)
+                             kv_tokens_per_worker=predicted, image=IMAGE)
 
     @staticmethod
     def _cpu_env(ctx: PlanContext, slot: Slot, spec: Prefill | Decode) -> dict[str, str]:

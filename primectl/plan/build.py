@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
+from primectl import registry
 from primectl.deploy.protocol import Layout
 from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
@@ -61,11 +62,11 @@ def plan_recipe(path: str | Path, *, target: str | None = None) -> tuple[LoadedR
     loaded = load_recipe(path)
     if target is not None and target != loaded.recipe.target:
         from primectl.recipe.suggest import did_you_mean
-        from primectl.registry import TARGETS
 
-        if target not in TARGETS:
+        if not registry.known("target", target):
+            choices = registry.names("target")
             raise RecipeError([Problem(loaded.file, 0, 0, "--target", f"{target!r} is not a target"
-                                       f"{did_you_mean(target, list(TARGETS))}; allowed: {', '.join(TARGETS)}")])
+                                       f"{did_you_mean(target, choices)}; allowed: {', '.join(choices)}")])
         loaded = LoadedRecipe(loaded.recipe.model_copy(update={"target": target}), loaded.file, loaded.positions)
     try:
         return loaded, build_plan(loaded.recipe)
@@ -127,10 +128,14 @@ def _defaults(model: BaseModel, prefix: str = "") -> dict[str, Any]:
 
 def build_plan(recipe: Recipe) -> Plan:
     """Place every service, derive ports, argv, env, serving facts and capacity. Raises PlanError."""
-    engine = get_engine(recipe.engine)
+    try:
+        engine = get_engine(recipe.engine)
+        target = get_target(recipe.target)
+    except registry.PluginError as exc:  # a plugin that cannot be loaded: pinned to the field that names it
+        raise PlanError([Finding((exc.kind,), str(exc))]) from None
     arch = architecture(recipe)
     hw = hardware_profile(recipe)
-    planned = get_target(recipe.target).plan_hosts(recipe, host_plans(recipe, hw))
+    planned = target.plan_hosts(recipe, host_plans(recipe, hw))
     hosts = planned.hosts
     by_name = {h.name: h for h in hosts}
     fe_host = recipe.frontend.host
@@ -161,7 +166,7 @@ def build_plan(recipe: Recipe) -> Plan:
         services.append(master_service(ctx, ctx.tier.master_host, workers_use_store=served.capabilities.exercises_host_tier))
         control.append("mooncake-master")
     pairs: list[tuple[Service, Service | None]] = []
-    surges = get_target(recipe.target).surges
+    surges = target.surges
     for slot in placement.slots:
         spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
         twin_slot = surge_slot(recipe, slot) if surges else None
@@ -200,6 +205,7 @@ def build_plan(recipe: Recipe) -> Plan:
         engine=engine.name, context_limit=served.context_limit, prefill_budget=served.prefill_budget,
         block_size=recipe.kv.block_size, kv_dtype=recipe.kv.dtype, model=ctx.model, tier=ctx.tier,
         capabilities=served.capabilities, runtime=runtime, kv_tokens_per_worker=served.kv_tokens_per_worker or {},
+        image=served.image,
     )
     plan = Plan(
         name=recipe.name, namespace=recipe.dynamo_namespace, engine=engine.name, supervisor=recipe.supervisor,

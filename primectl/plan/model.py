@@ -229,6 +229,15 @@ class Capabilities(Frozen):
     tool_call_end_tag: str = Field("</tool_call>", description="The tag the tool-call parser ends a call with.")
 
 
+class ContainerImage(Frozen):
+    """The image a target that runs containers (kubernetes) starts the engine's workers from, as the engine declares it."""
+
+    repository: str = Field(..., description="Image without its tag; the tag is the pinned ai-dynamo version.")
+    working_dir: str | None = Field(None, description="The workers' working directory in the image (None: the image's).")
+    backend_framework: str | None = Field(
+        None, description="What the Dynamo operator calls the engine (DGD spec.backendFramework; None: left out).")
+
+
 class Serving(Frozen):
     """Deployment-wide serving facts every later stage may ask about."""
 
@@ -243,6 +252,7 @@ class Serving(Frozen):
     runtime: dict[str, Runtime] = Field(default_factory=dict, description="Runtime per host.")
     kv_tokens_per_worker: dict[str, int] = Field(
         default_factory=dict, description="KV tokens each worker of a role is predicted to allocate (role -> tokens).")
+    image: ContainerImage | None = Field(None, description="The engine's container image (None: it declares none).")
 
 
 class HardwareFacts(Frozen):

@@ -7,12 +7,14 @@ they become the JSON Schema (`primectl schema`) and the `plan` output.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from primectl import registry
 from primectl.recipe.catalog import Architecture, Hardware
-from primectl.registry import ENGINES, TARGETS
+from primectl.recipe.suggest import did_you_mean
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 PARALLEL_RE = re.compile(r"^(DEP|TEP|TP|DP)([1-9][0-9]*)$")
@@ -45,6 +47,25 @@ def _absolute_path(v: str) -> str:
 
 # An absolute path of plain characters, without `..`; a trailing `/` is dropped.
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+
+
+def _registered(kind: registry.Kind, what: str) -> Callable[[dict[str, Any]], None]:
+    """The schema of a field naming a registered engine or target: what is installed (plugins included) when asked."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        choices = registry.names(kind)
+        schema["description"] = f"{what}: {', '.join(choices)}."
+        schema["enum"] = choices
+
+    return extra
+
+
+def _check_registered(kind: registry.Kind, v: str) -> str:
+    if not registry.known(kind, v):
+        choices = registry.names(kind)
+        raise ValueError(f"{v!r} is not {'an' if kind == 'engine' else 'a'} {kind}{did_you_mean(v, choices)}; "
+                         f"allowed: {', '.join(choices)} (plugins add more: `primectl plugins` lists them)")
+    return v
 
 
 class Strict(BaseModel):
@@ -406,10 +427,10 @@ class Recipe(Strict):
     host_tier: HostTier | None = None
     tool_calling: ToolCalling = Field(default_factory=ToolCalling)
     control_plane: ControlPlane = Field(default_factory=ControlPlane)
-    engine: str = Field("vllm", description="Worker engine: " + ", ".join(ENGINES) + ".",
-                        json_schema_extra={"enum": list(ENGINES)})
-    target: str = Field("ssh", description="How processes reach machines: " + ", ".join(TARGETS) + ".",
-                        json_schema_extra={"enum": list(TARGETS)})
+    engine: str = Field("vllm", description="Worker engine (one registered in primectl.registry).",
+                        json_schema_extra=_registered("engine", "Worker engine"))
+    target: str = Field("ssh", description="How processes reach machines (one registered in primectl.registry).",
+                        json_schema_extra=_registered("target", "How processes reach machines"))
     mocker: Mocker = Field(default_factory=Mocker)
     slurm: Slurm | None = Field(None, description="Slurm job options (target: slurm); defaults apply when left out.")
     software: Software = Field(default_factory=Software)
@@ -425,16 +446,12 @@ class Recipe(Strict):
     @field_validator("engine")
     @classmethod
     def _engine(cls, v: str) -> str:
-        if v not in ENGINES:
-            raise ValueError(f"{v!r} is not an engine; allowed: {', '.join(ENGINES)}")
-        return v
+        return _check_registered("engine", v)
 
     @field_validator("target")
     @classmethod
     def _target(cls, v: str) -> str:
-        if v not in TARGETS:
-            raise ValueError(f"{v!r} is not a target; allowed: {', '.join(TARGETS)}")
-        return v
+        return _check_registered("target", v)
 
     def host_list(self) -> list[Host]:
         """The hosts, once an inventory has been resolved by the loader."""

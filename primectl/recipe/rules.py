@@ -16,6 +16,7 @@ from primectl.recipe.catalog import MODELS, Architecture
 from primectl.recipe.compat import check_software
 from primectl.recipe.model import Recipe, hardware_profile
 from primectl.recipe.suggest import did_you_mean
+from primectl.registry import PluginError
 
 
 def _model_rules(r: Recipe) -> list[Finding]:
@@ -138,7 +139,10 @@ def check_recipe(r: Recipe) -> list[Finding]:
     findings = _model_rules(r) + _host_rules(r) + _topology_rules(r)
     arch = r.model.architecture or MODELS.get(r.model.arch or "")
     findings += _kv_rules(r, arch)
-    findings += get_engine(r.engine).validate(r, arch, hardware_profile(r))
+    try:
+        findings += get_engine(r.engine).validate(r, arch, hardware_profile(r))
+    except PluginError as exc:  # a plugin that cannot be loaded: reported with the recipe's other problems
+        findings.append(Finding(("engine",), str(exc)))
     findings += [Finding(("software", field), msg) for field, msg in check_software(r.software)]
     if findings or arch is None:
         return findings

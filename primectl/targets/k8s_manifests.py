@@ -46,20 +46,6 @@ POD_IP_ENV = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.
 MOONCAKE_COMPONENT = "mooncake-master"
 
 
-@dataclass(frozen=True)
-class EngineImage:
-    """The image and working directory ai-dynamo 1.6.1's own DGD templates use for an engine."""
-
-    repository: str
-    working_dir: str | None
-    backend_framework: str | None  # spec.backendFramework (None: leave it out, as 1.6.1's mocker template does)
-
-
-ENGINE_IMAGES: dict[str, EngineImage] = {
-    "vllm": EngineImage("nvcr.io/nvidia/ai-dynamo/vllm-runtime", "/workspace/examples/backends/vllm", "vllm"),
-    # 1.6.1 publishes no mocker image: its mocker template runs the planner image, which carries the wheel.
-    "mocker": EngineImage("nvcr.io/nvidia/ai-dynamo/dynamo-planner", "/workspace", None),
-}
 # The order components are written in (the frontend first, as 1.6.1 writes it).
 COMPONENT_ORDER = ("Frontend", "prefill", "decode", MOONCAKE_COMPONENT)
 
@@ -291,9 +277,10 @@ def _container(comp: Component, image: str, working_dir: str | None, env: list[t
 
 def build_manifests(plan: Plan) -> Manifests:
     """Every resource the kubernetes target renders for `plan` (KubernetesRenderError if it cannot)."""
-    image_spec = ENGINE_IMAGES.get(plan.engine)
+    image_spec = plan.serving.image
     if image_spec is None:
-        raise KubernetesRenderError(f"no Dynamo image known for engine {plan.engine!r} (known: {', '.join(ENGINE_IMAGES)})")
+        raise KubernetesRenderError(f"engine {plan.engine} declares no container image (EngineServing.image), "
+                                    "so its workers have nothing to run from on Kubernetes")
     version = plan.pins.get("ai-dynamo")
     if not version:
         raise KubernetesRenderError("the plan pins no ai-dynamo version, so no image tag")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from primectl.plan.model import Plan
 from primectl.targets import k8s_schema
-from primectl.targets.k8s_manifests import COMPONENT_ORDER, ENGINE_IMAGES, Component, Manifests
+from primectl.targets.k8s_manifests import COMPONENT_ORDER, Component, Manifests
 from primectl.targets.k8s_pod import POD_IP, RELEASE_ROOT
 
 PROVENANCE_PATH = "primectl/targets/data/crds/PROVENANCE"
@@ -133,8 +133,8 @@ def notes(plan: Plan, m: Manifests, files: Mapping[str, str]) -> str:
             "  - the Mooncake master as a component without type, and its Service: not tried on a cluster;",
             "    the Service is checked only against primectl's own schema. Its readiness probe is the plan's.",
         ]
-    image = ENGINE_IMAGES[plan.engine]
-    if plan.pins.get("vllm"):
+    image = plan.serving.image
+    if image is not None and plan.pins.get("vllm"):
         out.append(f"  - {image.repository}:{plan.pins.get('ai-dynamo')} carries the vLLM that Dynamo release ships;"
                    f" the recipe pins vllm {plan.pins['vllm']}: not checked.")
     if m.mooncake_service:
