@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployError, Problem, RecipeError
+from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployError, Problem, RecipeError, Refused
 
 if TYPE_CHECKING:
     from primectl.deploy.cluster import ConnectionPolicy
@@ -72,6 +72,10 @@ def _guard(fn: Callable[[], T]) -> T:
         err.print(f"[bold red]error:[/] {n} problem{'s' if n != 1 else ''} in the recipe; nothing was changed")
         for p in exc.problems:
             err.print(f"  {p}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except Refused as exc:
+        err.print("[bold red]error:[/]", end=" ")
+        err.print(f"{exc}; nothing was changed", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except DeployError as exc:
         err.print("[bold red]failed:[/]", end=" ")
@@ -162,6 +166,16 @@ def schema() -> None:
     from primectl.recipe.model import recipe_json_schema
 
     sys.stdout.write(recipe_json_schema())
+
+
+@app.command()
+def plugins(output: OutputOpt = Output.table) -> None:
+    """List the engines and targets (built in and from installed plugins): where each comes from, what it supports."""
+    from primectl.plugins import listing, print_plugins
+
+    items = listing()
+    print_plugins(items, output.value)
+    raise typer.Exit(EXIT_FAILURE if any(i.error for i in items) else 0)
 
 
 @app.command()

@@ -49,6 +49,10 @@ class RecipeError(Exception):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+class Refused(Exception):
+    """The command does not apply to this deployment (e.g. a render-only target); nothing was changed (exit code 2)."""
+
+
 class PlanError(Exception):
     """The recipe parsed but cannot be planned; carries findings to pin to YAML lines."""
 

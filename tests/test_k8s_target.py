@@ -336,9 +336,9 @@ def k8s_recipe(tmp_path: Path) -> Path:
 def test_commands_that_drive_a_cluster_refuse_naming_the_kubectl_command(cli, k8s_recipe, args, says):
     argv = [str(k8s_recipe) if a == "RECIPE" else a for a in args]
     result = cli(*argv) if "RECIPE" in args else cli(*argv, k8s_recipe)
-    assert result.exit_code == 1, result.stdout + result.stderr
+    assert result.exit_code == 2, result.stdout + result.stderr  # a render-only target: refused as bad input
     text = " ".join(result.stderr.split())
-    assert "does not support `primectl" in text and "render and `kubectl apply -f`" in text
+    assert "target kubernetes renders only; use `primectl render RECIPE -o DIR`" in text and "nothing was changed" in text
     assert says in text
 
 

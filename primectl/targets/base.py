@@ -1,12 +1,22 @@
-"""The Target protocol: how planned processes reach machines.
+"""The Target protocols: how planned processes reach machines.
 
-Engines say what runs; targets say where and how it starts. A target binds
-the plan's logical slots to machines (`bind`), renders what it ships
-(`render`), opens a rollout that the one `up` pipeline (deploy/pipeline.py)
-drives step by step (`apply`), and reads and stops what runs (`status`,
-`logs`, `down`). The implementations are SSH/local push (targets/ssh.py),
-Slurm (targets/slurm.py) and Kubernetes (targets/kubernetes.py); adding a
-target is one module plus a line in primectl/registry.py.
+Engines say what runs; targets say where and how it starts. A target is one
+class in one module, registered as an entry point in group `primectl.targets`
+(primectl.registry). It has two parts:
+
+- what renders (`RenderTarget`): it plans the recipe's hosts (`plan_hosts`),
+  binds the plan's logical slots to machines (`bind`) and renders what it
+  ships (`render`, what `primectl render` writes);
+- what deploys (`Deploys`): it opens a rollout that the one `up` pipeline
+  (deploy/pipeline.py) drives step by step (`apply`), and reads and stops
+  what runs (`status`, `logs`, `down`, `unlock`).
+
+A render-only target implements the first part only; `get` hands it out
+wrapped so that `up`, `diff`, `status`, `logs`, `down` and `unlock` refuse it
+with one message (exit 2) naming `primectl render`, and what its optional
+`instead(plan, command, service)` says to run instead. The built-in ones are
+SSH/local push (targets/ssh.py) and Slurm (targets/slurm.py), which deploy,
+and Kubernetes (targets/kubernetes.py), which renders only.
 """
 
 from __future__ import annotations
@@ -14,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from primectl import registry
-from primectl.errors import DeployError
+from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
 
@@ -142,8 +152,8 @@ class Rollout(Protocol):
         ...
 
 
-class Target(Protocol):
-    """One way to run a plan. Implementations live in primectl/targets/<name>.py."""
+class RenderTarget(Protocol):
+    """What renders: every target has this part (a render-only target has nothing else)."""
 
     name: str
     # Whether it can start a worker's surge twin beside it during a change (then each configuration of the
@@ -161,6 +171,11 @@ class Target(Protocol):
     def render(self, plan: Plan) -> dict[str, bytes]:
         """What this target ships, as {relative path: content} (`primectl render`)."""
         ...
+
+
+@runtime_checkable
+class Deploys(Protocol):
+    """What deploys: a target that `up` can drive, and that reads and stops what runs."""
 
     def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
         """Open a rollout (connections, inspection) that `up` drives; closed on exit."""
@@ -183,6 +198,77 @@ class Target(Protocol):
         ...
 
 
+class Target(RenderTarget, Deploys, Protocol):
+    """A target with both parts, as `get` hands every target out (a render-only one wrapped in RenderOnly)."""
+
+
+class RenderOnly:
+    """A render-only target as a Target: it renders; every command that would deploy refuses (Refused, exit 2)."""
+
+    def __init__(self, target: RenderTarget):
+        self.target = target
+        self.name = target.name
+        self.surges = target.surges
+
+    def __getattr__(self, attr: str) -> Any:  # the target's optional extras, e.g. render_report
+        return getattr(self.target, attr)
+
+    def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
+        """The target's own."""
+        return self.target.plan_hosts(recipe, hosts)
+
+    def bind(self, plan: Plan) -> Plan:
+        """The target's own."""
+        return self.target.bind(plan)
+
+    def render(self, plan: Plan) -> dict[str, bytes]:
+        """The target's own."""
+        return self.target.render(plan)
+
+    def refused(self, plan: Plan, command: str, service: str | None = None) -> Refused:
+        """The one refusal: use `primectl render`, and what the target says to run instead."""
+        instead = getattr(self.target, "instead", None)
+        hint = instead(plan, command, service) if callable(instead) else None
+        return Refused(f"target {self.name} renders only; use `primectl render RECIPE -o DIR` "
+                       f"(`primectl {command}` does not apply to it)" + (f", then: {hint}" if hint else ""))
+
+    def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
+        """Refused."""
+        raise self.refused(plan, "up` / `diff")
+
+    def status(self, plan: Plan, options: Any, say: Say) -> Any:
+        """Refused."""
+        raise self.refused(plan, "status")
+
+    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+        """Refused."""
+        raise self.refused(plan, "logs", service)
+
+    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+        """Refused."""
+        raise self.refused(plan, "down")
+
+    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+        """Refused."""
+        raise self.refused(plan, "unlock")
+
+
+def load(name: str) -> RenderTarget:
+    """The registered target called `name`, as it is (KeyError if none; registry.PluginError if broken or incomplete)."""
+    obj = registry.target(name)
+    missing = registry.missing_members(obj, RenderTarget)
+    if missing:
+        raise registry.PluginError("target", name, f"target {name!r} lacks {', '.join(missing)} of the RenderTarget "
+                                                   f"protocol (primectl.targets.base; {registry.entry('target', name).describe()})")
+    return cast(RenderTarget, obj)
+
+
+def deploys(target: RenderTarget) -> bool:
+    """Whether the target implements the deploy part too."""
+    return isinstance(target, Deploys)
+
+
 def get(name: str) -> Target:
-    """The registered target called `name` (KeyError if none)."""
-    return cast(Target, registry.target(name))
+    """The registered target called `name` (KeyError if none); a render-only one wrapped so deploying refuses."""
+    obj = load(name)
+    return cast(Target, obj) if deploys(obj) else RenderOnly(obj)

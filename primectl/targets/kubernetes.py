@@ -13,21 +13,20 @@ only (primectl/targets/k8s_manifests.py):
 Every resource is validated offline before anything is returned
 (primectl/targets/k8s_schema.py; custom resources only where their pinned
 CRD is present). Deploying is `kubectl apply -f DIR`: there is no API server
-here to test against, so `up`, `status`, `logs`, `down` and `unlock` refuse
-with the kubectl command to run instead.
+here to test against, so this is a render-only target (targets/base.py):
+`up`, `diff`, `status`, `logs`, `down` and `unlock` refuse (exit 2) with the
+kubectl command to run instead (`instead`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
-from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
 from primectl.targets import k8s_schema
-from primectl.targets.base import PlannedHosts, Rollout, Say
+from primectl.targets.base import PlannedHosts
 from primectl.targets.k8s_manifests import Manifests, build_manifests, component_of
 from primectl.targets.k8s_notes import notes
 from primectl.targets.k8s_pod import KubernetesRenderError
@@ -42,10 +41,6 @@ class ManifestSchemaError(KubernetesRenderError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("rendered Kubernetes resources break their schema (a primectl bug):\n  " + "\n  ".join(problems))
-
-
-class NotSupported(DeployError):
-    """The command does not apply to this target; the message names what to run instead (exit 1)."""
 
 
 def manifest_files(m: Manifests) -> dict[str, list[dict[str, Any]]]:
@@ -103,7 +98,7 @@ def render_manifests(plan: Plan, validate: Validate = k8s_schema.validate_resour
 
 
 class KubernetesTarget:
-    """`target: kubernetes`: render only; the cluster is driven with kubectl."""
+    """`target: kubernetes`: render only (a RenderTarget); the cluster is driven with kubectl."""
 
     name = "kubernetes"
     surges = False
@@ -139,38 +134,24 @@ class KubernetesTarget:
         core = sorted(rendered & {kind for _, kind in k8s_schema.CORE_SCHEMAS})
         return [*lines, f"schema: {', '.join(core)} checked against primectl's own schemas"] if core else lines
 
-    # -- what kubectl does instead ----------------------------------------------------------------
+    # -- what kubectl does instead of the commands that deploy --------------------------------------
 
-    def _refuse(self, command: str, instead: str) -> NotSupported:
-        return NotSupported(f"the kubernetes target does not support `primectl {command}`: render and `kubectl apply -f`; "
-                            f"run: {instead}")
-
-    def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
-        """Refused: `primectl render ... --target kubernetes -o DIR`, then `kubectl apply -f DIR`."""
-        raise self._refuse("up` / `diff", "primectl render RECIPE --target kubernetes -o DIR && kubectl apply -f DIR "
-                           "(kubectl diff -f DIR shows what would change; DIR/NOTES.txt lists what to create first). "
-                           "A change is handed to the Dynamo operator, which replaces the changed components' pods "
-                           "itself; primectl's surge, batches and drain do not apply there")
-
-    def status(self, plan: Plan, options: Any, say: Say) -> Any:
-        """Refused: names the kubectl command that shows the graph's state."""
-        raise self._refuse("status", f"kubectl -n {plan.namespace} get dynamographdeployment {plan.name} "
-                           f"&& kubectl -n {plan.namespace} get pods -l nvidia.com/dynamo-graph-deployment-name={plan.name}")
-
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
-        """Refused: names the kubectl command that prints the logs of the service's component."""
-        kind = component_of(plan.service(service))
-        if kind is None:
-            raise self._refuse("logs", f"nothing: {service} is not deployed on Kubernetes (the operator replaces it)")
-        selector = f"nvidia.com/dynamo-graph-deployment-name={plan.name},nvidia.com/dynamo-component={kind[0]}"
-        follow_flag = " -f" if follow else ""
-        raise self._refuse("logs", f"kubectl -n {plan.namespace} logs -l {selector} --prefix --tail {tail}{follow_flag}")
-
-    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
-        """Refused: names the kubectl command that deletes the rendered resources."""
-        raise self._refuse("down", f"kubectl delete -f DIR (the render's directory), or kubectl -n {plan.namespace} "
-                           f"delete dynamographdeployment {plan.name}")
-
-    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
-        """Refused: primectl takes no lock on a cluster."""
-        raise self._refuse("unlock", "nothing: primectl holds no lock on a Kubernetes cluster")
+    def instead(self, plan: Plan, command: str, service: str | None) -> str:
+        """The kubectl command to run instead of `primectl COMMAND` (the refusal of a render-only target quotes it)."""
+        if command == "status":
+            return (f"kubectl -n {plan.namespace} get dynamographdeployment {plan.name} "
+                    f"&& kubectl -n {plan.namespace} get pods -l nvidia.com/dynamo-graph-deployment-name={plan.name}")
+        if command == "logs" and service is not None:
+            kind = component_of(plan.service(service))
+            if kind is None:
+                return f"nothing: {service} is not deployed on Kubernetes (the operator replaces it)"
+            selector = f"nvidia.com/dynamo-graph-deployment-name={plan.name},nvidia.com/dynamo-component={kind[0]}"
+            return f"kubectl -n {plan.namespace} logs -l {selector} --prefix --tail 100 [-f]"
+        if command == "down":
+            return (f"kubectl delete -f DIR (the render's directory), or kubectl -n {plan.namespace} "
+                    f"delete dynamographdeployment {plan.name}")
+        if command == "unlock":
+            return "nothing: primectl holds no lock on a Kubernetes cluster"
+        return ("kubectl apply -f DIR (kubectl diff -f DIR shows what would change; DIR/NOTES.txt lists what to create "
+                "first). A change is handed to the Dynamo operator, which replaces the changed components' pods itself; "
+                "primectl's surge, batches and drain do not apply there")
