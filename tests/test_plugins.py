@@ -98,7 +98,8 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def primectl(*args: str | Path, path: list[Path]) -> CliResult:
     """`primectl ARGS` as a subprocess with `path` on PYTHONPATH (what `pip install` of the plugins gives)."""
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(map(str, path)), "COLUMNS": "400", "NO_COLOR": "1"}
+    pythonpath = [*map(str, path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(pythonpath), "COLUMNS": "400", "NO_COLOR": "1"}
     r = subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     return CliResult(r.returncode, r.stdout, r.stderr)
 

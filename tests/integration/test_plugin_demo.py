@@ -38,7 +38,8 @@ RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.ru
 
 
 def cli(*args: str | Path, site: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1", "PYTHONPATH": str(site)}
+    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1",
+                        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env=env)
 
