@@ -209,6 +209,61 @@ class _AcceptNewPolicy:
                 f.write(f"{sep}{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+_KNOWN_HOSTS_INDEX: dict[str, tuple[tuple[int, int, int], dict[str, list[str]], list[str]]] = {}
+_KNOWN_HOSTS_INDEX_LOCK = threading.Lock()
+
+
+def _known_hosts_index(path: str) -> tuple[dict[str, list[str]], list[str]]:
+    """known_hosts lines by plain host name, plus the hashed (`|1|`) lines; re-read when the file changes."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}, []
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    with _KNOWN_HOSTS_INDEX_LOCK:
+        cached = _KNOWN_HOSTS_INDEX.get(path)
+        if cached and cached[0] == stamp:
+            return cached[1], cached[2]
+        by_name: dict[str, list[str]] = {}
+        hashed: list[str] = []
+        with open(path) as f:
+            for raw in f:
+                line = raw.strip()
+                if not line or line[0] == "#":
+                    continue
+                names = line.split(None, 1)[0].split(",")
+                for name in dict.fromkeys(names):
+                    if name.startswith("|1|"):
+                        if line not in hashed[-1:]:
+                            hashed.append(line)
+                    else:
+                        by_name.setdefault(name, []).append(line)
+        _KNOWN_HOSTS_INDEX[path] = (stamp, by_name, hashed)
+        return by_name, hashed
+
+
+def host_keys_for(path: str, address: str, port: int) -> Any:
+    """The known_hosts entries that can match this host, parsed as paramiko's HostKeys.load parses them."""
+    import paramiko
+
+    name = address if port == 22 else f"[{address}]:{port}"
+    by_name, hashed = _known_hosts_index(path)
+    keys = paramiko.HostKeys()
+    for lineno, line in enumerate([*by_name.get(name, []), *hashed], 1):
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except paramiko.SSHException:
+            continue
+        if entry is None:
+            continue
+        for h in list(entry.hostnames):
+            if keys.check(h, entry.key):
+                entry.hostnames.remove(h)
+        if entry.hostnames:
+            keys._entries.append(entry)
+    return keys
+
+
 class SSHTransport:
     """`connection: ssh`: a Fabric Connection that verifies host keys against known_hosts."""
 
@@ -227,9 +282,10 @@ class SSHTransport:
         client = self._conn.client
         # Fabric's default is to add unknown keys silently; refuse them unless asked.
         client._system_host_keys = paramiko.HostKeys()
-        client._host_keys = paramiko.HostKeys()
-        if os.path.exists(known_hosts):
-            client.load_host_keys(known_hosts)
+        # Only this host's entries: paramiko parses every line of the file (and checks it against all the
+        # others) for each client, which is quadratic in the fleet size.
+        client._host_keys = host_keys_for(known_hosts, host.address, host.port)
+        client._host_keys_filename = known_hosts
         policy = _AcceptNewPolicy(known_hosts) if accept_new_host_keys else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
         try:
