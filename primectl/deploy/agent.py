@@ -440,8 +440,9 @@ def op_tail(h: Host) -> TailResult:
 
 
 def op_purge(h: Host) -> Result:
-    """Remove everything primectl put under the workdir."""
-    for sub in Layout.PURGED:
+    """Remove everything primectl put under the workdir (this agent's cached source too: it runs from memory now,
+    and the next connection uploads it again)."""
+    for sub in (*Layout.PURGED, AGENT_DIR):
         path = h.layout.path(sub)
         if os.path.islink(path) or os.path.isfile(path):
             os.unlink(path)
@@ -513,6 +514,7 @@ def op_install_progress(h: Host) -> InstallProgress:
             "downloaded_mb": round(downloaded, 1), "last": readable(last)[:200]}
 
 
+AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/primectl_agent.py, the cached copy of this source
 DOWNLOADED = re.compile(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)")
 
 OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}

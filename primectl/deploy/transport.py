@@ -9,6 +9,7 @@ result (`{"progress": ...}`, never `ok`), as they come.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import os
@@ -24,6 +25,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol
 
+from primectl.deploy.agent import AGENT_DIR
 from primectl.deploy.protocol import Progress
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan
@@ -100,6 +102,58 @@ def agent_command(*words: str) -> str:
     """The shell command that runs the agent with these arguments."""
     # -I -S: the agent needs only the stdlib; ignore the host's PYTHON* env and site-packages (faster, safer).
     return " ".join(["python3 -I -S -c", shlex.quote(agent_source()), *map(shlex.quote, words)])
+
+
+# The agent is cached on each host, keyed by the hash of its source, and imported as a module (so Python's
+# bytecode cache applies): a connection starts this small loader, which says `ready` when the cached copy is
+# there and intact, or `send` when it needs the source (then `<length>` and the bytes come on stdin; it
+# checks them against the hash and writes them atomically, creating the directories). Where the directory
+# cannot be written, the received source runs from memory.
+LOADER = """\
+import hashlib, os, sys
+d, h = sys.argv[1], sys.argv[2]
+p = os.path.join(d, h[:16])
+f = os.path.join(p, 'primectl_agent.py')
+try:
+    with open(f, 'rb') as x:
+        hit = hashlib.sha256(x.read()).hexdigest() == h
+except OSError:
+    hit = False
+if not hit:
+    sys.stdout.write('{"agent": "send"}\\n'); sys.stdout.flush()
+    data = sys.stdin.buffer.read(int(sys.stdin.buffer.readline()))
+    if hashlib.sha256(data).hexdigest() != h:
+        sys.exit('primectl agent: the uploaded source does not match its hash')
+    try:
+        os.makedirs(p, exist_ok=True)
+        t = '%s.%d.tmp' % (f, os.getpid())
+        with open(t, 'wb') as x:
+            x.write(data); x.flush(); os.fsync(x.fileno())
+        os.replace(t, f)
+        hit = True
+    except OSError:
+        pass
+sys.stdout.write('{"agent": "ready"}\\n'); sys.stdout.flush()
+if hit:
+    sys.path.insert(0, p)
+    import primectl_agent
+    sys.exit(primectl_agent.main(['primectl_agent'] + sys.argv[3:]))
+m = sys.modules['primectl_agent'] = type(sys)('primectl_agent')
+exec(compile(data, 'primectl_agent', 'exec'), m.__dict__)
+sys.exit(m.main(['primectl_agent'] + sys.argv[3:]))
+"""
+
+
+@functools.cache
+def agent_hash() -> str:
+    """sha256 of the agent's source: names its cached copy on each host."""
+    return hashlib.sha256(agent_source().encode()).hexdigest()
+
+
+def loader_command(workdir: str, *words: str) -> str:
+    """The shell command that starts the agent from its cached copy under `workdir` (see LOADER)."""
+    cache = posixpath.join(workdir, AGENT_DIR)
+    return " ".join(["python3 -I -S -c", shlex.quote(LOADER), shlex.quote(cache), agent_hash(), *map(shlex.quote, words)])
 
 
 def agent_once(t: Transport, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
@@ -320,10 +374,7 @@ class SSHTransport:
         with self._agent_lock:
             try:
                 if self._agent is None:
-                    chan = self._conn.client.get_transport().open_session()
-                    chan.set_combine_stderr(True)
-                    chan.exec_command(agent_command("serve"))
-                    self._agent = (chan, chan.makefile_stdin("wb"), chan.makefile("rb"))
+                    self._agent = self._start_agent(timeout)
                 chan, stdin, stdout = self._agent
                 deadline = None if timeout is None else time.monotonic() + timeout
                 chan.settimeout(timeout)
@@ -345,6 +396,28 @@ class SSHTransport:
             except Exception as exc:  # the link dropped: this host is unreachable now
                 self._close_agent()
                 raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
+
+    def _start_agent(self, timeout: float | None) -> tuple[Any, Any, Any]:
+        """Open the session the agent serves on (uploading its source once per host and version)."""
+        chan = self._conn.client.get_transport().open_session()
+        chan.set_combine_stderr(True)
+        chan.settimeout(timeout)
+        chan.exec_command(loader_command(self.host.workdir, "serve"))
+        stdin, stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
+        said: list[bytes] = []
+        while True:
+            line = stdout.readline()
+            if not line:
+                text = b"".join(said).decode(errors="replace").strip()[-2000:]
+                raise EOFError(f"the host agent did not start: {text or 'no output'}")
+            if line.startswith(b'{"agent": "send"}'):
+                source = agent_source().encode()
+                stdin.write(b"%d\n" % len(source) + source)
+                stdin.flush()
+            elif line.startswith(b'{"agent": "ready"}'):
+                return chan, stdin, stdout
+            else:
+                said.append(line)
 
     def _close_agent(self) -> None:
         if self._agent is not None:
