@@ -14,6 +14,8 @@ probe saw and its log's last line, at least every `progress_s` seconds.
 
 from __future__ import annotations  # agent-source: drop
 
+import base64
+import io
 import json
 import os
 import re
@@ -152,10 +154,12 @@ def op_unlock(h: Host) -> LockResult:
 
 
 def op_stage(h: Host) -> Result:
-    """Unpack an uploaded bundle into releases/<revision> (atomic rename; idempotent)."""
+    """Unpack a bundle into releases/<revision> (atomic rename; idempotent): the uploaded archive, or the one
+    the request carries (`tar_b64`: small bundles travel in the request, with no upload of their own)."""
     lay, revision = h.layout, h.args["revision"]
     rel = lay.release(revision)
     archive = lay.incoming(revision)
+    inline = h.args.get("tar_b64")
     if os.path.isdir(rel):
         if os.path.exists(archive):
             os.unlink(archive)
@@ -163,7 +167,8 @@ def op_stage(h: Host) -> Result:
     tmp = f"{rel}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    with tarfile.open(archive) as tar:
+    source = {"fileobj": io.BytesIO(base64.b64decode(inline))} if inline is not None else {"name": archive}
+    with tarfile.open(**source) as tar:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(tmp, filter="data")
         else:  # Python without extraction filters (Debian 12's 3.11.2): allow only plain relative files/dirs
@@ -172,7 +177,8 @@ def op_stage(h: Host) -> Result:
                     return {"ok": False, "error": f"refusing to unpack {m.name!r} from {archive}"}
             tar.extractall(tmp)
     os.replace(tmp, rel)
-    os.unlink(archive)
+    if inline is None:
+        os.unlink(archive)
     for sub in ("logs", "run", "secrets"):
         os.makedirs(lay.path(sub), exist_ok=True)
     _share_model(lay, rel)

@@ -8,6 +8,7 @@ is not an error is a lock held by someone else (`lock` returns it).
 
 from __future__ import annotations
 
+import base64
 from typing import Any, cast
 
 from primectl.deploy.protocol import (
@@ -70,9 +71,12 @@ class HostClient:
         """Release the lock held by `token` (or any lock with `force`); whether it was released."""
         return bool(self.call("unlock", {"token": token, "force": force}, check=False).get("ok"))
 
-    def stage(self, revision: str) -> None:
-        """Unpack an uploaded release."""
-        self.call("stage", {"revision": revision})
+    def stage(self, revision: str, tar: bytes | None = None) -> None:
+        """Unpack a release: the one uploaded to incoming/, or `tar` sent with the request."""
+        args: dict[str, Any] = {"revision": revision}
+        if tar is not None:
+            args["tar_b64"] = base64.b64encode(tar).decode()
+        self.call("stage", args)
 
     def activate(self, *, revision: str | None = None, secrets: dict[str, str] | None = None) -> None:
         """Write the secrets file and/or switch `current` to a release."""

@@ -49,6 +49,7 @@ from primectl.render.bundle import Bundle, render_plan
 from primectl.targets.base import ChangeLine, PlannedHosts, StartFailed, StepPlan
 
 LOG_TAIL_LINES = 40
+INLINE_BUNDLE_MAX = 192 << 10  # scripts + the demo model ~ 160-190 KiB; bigger bundles go over SFTP first (streamed)
 
 
 def _policy(options: Any) -> ConnectionPolicy:
@@ -244,7 +245,11 @@ class SSHRollout:
             b = self.bundles[h]
             if b.revision in c.views[h].get("releases", []):
                 return
-            c.client(h).transport.put(_tar(b), Layout(c.workdir(h)).incoming(b.revision))
+            tar = _tar(b)
+            if len(tar) <= INLINE_BUNDLE_MAX:  # one round trip: the bundle rides in the stage request
+                c.client(h).stage(b.revision, tar)
+                return
+            c.client(h).transport.put(tar, Layout(c.workdir(h)).incoming(b.revision))
             c.client(h).stage(b.revision)
 
         fail_on_errors(parallel(one, hosts), "pushing the release")
