@@ -4,6 +4,24 @@ from __future__ import annotations
 
 from primectl.engines.base import PlanContext
 from primectl.plan.model import Probe, Service
+from primectl.recipe.model import Recipe
+
+# How long a killed worker stays registered: the file store's entry TTL, Dynamo's default etcd lease TTL.
+FILE_DISCOVERY_TTL_S = 10
+ETCD_DEFAULT_LEASE_TTL_S = 30
+
+
+def inhibited_duration_s(recipe: Recipe) -> int:
+    """DYN_RUNTIME_INHIBITED_DURATION_SECS for the frontend: twice as long as discovery keeps a dead worker.
+
+    A request that fails to reach a worker makes the frontend drop it from its routing set, but Dynamo 1.6.1
+    puts every discovered worker back each time the endpoint's discovery has been quiet this long (5 s by
+    default), so a killed worker that discovery still lists is picked again and the requests sent to it fail
+    again. Longer than the registration's TTL, that reset rarely falls before discovery drops the worker.
+    """
+    cp = recipe.control_plane
+    ttl = FILE_DISCOVERY_TTL_S if cp.discovery == "file" else (cp.etcd_lease_ttl_s or ETCD_DEFAULT_LEASE_TTL_S)
+    return max(30, 2 * ttl)
 
 
 def frontend_service(ctx: PlanContext, host: str, depends_on: list[str], replica: int | None = None,
@@ -44,6 +62,7 @@ def frontend_service(ctx: PlanContext, host: str, depends_on: list[str], replica
     env["XDG_CACHE_HOME"] = f"{scratch}/cache"
     env["DYN_TCP_RESPONSE_STREAM_HOST"] = addr
     env["DYN_TCP_RESPONSE_STREAM_PORT"] = str(stream_port)
+    env["DYN_RUNTIME_INHIBITED_DURATION_SECS"] = str(inhibited_duration_s(r))
     base = f"http://{addr}:{http_port}"
     return Service(
         name=name, role="frontend", component="dynamo-frontend", host=host, address=addr,
