@@ -8,7 +8,11 @@ zero-change `up` on 18 hosts. Services are the FAKE engine runtime
 /usr/bin/etcd), the frontend and the prefill worker run on h1, and one decode
 worker runs on every host (etcd discovery; file discovery is single-host only).
 
-Targets: T(18)/T(1) <= 1.3 and a zero-change `up` on 18 hosts <= 1 s.
+Targets (issue #24, for 72 simulated hosts on this 2-core machine): the controller's
+own CPU <= 5 ms per host for a fresh `up`, T(72)/T(18) <= 2, a zero-change `up` on
+18 hosts < 1 s and on 72 hosts <= 1.5 s. The simulated hosts (an sshd plus the agent
+per host) share the machine's cores with the controller, so wall times here include
+their CPU; the controller's own CPU (getrusage) is the steadier number.
 
 It binds port 22 on loopback addresses, so it refuses to run outside a private
 network namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
@@ -16,6 +20,7 @@ network namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
     unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/fanout.py'
 
 Options: --sizes 1,6,18  --repeat 3 (best of)  --profile (per-operation timings of the last up of each size).
+A zero-change `up` is timed after the fresh ones at every size of 18 hosts or more (and at the biggest).
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from tests.integration.sshhosts import (  # noqa: E402
 )
 
 FAKE_PYTHON = str(REPO / "tests" / "fakes" / "fake_python")
-TARGET_RATIO = 1.3
-TARGET_NOOP_S = 1.0
+TARGET_RATIO = 2.0  # T(biggest)/T(18)
+TARGET_NOOP_S = {18: 1.0, 72: 1.5}
+TARGET_CPU_MS_PER_HOST = 5.0
 
 
 def recipe(name: str, cluster: SSHHosts, n: int, port_base: int) -> dict[str, Any]:
@@ -169,7 +175,8 @@ def main() -> int:
         print(f"started {biggest} sshd hosts in {t_start:.2f}s; timing pipeline.up in-process "
               f"(CLI start-up, recipe loading and rendering not counted); best of {opts.repeat}")
         results: dict[int, float] = {}
-        noop: list[float] = []
+        cpu_ms: dict[int, float] = {}
+        noop: dict[int, list[float]] = {}
         profile = StepTimer()
         try:
             run = 0
@@ -198,18 +205,23 @@ def main() -> int:
                     controller = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)
                     assert len(res.started) == len(plan.services), res
                     times.append(secs)
-                    print(f"  up on {n:2} host(s), {len(plan.services):2} services: {secs:.3f}s")
+                    cpu_ms[n] = min(cpu_ms.get(n, float("inf")), controller / n * 1000)
+                    print(f"  up on {n:2} host(s), {len(plan.services):2} services: {secs:.3f}s; controller CPU "
+                          f"{controller:.2f}s ({controller / n * 1000:.1f} ms per host)")
                     if profiled:
                         print(profile.report(secs))
                         cores = os.cpu_count() or 1
                         print(f"  machine CPU busy during this up: {busy:.2f}s of {secs * cores:.2f}s ({cores} cores x wall); "
                               f"the controller (primectl) used {controller:.2f}s of it, the simulated hosts the rest")
-                    if last:
+                    if rep == opts.repeat - 1 and (n >= 18 or last):
                         for _ in range(opts.repeat):
+                            c0 = resource.getrusage(resource.RUSAGE_SELF)
                             s, r = timed(partial(up, plan, options, quiet))
+                            c1 = resource.getrusage(resource.RUSAGE_SELF)
                             assert not r.started, r
-                            noop.append(s)
-                            print(f"  zero-change up on {n:2} host(s): {s:.3f}s")
+                            noop.setdefault(n, []).append(s)
+                            cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+                            print(f"  zero-change up on {n:2} host(s): {s:.3f}s; controller CPU {cpu:.2f}s")
                     SSHTarget().down(plan, options.connection, quiet, purge=True, break_lock=False)
                 results[n] = min(times)
         finally:
@@ -219,21 +231,28 @@ def main() -> int:
                 print(f"safety net killed {len(left)} leftover process(es)", file=sys.stderr)
 
     print()
-    print("host count  T(up) best")
+    print("host count  T(up) best  controller CPU per host (fresh up, best)")
     for n in sizes:
-        print(f"{n:10}  {results[n]:.3f}s")
+        print(f"{n:10}  {results[n]:9.3f}s  " + (f"{cpu_ms[n]:.1f} ms" if n in cpu_ms else "-"))
     ok = True
-    if 1 in results:
-        ratio = results[biggest] / results[1]
+    if 1 in results and biggest != 1:
+        print(f"T({biggest})/T(1) = {results[biggest] / results[1]:.2f}")
+    if 18 in results and biggest > 18:
+        ratio = results[biggest] / results[18]
         good = ratio <= TARGET_RATIO
         ok &= good
-        print(f"T({biggest})/T(1) = {ratio:.2f}  (target <= {TARGET_RATIO}) {'OK' if good else 'MISSED'}")
-    if noop:
-        best = min(noop)
-        good = best <= TARGET_NOOP_S
+        print(f"T({biggest})/T(18) = {ratio:.2f}  (target <= {TARGET_RATIO:g}) {'OK' if good else 'MISSED'}")
+    if biggest in cpu_ms:
+        good = cpu_ms[biggest] <= TARGET_CPU_MS_PER_HOST
         ok &= good
-        print(f"zero-change up on {biggest} hosts = {best:.3f}s  (target <= {TARGET_NOOP_S:g} s) "
-              f"{'OK' if good else 'MISSED'}")
+        print(f"controller CPU per host at {biggest} hosts = {cpu_ms[biggest]:.1f} ms  "
+              f"(target <= {TARGET_CPU_MS_PER_HOST:g} ms) {'OK' if good else 'MISSED'}")
+    for n, secs in sorted(noop.items()):
+        best = min(secs)
+        target = TARGET_NOOP_S.get(n)
+        verdict = "" if target is None else f"  (target <= {target:g} s) {'OK' if best <= target else 'MISSED'}"
+        ok &= target is None or best <= target
+        print(f"zero-change up on {n} hosts = {best:.3f}s{verdict}")
     return 0 if ok else 1
 
 

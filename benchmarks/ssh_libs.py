@@ -1,0 +1,161 @@
+"""SSH library benchmark: the controller's CPU to reach a host and run one command, paramiko/Fabric vs asyncssh.
+
+Starts N real OpenSSH servers on loopback (tests/integration/sshhosts.py) and, per
+library, connects to each (host key checked against known_hosts, ed25519 key auth),
+runs `true`, reads its exit status and closes: first one host at a time (the CPU
+per host is clean there), then all hosts at once (threads for paramiko/Fabric, one
+event loop for asyncssh). CPU is this process's getrusage (user + system), so the
+sshd side does not count. Prints ms of controller CPU per host and the ratio. paramiko is set up as primectl's SSHTransport sets it up (its
+own known_hosts entries only, MACs checked in C); Fabric adds its Connection and
+`run` (what primectl uses for shell commands) on top of that.
+
+    unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/ssh_libs.py --hosts 18'
+
+asyncssh is not a primectl dependency: install it where this python finds it
+(e.g. `pip install --target /tmp/pylib asyncssh` and PYTHONPATH=/tmp/pylib); without
+it only paramiko and Fabric are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.integration.sshhosts import kill_leftovers, netns_problem, start_hosts  # noqa: E402
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def paramiko_one(h: Any, key: str, known_hosts: str) -> None:
+    import paramiko
+
+    from primectl.deploy.transport import _paramiko_fast_mac_check, host_keys_for
+
+    _paramiko_fast_mac_check()  # as primectl's SSHTransport sets paramiko up
+    c = paramiko.SSHClient()
+    c._host_keys = host_keys_for(known_hosts, h.address, h.port)
+    c.set_missing_host_key_policy(paramiko.RejectPolicy())
+    c.connect(h.address, port=h.port, username="root", key_filename=key, look_for_keys=False, allow_agent=False,
+              timeout=10)
+    chan = c.get_transport().open_session()
+    chan.exec_command("true")
+    assert chan.recv_exit_status() == 0
+    c.close()
+
+
+def fabric_one(h: Any, key: str, known_hosts: str) -> None:
+    import paramiko
+    from fabric import Connection
+
+    from primectl.deploy.transport import _paramiko_fast_mac_check, host_keys_for
+
+    _paramiko_fast_mac_check()
+    c = Connection(h.address, user="root", port=h.port, connect_timeout=10,
+                   connect_kwargs={"key_filename": key, "look_for_keys": False, "allow_agent": False})
+    c.client._host_keys = host_keys_for(known_hosts, h.address, h.port)
+    c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    r = c.run("true", hide=True, warn=True, in_stream=False)
+    assert r.exited == 0
+    c.close()
+
+
+async def asyncssh_one(h: Any, key: str, known_hosts: str) -> None:
+    import asyncssh
+
+    async with asyncssh.connect(h.address, port=h.port, username="root", client_keys=[key],
+                                known_hosts=known_hosts, agent_path=None, config=None) as c:
+        r = await c.run("true")
+        assert r.exit_status == 0
+
+
+def measure(name: str, hosts: list[Any], key: str, kh: str, one: Callable[..., Any], is_async: bool
+            ) -> dict[str, float]:
+    n = len(hosts)
+    if is_async:
+        def seq() -> None:
+            async def go() -> None:
+                for h in hosts:
+                    await one(h, key, kh)
+            asyncio.run(go())
+
+        def par() -> None:
+            async def go() -> None:
+                await asyncio.gather(*(one(h, key, kh) for h in hosts))
+            asyncio.run(go())
+    else:
+        def seq() -> None:
+            for h in hosts:
+                one(h, key, kh)
+
+        def par() -> None:
+            with ThreadPoolExecutor(min(32, n)) as pool:
+                list(pool.map(lambda h: one(h, key, kh), hosts))
+    out = {}
+    for label, fn in (("sequential", seq), ("parallel", par)):
+        best_cpu, best_wall = float("inf"), float("inf")
+        for _ in range(3):
+            c0, t0 = cpu(), time.perf_counter()
+            fn()
+            best_cpu = min(best_cpu, cpu() - c0)
+            best_wall = min(best_wall, time.perf_counter() - t0)
+        out[label] = best_cpu / n * 1000
+        print(f"  {name:9} {label:10}: {best_cpu / n * 1000:6.2f} ms controller CPU per host "
+              f"(wall {best_wall:.2f}s for {n} hosts), best of 3")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=18)
+    opts = ap.parse_args()
+    problem = netns_problem("unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/ssh_libs.py'")
+    if problem:
+        print(f"ssh_libs: refusing to start sshd: {problem}", file=sys.stderr)
+        return 2
+    libs: list[tuple[str, Callable[..., Any], bool]] = [("paramiko", paramiko_one, False), ("fabric", fabric_one, False)]
+    try:
+        import asyncssh  # noqa: F401
+
+        libs.append(("asyncssh", asyncssh_one, True))
+    except ImportError:
+        print("asyncssh is not installed: measuring paramiko and Fabric only", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="primectl-sshlibs-") as tmp:
+        cluster = start_hosts(Path(tmp) / "hosts", opts.hosts)
+        kh = str(cluster.base / "known_hosts")
+        cluster.known_hosts(Path(kh))
+        key = str(cluster.client_key)
+        print(f"{opts.hosts} sshd hosts; connect + host-key check + key auth + exec `true` + close, per host "
+              f"({os.cpu_count()} cores)")
+        results = {}
+        try:
+            for name, one, is_async in libs:
+                one(cluster.hosts[0], key, kh) if not is_async else asyncio.run(one(cluster.hosts[0], key, kh))  # warm
+                results[name] = measure(name, cluster.hosts, key, kh, one, is_async)
+        finally:
+            kill_leftovers(cluster.base)
+            cluster.stop()
+    if "asyncssh" in results:
+        for label in ("sequential", "parallel"):
+            ratio = results["paramiko"][label] / results["asyncssh"][label]
+            winner = "asyncssh" if ratio > 1 else "paramiko"
+            print(f"paramiko/asyncssh controller CPU per host, {label}: {ratio:.2f}x ({winner} is cheaper)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
