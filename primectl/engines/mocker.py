@@ -82,9 +82,11 @@ class MockerEngine:
             "--kv-transfer-bandwidth", str(r.transfer.bandwidth_gb_s),
             "--speedup-ratio", str(r.mocker.speedup_ratio),
         ]
-        if slot.role == "prefill":
-            # Prefill listens for the decode side's rendezvous; decode workers connect to it.
-            argv += ["--bootstrap-ports", str(slot.ports["bootstrap"])]
+        # No --bootstrap-ports: like a vLLM prefill worker, the mocker's prefill then finishes before the frontend
+        # sends the request on to decode (Dynamo's synchronous hand-off). With a bootstrap rendezvous the frontend
+        # sends decode while prefill still runs, and Dynamo 1.6.1 cannot migrate a request whose decode worker
+        # dies then: its retry books the request's prefill again under the same id ("failed to book scheduler
+        # state: Request ... already exists"), and the client gets an error (the README's "worker death").
         if spec.token_budget_per_gpu is not None:
             argv += ["--max-num-batched-tokens", str(spec.token_budget_per_gpu)]
         if spec.max_num_seqs is not None:
@@ -113,8 +115,6 @@ class MockerEngine:
         env.update(spec.env)
         # The mocker publishes KV events on the event plane itself (no --zmq-kv-events-ports).
         ports = {k: slot.ports[k] for k in ("system", "tcp_rpc")}
-        if slot.role == "prefill":
-            ports["bootstrap"] = slot.ports["bootstrap"]
         system = f"http://{addr}:{slot.ports['system']}"
         return Service(
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,

@@ -4,7 +4,8 @@ requests through the openai client with retries off. Every request must end with
 
 What each test changes is what an operator changes: a decode argument (a new generation starts beside the
 old one), a prefill argument, a frontend setting (rolled through the replicas, drained at the balancer),
-`primectl restart` and `primectl drain` of one worker, and scaling decode back down (drained).
+`primectl restart` and `primectl drain` of one worker, and scaling decode back down (drained). And what an
+operator does not: `kill -9` of a decode worker, which Dynamo's migration and the balancer's retries absorb.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from primectl.bench.liveload import LiveLoad, LoadReport
+from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters
 from primectl.deploy.protocol import Layout, starttime
 
 from .conftest import PRIMECTL, REPO
@@ -161,6 +162,45 @@ def test_scaling_decode_down_drains_the_removed_worker(live: Live) -> None:
     report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
     assert_nothing_lost(report, out)
     assert live.pid("decode-2") is None
+
+
+# After a kill -9 the load runs past the file store's TTL (10 s): until discovery drops the dead worker the
+# router may still pick it, and those requests must not be lost either.
+AFTER_KILL_S = 12.0
+KILL_CLIENTS = 6  # as in the benchmark: more requests in flight, more of them in the prefill-to-decode hand-off
+
+
+def test_kill_9_of_a_decode_worker_loses_no_request(live: Live) -> None:
+    """kill -9 of each decoder in turn under load. Dynamo migrates the requests that were on it (the mocker's
+    prefill finishes before decode starts, so a retried request books its prefill afresh); one Dynamo fails
+    before its stream began is sent again by the balancer; the frontends keep the dead worker out of routing
+    until discovery drops it. No client sees an error, and `up` brings the worker back."""
+    import signal
+    import time
+
+    moved: dict[str, int] = {}
+    for worker in ("decode-0", "decode-1"):
+        pid = live.pid(worker)
+        assert pid is not None, f"{worker} is not running"
+        before = deployment_counters(live.workdir)
+        load = LiveLoad(f"http://127.0.0.1:{FRONTEND_PORT}", "demo", clients=KILL_CLIENTS, deadline_s=400)
+        with load:
+            time.sleep(LOAD_S)
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(AFTER_KILL_S)
+        after = deployment_counters(live.workdir)
+        report = load.report
+        lost = [f"{o.detail} (after {o.tokens} tokens)" for o in report.lost]
+        assert report.served > 0, "the clients got nothing served at all"
+        assert not lost, (f"kill -9 of {worker}: {len(lost)} of {len(report.outcomes)} requests lost: {lost}; "
+                          f"migrations {counter_delta(before, after, 'migration')}, outcomes "
+                          f"{counter_delta(before, after, 'migration_outcome')}")
+        for kind, n in counter_delta(before, after, "migration").items():
+            moved[kind] = moved.get(kind, 0) + n
+        up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+        assert up.returncode == 0 and live.pid(worker) not in (None, pid), up.stdout + up.stderr
+    # The kills hit requests in flight (else nothing above was tested): Dynamo moved them to the other decoder.
+    assert sum(moved.values()) > 0, f"no request was migrated: {moved}"
 
 
 def test_benchmark_script_counts_what_clients_lose() -> None:

@@ -10,7 +10,7 @@ export DYN_EVENT_PLANE_HOST=127.0.0.1
 export DYN_FILE_KV=/tmp/primectl-demo/discovery/demo
 export DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS=60
 export DYN_HTTP_RPC_HOST=127.0.0.1
-export DYN_NAMESPACE=demo-gen-05d18d06
+export DYN_NAMESPACE=demo-gen-4c28ccd2
 export DYN_REQUEST_PLANE=tcp
 export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_SYSTEM_HOST=127.0.0.1
@@ -31,7 +31,6 @@ exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   --kv-bytes-per-token 512 \
   --kv-transfer-bandwidth 50.0 \
   --speedup-ratio 10.0 \
-  --bootstrap-ports 9062 \
   --max-num-batched-tokens 4096 \
   --max-model-len 32768 \
   --num-host-blocks 30517 \
