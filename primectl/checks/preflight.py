@@ -298,7 +298,11 @@ def nixl_transfer(s: Session, src: str, dst: str, mem: str) -> Transfer:
     if pid is None:
         return Transfer(src, dst, mem, False, error="could not start the NIXL target")
     try:
-        wait = (f"for i in $(seq 600); do [ -f {shlex.quote(meta)} ] && break; kill -0 {pid} 2>/dev/null || break; "
+        # Until the target wrote its metadata or is gone. Not `kill -0`: a target that died at once (a runtime
+        # without nixl) is a zombie until the agent that spawned it reaps it, and a zombie takes signals, so the
+        # loop waited out its whole minute, twice with the retry. Alive is a live state in /proc/PID/status.
+        alive = f"grep -qs '^State:[[:space:]]*[RSDTtWIP]' /proc/{pid}/status"
+        wait = (f"for i in $(seq 600); do [ -f {shlex.quote(meta)} ] && break; {alive} || break; "
                 f"sleep 0.1; done; cat {shlex.quote(meta)} 2>/dev/null || {{ echo __NOMETA__; tail -n 5 {shlex.quote(log)}; }}")
         _, out, _ = s.t[src].run(wait, timeout=90)
         if "__NOMETA__" in out or not out.strip().startswith("{"):
