@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,13 +45,25 @@ def own_network_namespace() -> str | None:
     return None
 
 
+def _deaf(signum: int, frame: object) -> None:
+    """A SIGINT handler that does nothing (see pytest_configure)."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """In an xdist worker (and only there): a network namespace of its own, before anything is started."""
+    """In an xdist worker (and only there): a network namespace of its own, before anything is started.
+
+    And SIGINT handled instead of ignored: execnet starts workers with SIGINT ignored (Ctrl-C is the controller's
+    to handle), and an ignored signal stays ignored in every process started from there, so the tests that
+    interrupt `primectl up` or `sweep` with SIGINT would see it shrugged off. A handler that does nothing keeps
+    the worker deaf to Ctrl-C as before, and exec resets a handled signal to its default in each child.
+    """
     if not hasattr(config, "workerinput"):
         return
     problem = own_network_namespace()
     if problem:  # workers sharing one namespace would bind each other's addresses and ports
         raise pytest.UsageError(f"xdist worker {config.workerinput['workerid']}: {problem}; run without -n")
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _deaf)
 
 
 def work_unit(nodeid: str) -> str:

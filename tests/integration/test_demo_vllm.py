@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,16 +48,24 @@ class VllmDemo(Demo):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmDemo]:
-    """recipes/demo-vllm.yaml, up (no smoke: the tests run it), in its own workdir and ports; `down` afterwards."""
+def demo() -> Iterator[VllmDemo]:
+    """recipes/demo-vllm.yaml, up (no smoke: the tests run it), in its own workdir and ports; `down` afterwards.
+
+    The workdir is a short one in the system temp dir, not under pytest's basetemp: each vLLM engine binds a ZMQ
+    socket at $TMPDIR/<uuid>, TMPDIR is WORKDIR/data/<worker>/tmp, and a Unix socket path has at most 107
+    characters (under pytest-xdist, basetemp/popen-gw0/demo-vllm0/wd/data/prefill-0/tmp/<uuid> has 110).
+    It is removed after a clean `down` and kept, with its logs, otherwise.
+    """
     doc = yaml.safe_load((REPO / "recipes" / "demo-vllm.yaml").read_text())
     doc.pop("extends")
     doc = _merged(yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text()), doc)
+    base = Path(tempfile.mkdtemp(prefix="it-demo-vllm-"))
     t0 = time.monotonic()
-    with demo_up(tmp_path_factory.mktemp("demo-vllm"), doc, "it-demo-vllm", FRONTEND_PORT, PORTS,
+    with demo_up(base, doc, "it-demo-vllm", FRONTEND_PORT, PORTS,
                  "PRIMECTL_VLLM_CPU_RUNTIME_PYTHON", up_timeout=1500) as (recipe, workdir):
         print(f"\ndemo-vllm up in {time.monotonic() - t0:.0f}s")
         yield VllmDemo(recipe, workdir)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
