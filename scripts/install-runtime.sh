@@ -21,6 +21,10 @@
 #      PIP_LOG_PACKAGES=1 makes the lock's install print pip's per-package lines
 #      (Collecting/Downloading, no progress bars): `primectl provision` reads
 #      them to show packages and MB done.
+#      PRIMECTL_UV=/path/to/uv (the Makefile's set-up sets it): the lock's install
+#      (and pip's upgrade) by `uv pip install` through scripts/uv_pip_install.py,
+#      same pins and files, several times faster; not with PIP_LOG_PACKAGES, and
+#      never on hosts primectl provisions (its copy of this script has no helper).
 #
 # Packaging quirks handled here (see docs/runtime-notes.md, docs/vllm-cpu-notes.md):
 #  * ai-dynamo 1.6.1 requires `aisimulate`, an unreachable placeholder ->
@@ -127,6 +131,12 @@ PY
 # The lock's install: quiet, or one line per package for primectl's progress (PIP_LOG_PACKAGES=1).
 PIP_LOCK=("$VENV/bin/python" -m pip --disable-pip-version-check install --progress-bar off)
 [[ -n "${PIP_LOG_PACKAGES:-}" ]] || PIP_LOCK+=(-q)
+# ... or through uv (PRIMECTL_UV, the set-up only): the same command line, installed by uv.
+PIP_UPGRADE=("$VENV/bin/python" -m pip --disable-pip-version-check -q install --upgrade)
+if [[ -n "${PRIMECTL_UV:-}" && -z "${PIP_LOG_PACKAGES:-}" && -f "$HERE/uv_pip_install.py" ]]; then
+  PIP_LOCK=("$PY" "$HERE/uv_pip_install.py" "$PRIMECTL_UV" "$VENV/bin/python" -q)
+  PIP_UPGRADE=("${PIP_LOCK[@]}" --upgrade)
+fi
 
 pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 case "$pyver" in 3.10|3.11|3.12|3.13) ;; *) echo "install-runtime: unsupported python $pyver" >&2; exit 1;; esac
@@ -172,7 +182,7 @@ fi
 t0=$(date +%s)
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-[[ -n "${PIP_NO_INDEX:-}" ]] || "${PIP[@]}" install --upgrade "pip>=24"
+[[ -n "${PIP_NO_INDEX:-}" ]] || "${PIP_UPGRADE[@]}" "pip>=24"
 
 if [[ "$MODE" == "--resolve" ]]; then
   "${PIP[@]}" install --no-deps "${NODEPS[@]}"
