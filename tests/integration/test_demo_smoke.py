@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+from .sshhosts import isolated_netns
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,12 +46,10 @@ HINT = ("run inside a loopback-only network namespace: unshare --net -- sh -c 'i
 
 
 def _only_loopback() -> bool:
-    """True inside a private network namespace with only `lo` (/sys/class/net may still show the host's)."""
-    try:
-        out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return False
-    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line] == ["lo"]
+    """True inside a private network namespace with only `lo` (/sys/class/net may still show the host's), apart
+    from links this test session made there itself: the nspawn hosts' bridge and veths stay up for the session,
+    and under pytest-xdist the worker that runs this module may have booted them first."""
+    return isolated_netns()
 
 
 def _cmd(*args: str | os.PathLike[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
