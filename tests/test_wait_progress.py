@@ -56,6 +56,9 @@ def test_up_in_a_pipe_prints_plain_waiting_lines_with_elapsed_budget_probe_and_l
 
 def test_up_on_a_terminal_redraws_one_line_per_service_in_place(
         env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Live lines are cut to the terminal's width: 100 columns, the fallback when stderr is no terminal (a
+    # pytest-xdist worker has COLUMNS=80 in its environment, too narrow for the frame looked for below).
+    monkeypatch.setenv("COLUMNS", "100")
     env.up(_slow_decode(env, monkeypatch, "live"))
     err = capsys.readouterr().err
     assert "\x1b[3F" in err  # back up over the wave's three lines to redraw them
