@@ -41,8 +41,9 @@ def test_sshd_killed_mid_push_keeps_previous_revision_fake_engine(deployment: De
     pids = deployment.pids()
     h2 = deployment.hosts["h2"]
     incoming = deployment.workdir("h2") / "incoming"
-    # Only h2's bundle changes; a bulky env value (under the 128 KiB exec limit) keeps the upload open a little longer.
-    deployment.write({"prefill": {"env": {"PREFILL_TUNING": "x" * 100_000}}})
+    # Only h2's bundle changes; bulky env values (each under the 128 KiB exec limit) keep the upload open a little
+    # longer: ~1 MB, so the watcher still sees it in progress when other tests load the CPU (pytest -n).
+    deployment.write({"prefill": {"env": {f"PREFILL_TUNING_{i}": "x" * 100_000 for i in range(10)}}})
 
     killed: list[int] = []
     stop = threading.Event()
