@@ -50,6 +50,9 @@ from primectl.targets.base import ChangeLine, PlannedHosts, StartFailed, StepPla
 
 LOG_TAIL_LINES = 40
 INLINE_BUNDLE_MAX = 192 << 10  # scripts + the demo model ~ 160-190 KiB; bigger bundles go over SFTP first (streamed)
+# A `connection: local` host's agent gets its request as one command-line argument, which holds at most 128 KiB
+# (Linux's MAX_ARG_STRLEN; more is E2BIG, "Argument list too long"): base64 makes a bundle 4/3 its size.
+INLINE_BUNDLE_MAX_LOCAL = 90 << 10
 
 
 def _policy(options: Any) -> ConnectionPolicy:
@@ -246,7 +249,8 @@ class SSHRollout:
             if b.revision in c.views[h].get("releases", []):
                 return
             tar = _tar(b)
-            if len(tar) <= INLINE_BUNDLE_MAX:  # one round trip: the bundle rides in the stage request
+            limit = INLINE_BUNDLE_MAX_LOCAL if self.plan.host(h).connection == "local" else INLINE_BUNDLE_MAX
+            if len(tar) <= limit:  # one round trip: the bundle rides in the stage request
                 c.client(h).stage(b.revision, tar)
                 return
             c.client(h).transport.put(tar, Layout(c.workdir(h)).incoming(b.revision))
