@@ -585,7 +585,10 @@ def sweep(
     accept_new_host_keys: AcceptKeysOpt = False,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Topology sweep: each variant through `up`, its SLA knee measured, the winner by goodput per GPU."""
+    """Topology sweep: each variant through `up`, its SLA knee measured, the winner by goodput per GPU.
+
+    Exit 0 when every variant deployed and one met the SLA, 1 otherwise, 2 on bad input, 130 on Ctrl-C.
+    """
 
     def body() -> int:
         import shutil

@@ -24,6 +24,16 @@ PACKAGES=(
   ca-certificates
 )
 
+# Dynamo's file discovery (the demo's control plane) takes inotify instances in every frontend and worker, and
+# the suite runs several demos at once (pytest-xdist): the kernel's default of 128 per user runs out, and a
+# frontend dies with "Too many open files (os error 24)". Raise the limit (never lower it); --check leaves it.
+INOTIFY_INSTANCES=1024
+if [[ "${1:-}" != "--check" && $(id -u) -eq 0 ]] && (( $(cat /proc/sys/fs/inotify/max_user_instances) < INOTIFY_INSTANCES )); then
+  echo "$INOTIFY_INSTANCES" > /proc/sys/fs/inotify/max_user_instances \
+    && echo "install-system: fs.inotify.max_user_instances raised to $INOTIFY_INSTANCES" \
+    || echo "install-system: could not raise fs.inotify.max_user_instances (demos running together may fail)" >&2
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then

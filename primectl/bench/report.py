@@ -98,7 +98,7 @@ def print_sweep_plan(sw: Sweep, *, predict: bool, say: Callable[[str], None], st
 
 
 def print_sweep(sw: Sweep, output: str, stream: TextIO | None = None) -> bool:
-    """Where the results are, the winner and each variant's knee; whether any variant produced a knee."""
+    """Where the results are, the winner and each variant's knee; whether every variant deployed and one had a knee."""
     stream = stream or sys.stdout
     st = sw.state
     if output == "json":
@@ -118,4 +118,8 @@ def print_sweep(sw: Sweep, output: str, stream: TextIO | None = None) -> bool:
         w = st["winner"]
         stream.write(f"{w['verdict']}" + (f": {w['id']} ({w['label']}) -> {sw.root / 'winner.yaml'}" if w.get("id") else "")
                      + "\n")
-    return any(r.get("sessions") is not None for r in st["summary"])
+    failed = [r["id"] for r in st["summary"] if r["status"].startswith("failed to deploy")]
+    if failed and output != "json":
+        stream.write(f"FAILED to deploy: {', '.join(failed)} (see sweep.md; each left the deployment on its last good "
+                     "revision)\n")
+    return not failed and any(r.get("sessions") is not None for r in st["summary"])
