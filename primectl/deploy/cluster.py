@@ -207,6 +207,11 @@ def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
     owner = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "command": command,
              "started": time.time(), "expires": time.time() + LOCK_TTL_S, "token": token}
     r = cluster.client(head).lock(owner, force=break_lock)
+    for _ in range(20):  # a lock without its owner file is being taken or released this instant: ask again
+        if r.get("ok") or (r.get("owner") or {}).get("token"):
+            break
+        time.sleep(0.1)
+        r = cluster.client(head).lock(owner, force=break_lock)
     if not r.get("ok"):
         o = r.get("owner") or {}
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(o.get("started", 0)))
