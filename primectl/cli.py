@@ -163,9 +163,9 @@ def render(
 @app.command()
 def schema() -> None:
     """Print the recipe JSON Schema (for editors: yaml-language-server)."""
-    from primectl.recipe.model import recipe_json_schema
+    from primectl.recipe.load import schema_text
 
-    sys.stdout.write(recipe_json_schema())
+    sys.stdout.write(schema_text())
 
 
 @app.command()

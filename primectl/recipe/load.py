@@ -9,8 +9,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from primectl.engines.base import recipe_model
 from primectl.errors import Finding, Problem, RecipeError
-from primectl.recipe.model import Recipe
+from primectl.recipe.model import Recipe, recipe_json_schema
 from primectl.recipe.suggest import did_you_mean
 from primectl.recipe.yamlpos import Path, Position, dotted, load_yaml
 
@@ -39,32 +40,32 @@ def to_problem(path: Path, message: str, file: str, positions: dict[Path, Positi
     return Problem(pos.file, pos.line, pos.column, dotted(path), message)
 
 
-@lru_cache(maxsize=1)
-def _schema() -> dict[str, Any]:
-    return Recipe.model_json_schema()
+@lru_cache(maxsize=8)
+def _schema(model: type[Recipe] = Recipe) -> dict[str, Any]:
+    return model.model_json_schema()
 
 
-def _pick(node: dict[str, Any], kind: str) -> dict[str, Any]:
+def _pick(node: dict[str, Any], kind: str, defs: dict[str, Any]) -> dict[str, Any]:
     """Follow $refs and choose the union member of JSON type `kind`."""
-    defs = _schema().get("$defs", {})
     while "$ref" in node:
         node = defs[node["$ref"].rsplit("/", 1)[-1]]
     for option in node.get("anyOf", []):
-        option = _pick(option, kind)
+        option = _pick(option, kind, defs)
         if option.get("type") == kind:
             return option
     return node
 
 
-def allowed_keys(path: Path) -> list[str]:
-    """Keys the schema allows in the mapping at `path` (for did-you-mean)."""
-    node = _schema()
+def allowed_keys(path: Path, model: type[Recipe] = Recipe) -> list[str]:
+    """Keys the schema of `model` allows in the mapping at `path` (for did-you-mean)."""
+    node = _schema(model)
+    defs = node.get("$defs", {})
     for part in path:
         if isinstance(part, int):
-            node = _pick(node, "array").get("items", {})
+            node = _pick(node, "array", defs).get("items", {})
         else:
-            node = _pick(node, "object").get("properties", {}).get(part, {})
-    return sorted(_pick(node, "object").get("properties", {}))
+            node = _pick(node, "object", defs).get("properties", {}).get(part, {})
+    return sorted(_pick(node, "object", defs).get("properties", {}))
 
 
 def _data_path(loc: tuple[Any, ...], data: Any) -> Path:
@@ -86,7 +87,8 @@ def _data_path(loc: tuple[Any, ...], data: Any) -> Path:
     return tuple(out)
 
 
-def _pydantic_problems(exc: ValidationError, data: Any, file: str, positions: dict[Path, Position]) -> list[Problem]:
+def _pydantic_problems(exc: ValidationError, data: Any, file: str, positions: dict[Path, Position],
+                       model: type[Recipe] = Recipe) -> list[Problem]:
     problems: list[Problem] = []
     seen: set[tuple[Path, str]] = set()
     for err in exc.errors():
@@ -100,7 +102,7 @@ def _pydantic_problems(exc: ValidationError, data: Any, file: str, positions: di
         kind = err["type"]
         if kind == "extra_forbidden":
             key = str(path[-1])
-            allowed = allowed_keys(path[:-1])
+            allowed = allowed_keys(path[:-1], model)
             msg = f"unknown key `{key}`{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}"
         elif kind == "missing":
             msg = "required field is missing"
@@ -221,10 +223,11 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
     """
     file = str(path)
     data, positions = _read(FsPath(path), file)
+    model = recipe_model(data.get("engine") if isinstance(data.get("engine"), str) else None)
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = model.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_pydantic_problems(exc, data, file, positions)) from None
+        raise RecipeError(_pydantic_problems(exc, data, file, positions, model)) from None
     loaded = LoadedRecipe(recipe, file, positions)
     if check:
         from primectl.recipe.rules import check_recipe
@@ -233,3 +236,8 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
         if findings:
             raise RecipeError([loaded.problem(f) for f in findings])
     return loaded
+
+
+def schema_text() -> str:
+    """The recipe's JSON Schema as text, with the blocks and pins of every registered engine (`primectl schema`)."""
+    return recipe_json_schema(recipe_model(every=True))

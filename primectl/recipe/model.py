@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from functools import cache
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from primectl import registry
 from primectl.recipe.catalog import Architecture, Hardware
@@ -303,20 +304,9 @@ class Software(Strict):
     """Pinned component versions: the set Dynamo declares (checked against primectl/recipe/data/dynamo-*-requires.json)."""
 
     dynamo: str = "1.6.1"
-    vllm: str = Field("0.31.0", description="The vLLM Dynamo's METADATA names (extra `vllm`).")
     nixl: str = Field("1.4.1", description="The NIXL Dynamo's METADATA names (extra `vllm`: nixl[cu13]).")
     mooncake: str = "0.3.13.post1"
-    flashinfer: str = Field("0.7.0.post1", description="The flashinfer-python that the pinned vLLM requires.")
-    chat_processor: Literal["dynamo", "vllm"] = Field("dynamo", description="Dynamo's own pre/post-processor or vLLM's.")
     python: str | None = Field(None, description="Use this Python on every host instead of a provisioned runtime.")
-
-
-class Mocker(Strict):
-    """Mocker engine knobs (engine: mocker)."""
-
-    speedup_ratio: float = Field(1.0, ge=0)
-    num_gpu_blocks: int = Field(16384, gt=0)
-    startup_time_s: float = Field(0, ge=0)
 
 
 SLURM_TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
@@ -427,11 +417,10 @@ class Recipe(Strict):
     host_tier: HostTier | None = None
     tool_calling: ToolCalling = Field(default_factory=ToolCalling)
     control_plane: ControlPlane = Field(default_factory=ControlPlane)
-    engine: str = Field("vllm", description="Worker engine (one registered in primectl.registry).",
+    engine: str = Field(registry.DEFAULT_ENGINE, description="Worker engine (one registered in primectl.registry).",
                         json_schema_extra=_registered("engine", "Worker engine"))
     target: str = Field("ssh", description="How processes reach machines (one registered in primectl.registry).",
                         json_schema_extra=_registered("target", "How processes reach machines"))
-    mocker: Mocker = Field(default_factory=Mocker)
     slurm: Slurm | None = Field(None, description="Slurm job options (target: slurm); defaults apply when left out.")
     software: Software = Field(default_factory=Software)
     supervisor: Literal["systemd", "process"] = "systemd"
@@ -473,11 +462,56 @@ def hardware_profile(recipe: Recipe) -> Hardware:
     return base.model_copy(update=changes)
 
 
-def recipe_json_schema() -> str:
-    """The recipe's JSON Schema as text (for editors: yaml-language-server)."""
+EngineBlock = tuple[str, type[BaseModel]]
+
+
+def _reorder(model: type[BaseModel], order: list[str]) -> None:
+    """Put `model`'s fields in `order`: it is the order a dump writes them in, and the recipe hash is a dump's."""
+    fields = model.__pydantic_fields__
+    model.__pydantic_fields__ = {k: fields[k] for k in order}
+    model.model_rebuild(force=True)
+
+
+@cache
+def with_engine_parts(blocks: tuple[EngineBlock, ...], pins: tuple[type[BaseModel], ...]) -> type[Recipe]:
+    """`Recipe` with what engines declare: each block a top-level key (`key: model`, defaults when left out), each
+    pins model's fields under `software:` beside Dynamo's own. The first engine to declare a key or pin keeps it;
+    a key the recipe itself has is not an engine's to take.
+
+    Blocks follow `target` in dumps; a pin follows the field its model's `dump_after` names (else it goes last),
+    so a recipe dumps, and hashes, as it did when these were fields of the recipe itself."""
+    if not blocks and not pins:
+        return Recipe
+    sw_fields: dict[str, Any] = {}
+    sw_order = list(Software.model_fields)
+    for model in pins:
+        after: dict[str, str] = getattr(model, "dump_after", {})
+        for name, info in model.model_fields.items():
+            if name in Software.model_fields or name in sw_fields:
+                continue
+            sw_fields[name] = (info.annotation, info)
+            prev = after.get(name)
+            sw_order.insert(sw_order.index(prev) + 1 if prev in sw_order else len(sw_order), name)
+    software = create_model("Software", __base__=Software, __doc__=Software.__doc__, __module__=__name__, **sw_fields)
+    _reorder(software, sw_order)
+    fields: dict[str, Any] = {"software": (software, Field(default_factory=software))}
+    for key, model in blocks:
+        if key not in Recipe.model_fields:
+            fields.setdefault(key, (model, Field(default_factory=model)))
+    recipe = cast(type[Recipe], create_model("Recipe", __base__=Recipe, __doc__=Recipe.__doc__, __module__=__name__,
+                                             **fields))
+    order = list(Recipe.model_fields)
+    at = order.index("target") + 1
+    _reorder(recipe, [*order[:at], *(k for k in fields if k != "software"), *order[at:]])
+    return recipe
+
+
+def recipe_json_schema(model: type[Recipe] = Recipe) -> str:
+    """The JSON Schema of `model` (the recipe with the installed engines' blocks) as text (for editors:
+    yaml-language-server)."""
     import json
 
-    doc = Recipe.model_json_schema()
+    doc = model.model_json_schema()
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     doc["title"] = "primectl recipe"
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -94,23 +94,6 @@ def _dcp_rules(r: Recipe) -> list[Finding]:
     return []
 
 
-def _kv_rules(r: Recipe, arch: Architecture | None) -> list[Finding]:
-    out: list[Finding] = []
-    if r.kv.dtype != "nvfp4" or arch is None:
-        return out
-    hw = hardware_profile(r)
-    if arch.attention != "mla" or arch.kv_lora_rank != 512 or arch.rope_dim != 64:
-        out.append(Finding(("kv", "dtype"), "nvfp4 KV (vLLM nvfp4_ds_mla) needs an MLA model with kv_lora_rank 512 and "
-                           f"rope 64; this model has attention={arch.attention}, kv_lora_rank={arch.kv_lora_rank}, "
-                           f"rope_dim={arch.rope_dim}; allowed here: fp8, bf16, auto"))
-    if hw.sm and hw.sm < 100:
-        out.append(Finding(("kv", "dtype"), f"nvfp4 KV is served by FLASHMLA_SPARSE on SM100 (Blackwell) only; "
-                           f"{r.hardware.profile} is SM{hw.sm}; use `fp8`"))
-    if r.kv.block_size != 64:
-        out.append(Finding(("kv", "block_size"), f"nvfp4 MLA KV needs block_size 64, got {r.kv.block_size}"))
-    return out
-
-
 def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
     from primectl.plan.capacity import kv_bytes_per_token, parse_parallel, role_memory
 
@@ -138,7 +121,6 @@ def check_recipe(r: Recipe) -> list[Finding]:
     """Every semantic problem in the recipe the planner does not find itself; empty: it can be planned."""
     findings = _model_rules(r) + _host_rules(r) + _topology_rules(r)
     arch = r.model.architecture or MODELS.get(r.model.arch or "")
-    findings += _kv_rules(r, arch)
     try:
         findings += get_engine(r.engine).validate(r, arch, hardware_profile(r))
     except PluginError as exc:  # a plugin that cannot be loaded: reported with the recipe's other problems

@@ -1,0 +1,23 @@
+"""What the Dynamo worker adapters share: the flags every `python -m dynamo.<engine>` worker gets from recipe fields.
+
+The built-in vLLM and mocker adapters (and plugins built on them) run Dynamo workers; this module holds what
+they have in common, so the generic Engine protocol (primectl.engines.base) carries no engine's flags.
+"""
+
+from __future__ import annotations
+
+# Flags the Dynamo worker adapters set from recipe fields: flag -> the field to use instead.
+DYNAMO_WORKER_MANAGED: dict[str, str] = {
+    "--model": "model.path", "--model-path": "model.path", "--served-model-name": "model.served_name",
+    "--model-name": "model.served_name", "--disaggregation-mode": "(role)",
+    "--tensor-parallel-size": "parallel", "--data-parallel-size": "parallel",
+    "--data-parallel-size-local": "parallel", "--data-parallel-start-rank": "parallel",
+    "--data-parallel-address": "parallel", "--enable-expert-parallel": "parallel",
+    "--kv-cache-dtype": "kv.dtype", "--block-size": "kv.block_size",
+    "--max-num-batched-tokens": "token_budget_per_gpu", "--max-num-seqs": "max_num_seqs",
+    "--gpu-memory-utilization": "gpu_memory_utilization", "--max-model-len": "model.max_context",
+    "--kv-transfer-config": "transfer / host_tier", "--kv-events-config": "frontend.kv_events",
+    "--dyn-tool-call-parser": "tool_calling.tool_call_parser", "--dyn-reasoning-parser": "tool_calling.reasoning_parser",
+    "--reasoning-parser": "tool_calling.reasoning_parser",
+    "--structured-outputs-config": "tool_calling.structured_backend",
+}
