@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from primectl.checks.metrics import counter_sum
 from primectl.checks.smoke import (
     STREAM_ATTEMPTS,
     CheckResult,
@@ -19,13 +20,12 @@ from primectl.checks.smoke import (
     SmokeReport,
     _culprit,
     _gate_detail,
-    counter_sum,
     judge_stream,
     max_context,
     prefill_budget,
-    tool_scenarios,
 )
 from primectl.checks.toolcheck import Scenario, check_turn, compare_turns, from_chunks, from_completion, validate
+from primectl.checks.toolcheck import scenarios as tool_scenarios
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,8 +168,7 @@ def test_builtin_scenarios_refuse_what_a_broken_stack_returns():
 
 
 def test_the_end_tag_defect_is_recognised_from_both_answers():
-    from primectl.checks.smoke import known_end_tag_defect
-    from primectl.checks.toolcheck import ToolCall, Turn
+    from primectl.checks.toolcheck import ToolCall, Turn, known_end_tag_defect
 
     broken = Turn('b"}}\n</tool_call>', (), "stop")
     assert known_end_tag_defect(broken, broken, "</tool_call>")
@@ -360,11 +359,12 @@ def test_gate_detail_names_missing_worker_types():
 
 def test_report_json_and_junit():
     rep = SmokeReport("http://h:8000", "demo", "mocker", [
-        CheckResult("a", "pass", 1.0, "ok"), CheckResult("b", "fail", 2.0, "HTTP 503 <missing> & more"),
-        CheckResult("c", "n/a", 0.0, "n/a (engine: mocker)"), CheckResult("d", "warn", 3.0, "5xx")])
+        CheckResult("t.a", "a", "pass", 1.0, "ok"), CheckResult("t.b", "b", "fail", 2.0, "HTTP 503 <missing> & more"),
+        CheckResult("t.c", "c", "n/a", 0.0, "n/a (engine: mocker)"), CheckResult("t.d", "d", "warn", 3.0, "5xx")])
     doc = rep.to_dict()
     assert doc["ok"] is False and doc["counts"] == {"pass": 1, "fail": 1, "warn": 1, "n/a": 1}
-    assert doc["checks"][1] == {"check": "b", "result": "fail", "ms": 2.0, "evidence": "HTTP 503 <missing> & more"}
+    assert doc["checks"][1] == {"id": "t.b", "check": "b", "result": "fail", "ms": 2.0,
+                                "evidence": "HTTP 503 <missing> & more"}
     suite = ET.fromstring(rep.to_junit().split("\n", 1)[1]).find("testsuite")
     assert suite is not None
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "1", "1")
@@ -389,7 +389,7 @@ def test_the_culprit_is_the_service_named_whole_not_one_whose_name_is_a_prefix(e
 
     plan = plan_recipe(REPO / "recipes" / "glm53.yaml")[1]
     assert {"decode-1", "decode-10", "decode-11"} <= {s.name for s in plan.services}
-    report = SmokeReport("http://h:8000", "m", "vllm", [CheckResult("chat", "fail", 1.0, evidence)])
+    report = SmokeReport("http://h:8000", "m", "vllm", [CheckResult("chat.basic", "chat", "fail", 1.0, evidence)])
     assert _culprit(report, plan) == culprit
 
 
@@ -428,7 +428,7 @@ def test_tool_checks_are_na_on_mocker(name):
 
     r = Runner("http://127.0.0.1:9", "m", plan_recipe(REPO / "recipes" / "demo.yaml")[1])
     sc = next(s for s in tool_scenarios() if s.name == name)
-    res = r.check(f"tools: {name}", lambda: r.tool_scenario(sc))
+    res = r.check(f"tools.{sc.id}", f"tools: {name}", lambda: r.tool_scenario(sc))
     assert (res.status, res.evidence) == ("n/a", "n/a (engine mocker serves no tool calls)")
 
 
@@ -455,25 +455,25 @@ def _runner_streaming(answers: list[list[float]], completion_tokens: int = 32) -
 
 def test_a_coalesced_stream_is_tried_again_and_passes_once_it_streams():
     runner, calls = _runner_streaming([[0.8, 0.8004], [0.2, 0.3, 0.4]])
-    res = runner.check("chat: streaming", runner.chat_stream)
+    res = runner.check("chat.stream", "chat: streaming", runner.chat_stream)
     assert res.status == "pass" and len(calls) == 2
     assert "attempt 2 of 3" in res.evidence and "not incremental" in res.evidence
 
 
 def test_a_frontend_that_always_buffers_fails_after_every_attempt():
     runner, calls = _runner_streaming([[0.8, 0.8004]] * STREAM_ATTEMPTS)
-    res = runner.check("chat: streaming", runner.chat_stream)
+    res = runner.check("chat.stream", "chat: streaming", runner.chat_stream)
     assert res.status == "fail" and len(calls) == STREAM_ATTEMPTS and "not incremental" in res.evidence
 
 
 def test_a_stream_of_one_token_fails_without_a_retry():
     runner, calls = _runner_streaming([[0.5]], completion_tokens=1)
-    res = runner.check("chat: streaming", runner.chat_stream)
+    res = runner.check("chat.stream", "chat: streaming", runner.chat_stream)
     assert res.status == "fail" and len(calls) == 1 and "fewer than 2 content chunks" in res.evidence
 
 
 def test_many_tokens_in_one_chunk_are_merged_deltas_and_tried_again():
     """vLLM on a loaded CPU host sometimes hands a whole answer over as one delta: the next try streams."""
     runner, calls = _runner_streaming([[0.5], [0.2, 0.3, 0.4]])
-    res = runner.check("chat: streaming", runner.chat_stream)
+    res = runner.check("chat.stream", "chat: streaming", runner.chat_stream)
     assert res.status == "pass" and len(calls) == 2 and "32 tokens in 1 content chunk(s)" in res.evidence

@@ -2,8 +2,12 @@
 
 Every request to the model endpoint goes through the official `openai` client
 (`base_url=URL/v1`, `api_key="none"`, no retries, short timeouts). Worker
-metrics (Prometheus text on each worker's system port) are read with urllib.
+metrics (Prometheus text on each worker's system port) are read by
+`workers.py`; the tool-calling scenarios and their verdicts are `toolcheck.py`'s;
+the JUnit form is `report.py`'s, shared with preflight.
 
+Every check has a stable id (`chat.basic`, `tools.required`), apart from its
+display text: the JSON output carries both, JUnit testcases are named by the id.
 Each check ends as one of:
 - pass;
 - fail: the deployment is broken (exit 1; `up` rolls back);
@@ -15,22 +19,20 @@ Each check ends as one of:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
 import statistics
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
-import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from primectl.checks import toolcheck
-from primectl.checks.metrics import counter_sum
+from primectl.checks import toolcheck, workers
+from primectl.checks.report import Case, Status, junit_xml, tally
 from primectl.errors import DeployError
 from primectl.output import print_table
 
@@ -39,22 +41,19 @@ if TYPE_CHECKING:
 
     from primectl.plan.model import Plan, Service
 
-Status = Literal["pass", "fail", "warn", "n/a"]
-
 REQUEST_TIMEOUT_S = 20.0
 LONG_TIMEOUT_S = 60.0
 DEFAULT_PREFILL_BUDGET = 4096
-METRIC = "dynamo_component_requests_total"
-PREFILL_LABELS = {"dynamo_component": "prefill", "dynamo_endpoint": "generate"}
-DECODE_LABELS = {"dynamo_component": "backend", "dynamo_endpoint": "generate"}
 SESSION_HEADER = "X-Dynamo-Session-ID"
+GATE = "ready.gate"
 
 
 @dataclass
 class CheckResult:
-    """One row of the report."""
+    """One row of the report: the check's stable id, its display text, how it ended."""
 
-    name: str
+    id: str
+    title: str
     status: Status
     ms: float
     evidence: str
@@ -81,41 +80,20 @@ class SmokeReport:
 
     def counts(self) -> dict[str, int]:
         """How many checks ended in each status."""
-        out = {"pass": 0, "fail": 0, "warn": 0, "n/a": 0}
-        for r in self.results:
-            out[r.status] += 1
-        return out
+        return tally(r.status for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (`--output json`)."""
+        """JSON-ready form (`--output json`): each check by id, with its display text under `check`."""
         return {"url": self.url, "model": self.model, "engine": self.engine, "ok": self.ok, "counts": self.counts(),
-                "checks": [{"check": r.name, "result": r.status, "ms": round(r.ms, 1), "evidence": r.evidence}
-                           for r in self.results]}
+                "checks": [{"id": r.id, "check": r.title, "result": r.status, "ms": round(r.ms, 1),
+                            "evidence": r.evidence} for r in self.results]}
 
     def to_junit(self) -> str:
-        """JUnit XML: one testsuite, one testcase per check (fail: failure, n/a: skipped, warn: system-out)."""
-        c = self.counts()
-        suites = ET.Element("testsuites")
-        suite = ET.SubElement(suites, "testsuite", {
-            "name": f"primectl smoke {self.model}", "tests": str(len(self.results)), "failures": str(c["fail"]),
-            "errors": "0", "skipped": str(c["n/a"]), "time": f"{sum(r.ms for r in self.results) / 1000:.3f}",
-        })
-        props = ET.SubElement(suite, "properties")
-        for k, v in (("url", self.url), ("model", self.model), ("engine", self.engine or "")):
-            ET.SubElement(props, "property", {"name": k, "value": v})
-        for r in self.results:
-            case = ET.SubElement(suite, "testcase", {"classname": "primectl.smoke", "name": r.name,
-                                                     "time": f"{r.ms / 1000:.3f}"})
-            if r.status == "fail":
-                ET.SubElement(case, "failure", {"message": r.evidence[:500], "type": "SmokeFailure"}).text = r.evidence
-            elif r.status == "n/a":
-                ET.SubElement(case, "skipped", {"message": r.evidence[:500]})
-            elif r.status == "warn":
-                ET.SubElement(case, "system-out").text = f"WARN: {r.evidence}"
-            else:
-                ET.SubElement(case, "system-out").text = r.evidence
-        ET.indent(suites)
-        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+        """JUnit XML (report.py's, as preflight's): one testcase per check, named by its id."""
+        cases = [Case("primectl.smoke", r.id, r.status, r.evidence, seconds=r.ms / 1000,
+                      properties={"title": r.title}) for r in self.results]
+        return junit_xml(f"primectl smoke {self.model}", cases, failure_type="SmokeFailure",
+                         properties={"url": self.url, "model": self.model, "engine": self.engine or ""})
 
 
 class CheckFailed(Exception):
@@ -214,11 +192,14 @@ class Runner:
         self.report = SmokeReport(self.url, model, self.engine)
         self.halted: str | None = None
 
-    def check(self, name: str, body: Callable[[], str]) -> CheckResult:
-        """Run one check; its body returns pass evidence or raises Check* / any error (fail)."""
+    def check(self, check_id: str, title: str, body: Callable[[], str], *, after_halt: bool = False) -> CheckResult:
+        """Run one check; its body returns pass evidence or raises Check* / any error (fail).
+
+        Once `halted` is set the checks after it are n/a, except those that run `after_halt` (diagnostics).
+        """
         t0 = time.monotonic()
         status: Status
-        if self.halted:
+        if self.halted and not after_halt:
             status, evidence = "n/a", f"not run: {self.halted}"
         else:
             try:
@@ -227,11 +208,11 @@ class Runner:
                 status, evidence = "n/a", str(exc)
             except CheckWarn as exc:
                 status, evidence = "warn", str(exc)
-            except CheckFailed as exc:
+            except (CheckFailed, workers.MetricsUnreachable) as exc:
                 status, evidence = "fail", str(exc)
             except Exception as exc:
                 status, evidence = "fail", _error_detail(exc)
-        res = CheckResult(name, status, (time.monotonic() - t0) * 1000, evidence)
+        res = CheckResult(check_id, title, status, (time.monotonic() - t0) * 1000, evidence)
         self.report.results.append(res)
         return res
 
@@ -412,40 +393,12 @@ class Runner:
 
     def _workers(self, role: str) -> list[Service]:
         assert self.plan is not None
-        return [s for s in self.plan.services if s.role == role and s.metrics_url]
-
-    def _scrape(self) -> tuple[dict[str, float], dict[str, float]]:
-        """Per-service request counters of every prefill and decode worker (CheckFailed naming the unreachable)."""
-        prefill: dict[str, float] = {}
-        decode: dict[str, float] = {}
-        bad: list[str] = []
-        for role, labels, out in (("prefill", PREFILL_LABELS, prefill), ("decode", DECODE_LABELS, decode)):
-            for s in self._workers(role):
-                assert s.metrics_url is not None
-                try:
-                    with urllib.request.urlopen(s.metrics_url, timeout=5) as resp:
-                        text = resp.read().decode("utf-8", "replace")
-                except (OSError, urllib.error.URLError) as exc:
-                    bad.append(f"{role} worker {s.name} metrics {s.metrics_url} unreachable "
-                               f"({getattr(exc, 'reason', exc)})")
-                    continue
-                out[s.name] = counter_sum(text, METRIC, labels)
-        if bad:
-            raise CheckFailed("; ".join(bad))
-        return prefill, decode
+        return workers.with_metrics(self.plan, role)
 
     def _measure(self, send: Callable[[], Any]) -> tuple[Any, dict[str, float], dict[str, float]]:
-        """Send one request; per-service counter deltas (polled briefly: metrics may lag the response)."""
-        p0, d0 = self._scrape()
-        result = send()
-        deadline = time.monotonic() + 3.0
-        while True:
-            p1, d1 = self._scrape()
-            dp = {k: p1.get(k, 0.0) - v for k, v in p0.items()}
-            dd = {k: d1.get(k, 0.0) - v for k, v in d0.items()}
-            if (sum(dp.values()) > 0 and sum(dd.values()) > 0) or time.monotonic() > deadline:
-                return result, dp, dd
-            time.sleep(0.2)
+        """Send one request; per-service counter deltas (MetricsUnreachable fails the check)."""
+        assert self.plan is not None
+        return workers.counter_deltas(self.plan, send)
 
     def _need_plan(self) -> None:
         if self.plan is None:
@@ -458,7 +411,7 @@ class Runner:
             raise CheckNA("needs a recipe (worker metrics URLs)")
         if not self._workers("prefill") and not self._workers("decode"):
             raise CheckNA("plan has no prefill or decode workers with metrics")
-        prefill, decode = self._scrape()
+        prefill, decode = workers.request_counters(self.plan)
         return f"prefill {', '.join(sorted(prefill)) or 'none'}; decode {', '.join(sorted(decode)) or 'none'}"
 
     def disaggregation(self) -> str:
@@ -468,17 +421,20 @@ class Runner:
             return self.client.chat.completions.create(
                 model=self.model, messages=[{"role": "user", "content": words(40, uuid.uuid4().hex)}], max_tokens=4)
 
-        nixl = self.plan is not None and self.plan.serving.capabilities.nixl_metrics
-        kv0 = self._kv_moved() if nixl else {}
+        assert self.plan is not None
+        nixl = self.plan.serving.capabilities.nixl_metrics
+        kv0 = workers.kv_moved(self.plan) if nixl else {}
         _, dp, dd = self._measure(send)
-        ev = f"prefill {_deltas(dp)}; decode {_deltas(dd)}"
+        ev = f"prefill {workers.deltas(dp)}; decode {workers.deltas(dd)}"
         problems = []
         if sum(dp.values()) <= 0:
-            problems.append(f"no prefill worker counted the request ({METRIC}{_fmt_labels(PREFILL_LABELS)})")
+            problems.append("no prefill worker counted the request "
+                            f"({workers.metric_ref(workers.REQUESTS, workers.PREFILL_LABELS)})")
         if sum(dd.values()) <= 0:
-            problems.append(f"no decode worker counted the request ({METRIC}{_fmt_labels(DECODE_LABELS)})")
+            problems.append("no decode worker counted the request "
+                            f"({workers.metric_ref(workers.REQUESTS, workers.DECODE_LABELS)})")
         if nixl:
-            moved = {k: v - kv0.get(k, 0.0) for k, v in self._kv_moved().items()}
+            moved = {k: v - kv0.get(k, 0.0) for k, v in workers.kv_moved(self.plan).items()}
             ev += (f"; decode KV: {moved['transfers']:g} NIXL transfer(s), {moved['bytes']:g} bytes, "
                    f"{moved['failed']:g} failed; prompt tokens from external_kv_transfer {moved['external']:g}, "
                    f"local_compute {moved['local']:g}")
@@ -491,21 +447,6 @@ class Runner:
         if problems:
             raise CheckFailed("; ".join(problems) + f" ({ev})")
         return ev
-
-    def _kv_moved(self) -> dict[str, float]:
-        """Decode workers' NIXL and prompt-source counters, summed (vLLM's names on Dynamo's system port)."""
-        from primectl.checks import workers
-
-        total = {"transfers": 0.0, "bytes": 0.0, "failed": 0.0, "external": 0.0, "local": 0.0}
-        for s in self._workers("decode"):
-            assert s.metrics_url is not None
-            text = workers.scrape(s.metrics_url) or ""
-            total["transfers"] += counter_sum(text, workers.NIXL_XFER, {})
-            total["bytes"] += counter_sum(text, workers.NIXL_BYTES, {})
-            total["failed"] += counter_sum(text, workers.NIXL_FAILED, {}) + counter_sum(text, workers.NIXL_FAILED_NOTIFY, {})
-            total["external"] += counter_sum(text, workers.PROMPT_SOURCE, {"source": "external_kv_transfer"})
-            total["local"] += counter_sum(text, workers.PROMPT_SOURCE, {"source": "local_compute"})
-        return total
 
     def session_affinity(self) -> str:
         self._need_plan()
@@ -585,36 +526,15 @@ class Runner:
     def tool_scenario(self, sc: toolcheck.Scenario) -> str:
         if self.plan is not None and not self.plan.serving.capabilities.tool_calls:
             raise CheckNA(f"n/a (engine {self.engine} serves no tool calls)")
-        kwargs: dict[str, Any] = {
-            "model": self.model, "messages": [{"role": "user", "content": sc.prompt}], "tools": sc.tools,
-            # greedy, so streaming and non-streaming must agree exactly; the frequency penalty keeps a weak model
-            # from padding a grammar-forced call with whitespace until max_tokens. (No `seed`: with sampling it
-            # kills vLLM 0.31's CPU engine core, "CPU Generator does not use offset".)
-            "tool_choice": sc.tool_choice, "max_tokens": 512, "temperature": 0, "frequency_penalty": 1.0,
-            "timeout": LONG_TIMEOUT_S, "parallel_tool_calls": False,
-        }
+        kwargs = toolcheck.request(sc, self.model, LONG_TIMEOUT_S)
         unary = toolcheck.from_completion(self.client.chat.completions.create(**kwargs))
         streamed = toolcheck.from_chunks(self.client.chat.completions.create(**kwargs, stream=True))
-        problems = [f"non-streaming: {p}" for p in toolcheck.check_turn(unary, sc)]
-        problems += [f"streaming: {p}" for p in toolcheck.check_turn(streamed, sc)]
-        problems += toolcheck.compare_turns(unary, streamed)
-        if problems:
-            end_tag = self.end_tag
-            if sc.expect_args.get("text") == f"a{end_tag}b" and known_end_tag_defect(unary, streamed, end_tag):
-                raise CheckWarn(
-                    f"serving-stack defect (upstream, Dynamo 1.6.1's tool-call parser): a string argument holding "
-                    f"{end_tag} ends the call early; the call is dropped and its tail leaks into content "
-                    f"[non-streaming {unary.summary()}] [streaming {streamed.summary()}]. The grammar let the model "
-                    f"write it (xgrammar); the frontend's parser (lib/parsers tool_calling json base_json_parser "
-                    f"extract_tool_call_content, a non-greedy <tool_call>(.*?)</tool_call> match that is not "
-                    f"JSON-string aware) cuts it. Not a rollback: the previous revision has the same parser.")
-            raise CheckFailed("; ".join(problems) + f" [non-streaming {unary.summary()}]")
-        return unary.summary()
-
-
-def known_end_tag_defect(unary: toolcheck.Turn, streamed: toolcheck.Turn, end_tag: str) -> bool:
-    """Both answers show the parser defect: no call, and the argument's tail after the end tag in the content."""
-    return all(not t.tool_calls and 'b"' in t.content and end_tag in t.content for t in (unary, streamed))
+        status, evidence = toolcheck.verdict(sc, unary, streamed, self.end_tag)
+        if status == "warn":
+            raise CheckWarn(evidence)
+        if status == "fail":
+            raise CheckFailed(evidence)
+        return evidence
 
 
 def _gate_detail(body: object) -> str:
@@ -640,69 +560,48 @@ def _gate_detail(body: object) -> str:
     return "; ".join(parts)
 
 
-def _deltas(d: Mapping[str, float]) -> str:
-    return ", ".join(f"{k} +{v:g}" for k, v in sorted(d.items())) or "none"
+# --- the checks, in order ------------------------------------------------------------------------
 
 
-def _fmt_labels(labels: Mapping[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+@dataclass(frozen=True)
+class SmokeCheck:
+    """One check: its stable id, its display text, its body (a Runner method)."""
+
+    id: str
+    title: str
+    body: Callable[[], str]
+    after_halt: bool = False  # runs even after the readiness gate failed (a diagnostic)
 
 
-def _fn(name: str, description: str, properties: dict[str, Any], **schema: Any) -> dict[str, Any]:
-    params = {"type": "object", "properties": properties, "required": list(properties),
-              "additionalProperties": False, **schema}
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+def smoke_checks(r: Runner) -> list[SmokeCheck]:
+    """Every check `run_smoke` runs, in order. A new check is one line here (and its Runner method).
 
-
-def tool_scenarios(end_tag: str = "</tool_call>") -> list[toolcheck.Scenario]:
-    """The tool-calling requests sent to engines that can call tools.
-
-    Every string argument is bounded (enum or pattern) so the checks judge the serving stack (schema-constrained
-    decoding, the tool-call parser, streaming) and hold for any model, a random-weight one included.
+    Ids are `area.what`, stable across rewordings of the display text (tests/test_smoke_checker.py pins them).
     """
-    weather = _fn("get_weather", "Current weather for a city.", {
-        "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}})
-    flight = _fn("book_flight", "Book a flight.", {
-        "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
-        "seats": {"type": "integer", "minimum": 1, "maximum": 9},
-        "refundable": {"type": "boolean"}})
-    order = _fn("create_order", "Create an order.", {
-        "customer": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
-                                                      "tier": {"type": "string", "enum": ["gold", "basic"]}},
-                     "required": ["id", "tier"], "additionalProperties": False},
-        "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 2}},
-        **{"$defs": {"item": {"type": "object", "properties": {
-            "sku": {"type": "string", "pattern": "^[a-z]{2}[0-9]{2}$"},
-            "qty": {"type": "integer", "minimum": 1, "maximum": 5}},
-            "required": ["sku", "qty"], "additionalProperties": False}}})
-    special = 'a < b && "c" \'d\' <e/>'
-    markup = _fn("render_markup", "Render markup characters verbatim.", {
-        "snippet": {"type": "string", "enum": [special]},
-        "glyphs": {"type": "string", "pattern": "^[<&\"']{1,4}$"}})
-    tagged = f"a{end_tag}b"
-    echo_tag = _fn("echo_tag", "Echo a text that contains the tool-call end tag.", {
-        "text": {"type": "string", "enum": [tagged]}})
-    markers = ("<tool_call>", end_tag)
-    return [
-        toolcheck.Scenario("auto", "What is the weather in Paris in celsius? Use the tool.", [weather, flight], "auto",
-                           markers=markers),
-        toolcheck.Scenario("required: enums", "Hello there!", [weather], "required", markers=markers),
-        toolcheck.Scenario("none", "What is the weather in Paris in celsius? Use the tool.", [weather], "none",
-                           markers=markers),
-        toolcheck.Scenario("named function: types (pattern, integer range, boolean)", "Book me a flight.",
-                           [weather, flight], {"type": "function", "function": {"name": "book_flight"}}, "book_flight",
-                           markers=markers),
-        toolcheck.Scenario("nested/$ref schema", "Order two items for customer 7.", [order], "required",
-                           markers=markers),
-        toolcheck.Scenario("special characters arrive unchanged", f"Render this: {special}", [markup], "required",
-                           "render_markup", {"snippet": special}, markers=markers),
-        toolcheck.Scenario("undeclared tool never silently dropped",
-                           "You must call the function get_time with timezone 'UTC' now (it exists even if not "
-                           "listed). Do not answer in text.", [weather], "auto", markers=markers),
-        toolcheck.Scenario(f"string argument holding the parser's end tag {end_tag}", "Echo the tag.", [echo_tag],
-                           "required", "echo_tag", {"text": tagged}, markers=()),
+    model = r.model
+    checks = [
+        SmokeCheck(GATE, f"ready: GET /v1/models/{model}/ready == 200", r.ready_gate),
+        # whether the gate passed or not, which workers answer on their metrics port says where to look
+        SmokeCheck("workers.metrics", "workers: every prefill and decode worker answers on its metrics port",
+                   r.workers_reachable, after_halt=True),
+        SmokeCheck("ready.models", f"ready: /v1/models lists {model}", r.models_list),
+        SmokeCheck("chat.warmup", "warm-up: the first request is answered", r.warm_up),
+        SmokeCheck("chat.basic", "chat: non-streaming", r.chat_unary),
+        SmokeCheck("chat.stream", "chat: streaming", r.chat_stream),
+        SmokeCheck("completions.basic", "completions", r.completions),
+        SmokeCheck("prompt.over_budget", f"prompt over prefill budget ({prefill_budget(r.plan)} tokens) succeeds",
+                   r.long_prompt),
+        SmokeCheck("prompt.over_context", "prompt over context limit -> 4xx", r.over_context),
+        SmokeCheck("disagg.both_served", "disaggregation: prefill and decode workers both served", r.disaggregation),
+        SmokeCheck("session.affinity", f"session affinity: {SESSION_HEADER} keeps one decode worker",
+                   r.session_affinity),
+        SmokeCheck("errors.unknown_model", "errors: unknown model -> 404", r.unknown_model),
+        SmokeCheck("errors.malformed_json", "errors: malformed JSON body -> 400", r.malformed_json),
+        SmokeCheck("errors.malformed_tool", "errors: malformed tool definition -> 400", r.malformed_tool),
     ]
+    checks += [SmokeCheck(f"tools.{sc.id}", f"tools: {sc.name}", functools.partial(r.tool_scenario, sc))
+               for sc in toolcheck.scenarios(r.end_tag)]
+    return checks
 
 
 # --- entry points --------------------------------------------------------------------------------
@@ -716,24 +615,10 @@ def run_smoke(url: str, model: str, plan: Plan | None) -> SmokeReport:
         raise DeployError("the smoke tests need the openai package: pip install 'primectl[smoke]' "
                           "(or pass --no-smoke to up)", service="frontend") from None
     r = Runner(url, model, plan)
-    gate = r.check(f"ready: GET /v1/models/{model}/ready == 200", r.ready_gate)
-    r.check("workers: every prefill and decode worker answers on its metrics port", r.workers_reachable)
-    if gate.status == "fail":
-        r.halted = "readiness gate failed"
-    r.check(f"ready: /v1/models lists {model}", r.models_list)
-    r.check("warm-up: the first request is answered", r.warm_up)
-    r.check("chat: non-streaming", r.chat_unary)
-    r.check("chat: streaming", r.chat_stream)
-    r.check("completions", r.completions)
-    r.check(f"prompt over prefill budget ({prefill_budget(plan)} tokens) succeeds", r.long_prompt)
-    r.check("prompt over context limit -> 4xx", r.over_context)
-    r.check("disaggregation: prefill and decode workers both served", r.disaggregation)
-    r.check(f"session affinity: {SESSION_HEADER} keeps one decode worker", r.session_affinity)
-    r.check("errors: unknown model -> 404", r.unknown_model)
-    r.check("errors: malformed JSON body -> 400", r.malformed_json)
-    r.check("errors: malformed tool definition -> 400", r.malformed_tool)
-    for sc in tool_scenarios(r.end_tag):
-        r.check(f"tools: {sc.name}", lambda sc=sc: r.tool_scenario(sc))  # type: ignore[misc]
+    for c in smoke_checks(r):
+        res = r.check(c.id, c.title, c.body, after_halt=c.after_halt)
+        if c.id == GATE and res.status == "fail":
+            r.halted = "readiness gate failed"
     return r.report
 
 
@@ -747,12 +632,12 @@ def print_report(report: SmokeReport, output: str = "table", stream: TextIO | No
     title = (f"smoke {report.url} model {report.model}: {'OK' if report.ok else 'FAILED'} "
              f"({c['pass']} pass, {c['fail']} fail, {c['warn']} warn, {c['n/a']} n/a)")
     print_table(title, ["check", "result", "ms", "evidence"],
-                [[r.name, r.status, f"{r.ms:.0f}", r.evidence] for r in report.results], fold="evidence", stream=stream)
+                [[r.title, r.status, f"{r.ms:.0f}", r.evidence] for r in report.results], fold="evidence", stream=stream)
 
 
 def failure_summary(report: SmokeReport) -> str:
     """One line naming every failed check and why."""
-    return "; ".join(f"{r.name}: {r.evidence}" for r in report.failed)
+    return "; ".join(f"{r.title}: {r.evidence}" for r in report.failed)
 
 
 def _names(word: str, text: str) -> bool:

@@ -1,6 +1,8 @@
-"""Pure logic of the tool-calling smoke checks: no I/O, unit-testable on constructed responses.
+"""The tool-calling smoke checks: their scenarios and verdicts, no I/O, unit-testable on constructed responses.
 
-A response (an openai `ChatCompletion`, or the chunks of a streamed one) is
+`scenarios` are the requests sent to engines that can call tools, each with a
+stable id; `request` is the chat request one scenario sends (twice: streamed
+and not); `verdict` judges the two answers. A response (an openai `ChatCompletion`, or the chunks of a streamed one) is
 reduced to a `Turn`: content, tool calls with their raw argument text, and the
 finish reason. `check_turn` says what is wrong with one turn given the
 `Scenario` that produced it; `compare_turns` says where a streamed and a
@@ -19,7 +21,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -66,6 +68,7 @@ class Scenario:
     expect_call: str | None = None  # the function the prompt asks for (may be an undeclared one)
     expect_args: dict[str, Any] = field(default_factory=dict)  # exact values expected, by dotted argument path
     markers: tuple[str, ...] = ("<tool_call>", "</tool_call>")  # the parser's tags: never in content
+    id: str = ""  # the smoke check's stable id (`tools.<id>`), apart from `name`, its display text
 
     def declared(self) -> dict[str, Any]:
         """Declared function name -> its parameters schema."""
@@ -354,3 +357,101 @@ def compare_turns(unary: Turn, streamed: Turn) -> list[str]:
     if fa != fb:
         problems.append(f"streaming and non-streaming disagree on finish_reason: {fa} vs {fb}")
     return problems
+
+
+def known_end_tag_defect(unary: Turn, streamed: Turn, end_tag: str) -> bool:
+    """Both answers show the parser defect: no call, and the argument's tail after the end tag in the content."""
+    return all(not t.tool_calls and 'b"' in t.content and end_tag in t.content for t in (unary, streamed))
+
+
+Verdict = tuple[Literal["pass", "warn", "fail"], str]
+
+
+def verdict(sc: Scenario, unary: Turn, streamed: Turn, end_tag: str) -> Verdict:
+    """How the scenario ends given its non-streamed and streamed answers, and the evidence."""
+    problems = [f"non-streaming: {p}" for p in check_turn(unary, sc)]
+    problems += [f"streaming: {p}" for p in check_turn(streamed, sc)]
+    problems += compare_turns(unary, streamed)
+    if not problems:
+        return "pass", unary.summary()
+    if sc.expect_args.get("text") == f"a{end_tag}b" and known_end_tag_defect(unary, streamed, end_tag):
+        return "warn", (
+            f"serving-stack defect (upstream, Dynamo 1.6.1's tool-call parser): a string argument holding "
+            f"{end_tag} ends the call early; the call is dropped and its tail leaks into content "
+            f"[non-streaming {unary.summary()}] [streaming {streamed.summary()}]. The grammar let the model "
+            f"write it (xgrammar); the frontend's parser (lib/parsers tool_calling json base_json_parser "
+            f"extract_tool_call_content, a non-greedy <tool_call>(.*?)</tool_call> match that is not "
+            f"JSON-string aware) cuts it. Not a rollback: the previous revision has the same parser.")
+    return "fail", "; ".join(problems) + f" [non-streaming {unary.summary()}]"
+
+
+# --- the scenarios -------------------------------------------------------------------------------
+
+
+def request(sc: Scenario, model: str, timeout_s: float) -> dict[str, Any]:
+    """The chat request `sc` sends (keyword arguments of `chat.completions.create`)."""
+    return {
+        "model": model, "messages": [{"role": "user", "content": sc.prompt}], "tools": sc.tools,
+        # greedy, so streaming and non-streaming must agree exactly; the frequency penalty keeps a weak model
+        # from padding a grammar-forced call with whitespace until max_tokens. (No `seed`: with sampling it
+        # kills vLLM 0.31's CPU engine core, "CPU Generator does not use offset".)
+        "tool_choice": sc.tool_choice, "max_tokens": 512, "temperature": 0, "frequency_penalty": 1.0,
+        "timeout": timeout_s, "parallel_tool_calls": False,
+    }
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], **schema: Any) -> dict[str, Any]:
+    params = {"type": "object", "properties": properties, "required": list(properties),
+              "additionalProperties": False, **schema}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+def scenarios(end_tag: str = "</tool_call>") -> list[Scenario]:
+    """The tool-calling requests sent to engines that can call tools.
+
+    Every string argument is bounded (enum or pattern) so the checks judge the serving stack (schema-constrained
+    decoding, the tool-call parser, streaming) and hold for any model, a random-weight one included.
+    """
+    weather = _fn("get_weather", "Current weather for a city.", {
+        "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}})
+    flight = _fn("book_flight", "Book a flight.", {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "seats": {"type": "integer", "minimum": 1, "maximum": 9},
+        "refundable": {"type": "boolean"}})
+    order = _fn("create_order", "Create an order.", {
+        "customer": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                      "tier": {"type": "string", "enum": ["gold", "basic"]}},
+                     "required": ["id", "tier"], "additionalProperties": False},
+        "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 2}},
+        **{"$defs": {"item": {"type": "object", "properties": {
+            "sku": {"type": "string", "pattern": "^[a-z]{2}[0-9]{2}$"},
+            "qty": {"type": "integer", "minimum": 1, "maximum": 5}},
+            "required": ["sku", "qty"], "additionalProperties": False}}})
+    special = 'a < b && "c" \'d\' <e/>'
+    markup = _fn("render_markup", "Render markup characters verbatim.", {
+        "snippet": {"type": "string", "enum": [special]},
+        "glyphs": {"type": "string", "pattern": "^[<&\"']{1,4}$"}})
+    tagged = f"a{end_tag}b"
+    echo_tag = _fn("echo_tag", "Echo a text that contains the tool-call end tag.", {
+        "text": {"type": "string", "enum": [tagged]}})
+    markers = ("<tool_call>", end_tag)
+    return [
+        Scenario("auto", "What is the weather in Paris in celsius? Use the tool.", [weather, flight], "auto",
+                 markers=markers, id="auto"),
+        Scenario("required: enums", "Hello there!", [weather], "required", markers=markers, id="required"),
+        Scenario("none", "What is the weather in Paris in celsius? Use the tool.", [weather], "none",
+                 markers=markers, id="none"),
+        Scenario("named function: types (pattern, integer range, boolean)", "Book me a flight.",
+                 [weather, flight], {"type": "function", "function": {"name": "book_flight"}}, "book_flight",
+                 markers=markers, id="named"),
+        Scenario("nested/$ref schema", "Order two items for customer 7.", [order], "required",
+                 markers=markers, id="nested_ref"),
+        Scenario("special characters arrive unchanged", f"Render this: {special}", [markup], "required",
+                 "render_markup", {"snippet": special}, markers=markers, id="special_chars"),
+        Scenario("undeclared tool never silently dropped",
+                 "You must call the function get_time with timezone 'UTC' now (it exists even if not "
+                 "listed). Do not answer in text.", [weather], "auto", markers=markers, id="undeclared"),
+        Scenario(f"string argument holding the parser's end tag {end_tag}", "Echo the tag.", [echo_tag],
+                 "required", "echo_tag", {"text": tagged}, markers=(), id="end_tag"),
+    ]
