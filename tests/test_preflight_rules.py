@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from primectl.checks import preflight_rules as rules
-from primectl.checks.preflight import Report, host_needs, nixl_pairs, rounds
+from primectl.checks.preflight import Report, host_needs
+from primectl.checks.preflight_fabric import nixl_pairs, rounds
 from primectl.checks.preflight_rules import GB, HostNeeds, Result, Transfer
 from primectl.plan.build import build_plan
 from primectl.plan.model import Plan
