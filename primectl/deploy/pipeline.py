@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from primectl.deploy.changes import Change
 from primectl.errors import DeployError, Interrupted, Problem, RecipeError
 from primectl.plan.model import Plan
-from primectl.targets.base import ChangeLine, Rollout, StepPlan
+from primectl.targets.base import Rollout, StepPlan
 from primectl.targets.base import get as get_target
 
 Say = Callable[[str], None]
@@ -49,7 +50,7 @@ class UpOptions:
 class UpResult:
     """What `up` did."""
 
-    changes: list[ChangeLine]
+    changes: list[Change]
     started: list[str] = field(default_factory=list)
     seconds: float = 0.0
     steps: list[StepPlan] = field(default_factory=list)  # with --dry-run: what it would have done
@@ -145,7 +146,7 @@ def smoke(plan: Plan) -> None:
 
 
 def diff(plan: Plan, connection: object, say: Say, *, preflight: bool = True, smoke: bool = True
-         ) -> tuple[list[ChangeLine], list[StepPlan]]:
+         ) -> tuple[list[Change], list[StepPlan]]:
     """What `up` would change and do, touching nothing."""
     target = get_target(plan.target.kind)
     with target.apply(plan, connection, say) as run:
@@ -153,7 +154,7 @@ def diff(plan: Plan, connection: object, say: Say, *, preflight: bool = True, sm
         return lines, run.describe(preflight=preflight, smoke=smoke)
 
 
-def print_diff(lines: list[ChangeLine], steps: list[StepPlan], stream: TextIO | None = None) -> bool:
+def print_diff(lines: list[Change], steps: list[StepPlan], stream: TextIO | None = None) -> bool:
     """The per-service changes (with run-script diffs), then what each step of `up` would do; any changes?"""
     from primectl.deploy.changes import MARKS
     from primectl.output import print_table

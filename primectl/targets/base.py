@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 from primectl import registry
+from primectl.deploy.changes import Change
 from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
@@ -47,15 +48,9 @@ class StepPlan:
     details: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class ChangeLine:
-    """One service's pending change, as `diff` prints it."""
-
-    host: str
-    service: str
-    action: str
-    reason: str
-    detail: str = ""  # e.g. a unified diff of its run script
+# One service's pending change, as `diff` prints it: the one change type of every target
+# (primectl.deploy.changes.Change, action a Literal), under the name the Rollout protocol has always used.
+ChangeLine = Change
 
 
 @dataclass(frozen=True)
@@ -84,8 +79,8 @@ class Rollout(Protocol):
         """Release the lock (best effort)."""
         ...
 
-    def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
-        """Every service's change (keep included); computes the rollout.
+    def diff(self, secrets: str | None, *, detail: bool = False) -> list[Change]:
+        """Every service's change (keep included; `deploy.changes.diff_services` makes them); computes the rollout.
 
         `secrets` None: do not compare them; `detail`: also fetch what `diff` shows (e.g. run-script diffs).
         """

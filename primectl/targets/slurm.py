@@ -33,7 +33,7 @@ an `up` interrupted after sbatch leaves nothing the next `up` or `down` misses.
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import os
 import shutil
 import sys
@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from primectl.deploy.agent import probe_once, readable
-from primectl.deploy.changes import changed_fields, secrets_hash
+from primectl.deploy.changes import Change, diff_services, file_diff, script_path, secrets_hash
 from primectl.deploy.fanout import parallel
 from primectl.deploy.protocol import run_probe
 from primectl.deploy.status import ServiceStatus, StatusReport
@@ -51,7 +51,7 @@ from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, node_marker
 from primectl.recipe.model import Recipe, Slurm
 from primectl.render.bundle import Bundle
-from primectl.targets.base import ChangeLine, PlannedHosts, Say, StartFailed, StepPlan
+from primectl.targets.base import PlannedHosts, Say, StartFailed, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
@@ -118,7 +118,7 @@ class SlurmRollout:
         self.recorded_view = client.job(recorded) if recorded else JobView("", [])
         self.serving = self.recorded_view.state == "RUNNING" and self.state.get("schema") == STATE_SCHEMA
         self.lock_ = DeploymentLock(self.files.path("lock"), plan.name)
-        self.changes: list[ChangeLine] = []
+        self.changes: list[Change] = []
         self.replace = True
         self.why = ""
         self.secrets_hash = ""
@@ -135,32 +135,18 @@ class SlurmRollout:
         """Release the flock."""
         self.lock_.release()
 
-    def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
+    def diff(self, secrets: str | None, *, detail: bool = False) -> list[Change]:
         """Per service against the serving job's record; the job is replaced unless only expectations changed."""
         want: dict[str, Any] = self.release.services
         have: dict[str, Any] = dict(self.state.get("services", {})) if self.state.get("schema") == STATE_SCHEMA else {}
         job = str(self.state.get("job") or "")
-        lines: list[ChangeLine] = []
-        runs = False
-        for name, w in want.items():
-            h = have.get(name)
-            if h is None:
-                lines.append(ChangeLine(w["host"], name, "add", "new service"))
-                runs = True
-            elif (h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]):
-                fields = changed_fields(h, w, tuple(w["run_fields"]))
-                lines.append(ChangeLine(w["host"], name, "change", f"{', '.join(fields) or 'files'} changed",
-                                        self._script_diff(name) if detail else ""))
-                runs = True
-            else:
-                lines.append(ChangeLine(w["host"], name, "keep", "unchanged and running"))
-        for name in sorted(set(have) - set(want)):
-            lines.append(ChangeLine(have[name].get("host", "?"), name, "remove", "no longer in the plan"))
-            runs = True
+        # Whether the services run is the job's question, not each one's: alive=None, judged below.
+        lines = diff_services(want, have, detail=self._script_diff if detail else None)
+        runs = any(c.action in ("add", "change", "remove") for c in lines)
         shape = self.state.get("job_hash") != self.release.manifest["job_hash"] and bool(have)
         if shape:
-            lines.append(ChangeLine("slurm", JOB_SCRIPT, "change", "job shape or sbatch options changed",
-                                    self._file_diff(JOB_SCRIPT) if detail else ""))
+            lines.append(Change("slurm", JOB_SCRIPT, "change", "job shape or sbatch options changed",
+                                self._file_diff(JOB_SCRIPT) if detail else ""))
         others = [j for j, _ in self.active if j != job]
         if not self.serving:
             self.why = (f"{self.recorded_view.describe()}" if job and self.recorded_view.components
@@ -168,10 +154,8 @@ class SlurmRollout:
         elif runs or shape:
             self.why = "the job is replaced (every service restarts in the new job)"
         self.replace = not self.serving or runs or shape
-        if self.replace:
-            lines = [ChangeLine(c.host, c.service, "restart", self.why) if c.action == "keep" else c for c in lines]
-        else:
-            lines = [self._expectations(c, have, want) for c in lines]
+        if self.replace:  # a new job starts every service, whatever else changed of it
+            lines = [dataclasses.replace(c, action="restart", reason=self.why) if c.action in ("keep", "update") else c for c in lines]
         if others:
             self.say(f"WARNING: job(s) {', '.join(others)} of {self.plan.name} are not recorded (an interrupted `up`?): "
                      "`up` replaces them, `down` stops them")
@@ -183,26 +167,18 @@ class SlurmRollout:
         self.changes = lines
         return lines
 
-    def _expectations(self, c: ChangeLine, have: dict[str, Any], want: dict[str, Any]) -> ChangeLine:
-        h, w = have.get(c.service, {}), want.get(c.service, {})
-        if c.action == "keep" and h.get("expect_hash") != w.get("expect_hash"):
-            fields = changed_fields(h, w, tuple(w.get("expect_fields", ())))
-            return ChangeLine(c.host, c.service, "update", f"{', '.join(fields) or 'expectations'} changed (no restart)")
-        return c
-
     def _file_diff(self, rel: str) -> str:
+        """One file of the serving job's release (on the shared filesystem) against the new release."""
         old_rev = str(self.state.get("revision") or "")
         try:
             with open(os.path.join(self.files.release(old_rev), rel)) as f:
                 old = f.read()
         except OSError:
             old = ""
-        new = self.release.files.get(rel, b"").decode()
-        return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                            fromfile=f"{old_rev}/{rel}", tofile=f"{self.release.revision}/{rel}"))
+        return file_diff(rel, old, self.release.files.get(rel, b"").decode(), old_rev, self.release.revision)
 
     def _script_diff(self, service: str) -> str:
-        return self._file_diff(f"bin/{service}.sh")
+        return self._file_diff(script_path(service))
 
     def nothing_to_do(self) -> bool:
         """The serving job runs this revision and the secrets are current."""

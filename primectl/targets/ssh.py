@@ -7,7 +7,6 @@ over one connection per host; services run under the recipe's supervisor
 
 from __future__ import annotations
 
-import difflib
 import io
 import tarfile
 import time
@@ -17,7 +16,7 @@ from functools import partial
 from typing import Any, cast
 
 from primectl.checks.preflight_rules import ours_listening
-from primectl.deploy.changes import Change, compute_changes, pending, secrets_hash
+from primectl.deploy.changes import Change, compute_changes, file_diff, pending, script_path, secrets_hash
 from primectl.deploy.client import HostError
 from primectl.deploy.cluster import (
     Cluster,
@@ -46,7 +45,7 @@ from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, RoleRollout, Service
 from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan
-from primectl.targets.base import ChangeLine, PlannedHosts, StartFailed, StepPlan
+from primectl.targets.base import PlannedHosts, StartFailed, StepPlan
 
 LOG_TAIL_LINES = 40
 INLINE_BUNDLE_MAX = 192 << 10  # scripts + the demo model ~ 160-190 KiB; bigger bundles go over SFTP first (streamed)
@@ -141,27 +140,23 @@ class SSHRollout:
     def unlock(self) -> None:
         unlock(self.cluster)
 
-    def diff(self, secrets: str | None, *, detail: bool = False) -> list[ChangeLine]:
-        self.changes = compute_changes(self.bundles, self.cluster.views)
+    def diff(self, secrets: str | None, *, detail: bool = False) -> list[Change]:
+        self.changes = compute_changes(self.bundles, self.cluster.views, self._script_diff if detail else None)
         if secrets is not None:
             self.secrets_hash = secrets_hash(self.plan.name, secrets)
             self.stale_secrets = [h for h in self.hosts if self.cluster.state(h).get("secrets_hash") != self.secrets_hash]
             recorded = any(self.cluster.state(h).get("secrets_hash") for h in self.stale_secrets)
             if self.stale_secrets and not pending(self.changes) and recorded:
                 self.cluster.say("secrets changed: running services keep the values they started with until they restart")
-        return [ChangeLine(c.host, c.service, c.action, c.reason, self._script_diff(c) if detail else "")
-                for c in self.changes]
+        return self.changes
 
-    def _script_diff(self, c: Change) -> str:
-        if c.action != "change":
-            return ""
-        release = self.cluster.recorded(c.host).get(c.service, {}).get("release")
-        path = f"bin/{c.service}.sh"
-        old = self.cluster.client(c.host).read(f"releases/{release}/{path}") if release else ""
-        new = self.bundles[c.host].files[path].decode()
-        return "".join(difflib.unified_diff(
-            old.splitlines(keepends=True), new.splitlines(keepends=True),
-            fromfile=f"{c.host}:{release}/{path}", tofile=f"{c.host}:{self.bundles[c.host].revision}/{path}"))
+    def _script_diff(self, host: str, service: str) -> str:
+        """The service's run script: the host's recorded release against the new bundle."""
+        release = self.cluster.recorded(host).get(service, {}).get("release")
+        path = script_path(service)
+        old = self.cluster.client(host).read(f"releases/{release}/{path}") if release else ""
+        bundle = self.bundles[host]
+        return file_diff(path, old, bundle.files[path].decode(), f"{host}:{release}", f"{host}:{bundle.revision}")
 
     def nothing_to_do(self) -> bool:
         return not pending(self.changes) and not self.stale_secrets
