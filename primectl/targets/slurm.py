@@ -262,7 +262,6 @@ class SlurmRollout:
         if runtime is None:
             return
         from primectl.deploy.provision import (
-            FLAVOUR_FLAGS,
             INSTALL_TIMEOUT_S,
             RUNTIME_STAMP,
             installed,
@@ -292,7 +291,7 @@ class SlurmRollout:
                 if not os.path.exists(os.path.join(wh, wheel.name)):
                     shutil.copy(wheel, wh)
             env = ["PIP_NO_INDEX=1", f"PIP_FIND_LINKS={wh}"]
-        flavour = FLAVOUR_FLAGS.get(runtime.flavour, [])
+        flavour = runtime.install_flags
         o = self.options
         where = [f"--partition={o.partition}"] if o.partition else []
         where += [f"--account={o.account}"] if o.account else []
