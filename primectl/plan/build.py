@@ -107,7 +107,7 @@ def runtimes(recipe: Recipe, hw: Hardware, engine: Engine, hosts: list[HostPlan]
 
     out = {
         h.name: Runtime(python=own or posixpath.join(venv(h), "bin", "python"), provisioned=not own,
-                        flavour=flavour.name, lock=flavour.lock, key=key)
+                        flavour=flavour.name, lock=flavour.lock, key=key, install_flags=list(flavour.install_flags))
         for h in hosts
     }
     return key, out

@@ -134,9 +134,9 @@ def notes(plan: Plan, m: Manifests, files: Mapping[str, str]) -> str:
             "    the Service is checked only against primectl's own schema. Its readiness probe is the plan's.",
         ]
     image = plan.serving.image
-    if image is not None and plan.pins.get("vllm"):
-        out.append(f"  - {image.repository}:{plan.pins.get('ai-dynamo')} carries the vLLM that Dynamo release ships;"
-                   f" the recipe pins vllm {plan.pins['vllm']}: not checked.")
+    if image is not None and image.package and plan.pins.get(image.package):
+        out.append(f"  - {image.repository}:{plan.pins.get('ai-dynamo')} carries the {image.package_name or image.package} "
+                   f"that Dynamo release ships; the recipe pins {image.package} {plan.pins[image.package]}: not checked.")
     if m.mooncake_service:
         out.append("  - mooncake_master is assumed on the image's PATH.")
     out.append("  - placement inside an NVLink domain relies on the ComputeDomain claim alone." if m.compute_domains

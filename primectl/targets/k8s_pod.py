@@ -6,10 +6,10 @@ turns one service into a `ContainerDraft` that holds for every pod of its
 component:
 
 - dropped: what the operator provides (discovery, the Dynamo namespace, the
-  frontend's HTTP address, a multinode vLLM worker's per-node data-parallel
-  or tensor-parallel launch flags) and what only made sense on a shared host (advertised addresses,
-  per-process ports, CUDA_VISIBLE_DEVICES); every drop is recorded (`Dropped`)
-  so the render can say what it left out;
+  frontend's HTTP address, a multinode worker's per-node data-parallel
+  or tensor-parallel launch flags, as the engine's image declares them) and what only made sense on a shared
+  host (advertised addresses, per-process ports, CUDA_VISIBLE_DEVICES, and the env the engine's image names
+  `pod_local_env`); every drop is recorded (`Dropped`) so the render can say what it left out;
 - replaced: the Mooncake master's host:port by its Service, the service's
   own address by the pod IP marker (`POD_IP`), the release directory by
   `RELEASE_ROOT`, and the service name in file paths by the component's;
@@ -54,9 +54,6 @@ DROPPED_ENV: dict[str, str] = {
     "DYN_HTTP_RPC_HOST": POD_LOCAL,
     "DYN_TCP_RESPONSE_STREAM_HOST": POD_LOCAL,
     "DYN_TCP_RESPONSE_STREAM_PORT": POD_LOCAL,
-    "VLLM_HOST_IP": POD_LOCAL,
-    "VLLM_NIXL_SIDE_CHANNEL_HOST": POD_LOCAL,
-    "VLLM_NIXL_SIDE_CHANNEL_PORT": POD_LOCAL,
     "CUDA_VISIBLE_DEVICES": POD_LOCAL,
 }
 # Frontend flags the operator provides (flag -> why); each takes one value.
@@ -65,26 +62,9 @@ FRONTEND_FLAGS: dict[str, str] = {
     "--http-host": "the frontend binds all pod addresses; the operator's Service fronts it",
     "--http-port": "the operator serves the frontend on port 8000 (`http`) and sets DYN_HTTP_PORT",
 }
-# Per-node flags the operator injects into a vLLM worker whose instance spans nodes (flag -> values taken).
-MULTINODE_DP_FLAGS: dict[str, int] = {
-    "--data-parallel-size-local": 1,
-    "--data-parallel-start-rank": 1,
-    "--data-parallel-address": 1,
-    "--data-parallel-rpc-port": 1,
-    "--data-parallel-hybrid-lb": 0,
-}
+# The per-node flags the operator injects into a worker whose instance spans nodes are the engine's: its
+# ContainerImage's multinode_dp_flags and multinode_tp_flags (flag -> values taken).
 MULTINODE_DP = "the operator injects the per-node data-parallel flags (rank, address, RPC port, hybrid LB)"
-# Per-node flags of vLLM's multi-node TP/TEP launch; the operator injects them when TP exceeds one pod's GPUs
-# (deploy/operator/internal/dynamo/backend_vllm.go: `--distributed-executor-backend mp --nnodes N --master-addr
-# <leader> --master-port ... --node-rank R`, `--headless` on workers; or a Ray cluster, per its mp/ray choice).
-MULTINODE_TP_FLAGS: dict[str, int] = {
-    "--distributed-executor-backend": 1,
-    "--nnodes": 1,
-    "--node-rank": 1,
-    "--master-addr": 1,
-    "--master-port": 1,
-    "--headless": 0,
-}
 MULTINODE_TP = ("the operator injects the multi-node tensor-parallel launch (executor backend, node count and rank, "
                 "leader address and port, --headless on worker pods)")
 PROBE_PERIOD_S = 5
@@ -231,23 +211,25 @@ def container_draft(
     `typeless`: the operator adds no ports or probes, so carry the Plan's.
     """
     dropped: list[Dropped] = []
+    image = plan.serving.image
     argv = list(svc.argv[1:])
     if frontend:
         argv, gone = _strip_flags(argv, dict.fromkeys(FRONTEND_FLAGS, 1))
         dropped += [Dropped(component, f"flag {f}", FRONTEND_FLAGS[f]) for f in gone]
-    if multinode:
-        argv, gone = _strip_flags(argv, MULTINODE_DP_FLAGS)
+    if multinode and image is not None:
+        argv, gone = _strip_flags(argv, image.multinode_dp_flags)
         dropped += [Dropped(component, f"flag {f}", MULTINODE_DP) for f in gone]
-        argv, gone = _strip_flags(argv, MULTINODE_TP_FLAGS)
+        argv, gone = _strip_flags(argv, image.multinode_tp_flags)
         dropped += [Dropped(component, f"flag {f}", MULTINODE_TP) for f in dict.fromkeys(gone)]
     component_key = component.lower()
     paths = {f.path: f.path.replace(svc.name, component_key) for f in svc.files if svc.name in f.path}
     rw = Rewrite(svc.address, endpoints, paths)
     command, args = _split_command(program(plan, svc, svc.argv[0]), [rw.text(w) for w in argv], frontend=frontend)
     env: list[tuple[str, str]] = []
+    drop_env = DROPPED_ENV | (dict.fromkeys(image.pod_local_env, POD_LOCAL) if image is not None and not frontend else {})
     for name, value in svc.env.items():
-        if name in DROPPED_ENV:
-            dropped.append(Dropped(component, f"env {name}", DROPPED_ENV[name]))
+        if name in drop_env:
+            dropped.append(Dropped(component, f"env {name}", drop_env[name]))
         else:
             env.append((name, rw.text(value)))
     files = tuple(PodFile(paths.get(f.path, f.path), rw.text(f.content), f.mode) for f in svc.files)
