@@ -25,6 +25,9 @@ healthy. A change of expectations only (readiness, start order) is recorded
 without touching the running job. A whole-rack deployment cannot run twice,
 so there is no overlap of old and new.
 
+Observing. `status`, `logs`, and how `up` follows the job it submitted (until it runs and binds its nodes,
+each wave, the gate) live in targets/slurm_observe.py: they read squeue/scontrol and the job's files only.
+
 Lock. An exclusive flock on <job_dir>/<name>/lock for the whole `up`/`down`
 (released by the kernel when primectl dies); every unfinished job named
 primectl-<name> of this user counts as the deployment's, recorded or not, so
@@ -36,31 +39,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from primectl.deploy.agent import probe_once, readable
 from primectl.deploy.changes import Change, diff_services, file_diff, script_path, secrets_hash
-from primectl.deploy.fanout import parallel
-from primectl.deploy.protocol import run_probe
-from primectl.deploy.status import ServiceStatus, StatusReport
+from primectl.deploy.status import StatusReport
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, node_marker
 from primectl.recipe.model import Recipe, Slurm
 from primectl.render.bundle import Bundle
-from primectl.targets.base import PlannedHosts, Say, StartFailed, StepPlan
+from primectl.targets import slurm_observe
+from primectl.targets.base import PlannedHosts, Say, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
-
-LOG_TAIL_LINES = 40
-BIND_TIMEOUT_S = 120
-POLL_S = 0.1  # files on the shared filesystem (events, bound.json)
-SCONTROL_POLL_S = 0.5  # slurmctld: a waiting job must not cost it ten RPCs a second
-FAILURE_EVENTS = ("exited", "timeout", "failed")
+from primectl.targets.slurm_observe import JobWatch
 
 
 def _client(options: Any) -> SlurmClient:
@@ -118,6 +113,7 @@ class SlurmRollout:
         self.recorded_view = client.job(recorded) if recorded else JobView("", [])
         self.serving = self.recorded_view.state == "RUNNING" and self.state.get("schema") == STATE_SCHEMA
         self.lock_ = DeploymentLock(self.files.path("lock"), plan.name)
+        self.watch = JobWatch(client, self.files, say)
         self.changes: list[Change] = []
         self.replace = True
         self.why = ""
@@ -325,7 +321,7 @@ class SlurmRollout:
             self.say(f"stopping job(s) {', '.join(running)} (SIGTERM, then scancel after {_stop_timeout(self.plan):g}s)")
             stop_jobs(self.client, self.files, running, _stop_timeout(self.plan), self.say)
         self.job = self.submit(self.release.revision)
-        self.plan = self._await_binding(self.job, self.unbound)
+        self.plan = self.watch.await_binding(self.job, self.unbound, self.options.pending_timeout_s)
 
     def submit(self, revision: str) -> str:
         """sbatch the release's job script from its directory; the job id."""
@@ -334,63 +330,11 @@ class SlurmRollout:
         self.say(f"submitted job {job} (revision {revision})")
         return job
 
-    def _await_binding(self, job: str, plan: Plan) -> Plan:
-        """Wait until the job runs and has written bound.json; `plan` bound to it."""
-        t0 = time.monotonic()
-        deadline = t0 + self.options.pending_timeout_s
-        said = ""
-        while True:
-            view = self.client.job(job)
-            if view.state == "RUNNING":
-                break
-            if view.final or (not view.components and time.monotonic() - t0 > 10):
-                raise self._job_failed(job, view, "before it ran")
-            if view.state == "PENDING" and view.reason != said:
-                said = view.reason
-                self.say(f"job {job} pending ({said})")
-            if time.monotonic() > deadline:
-                raise StartFailed(f"job {job} still {view.state} ({view.reason}) after {self.options.pending_timeout_s}s "
-                                  "(slurm.pending_timeout_s): the cluster has no room for it now")
-            time.sleep(SCONTROL_POLL_S)
-        self.say(f"job {job} running on {view.nodes} after {time.monotonic() - t0:.1f}s")
-        deadline = time.monotonic() + BIND_TIMEOUT_S
-        while (hosts := self.files.bound(job)) is None:
-            view = self.client.job(job)
-            if any(e.kind == "failed" for e in self.files.events(job)) or view.final:
-                raise self._job_failed(job, view, "while binding its nodes")
-            if time.monotonic() > deadline:
-                raise StartFailed(f"job {job} did not bind its nodes within {BIND_TIMEOUT_S}s",
-                                  log_tail=self.files.tail(self.files.batch_log(job)), service="job")
-            time.sleep(POLL_S)
-        self.say("bound: " + ", ".join(f"{h}={v['node']} ({v['address']})" for h, v in hosts.items()))
-        return bind(plan, job, hosts)
-
     def _bound(self, job: str) -> Plan:
         hosts = self.files.bound(job)
         if hosts is None:
             raise DeployError(f"job {job} has no bound.json in {self.files.job(job)}")
         return bind(self.unbound, job, hosts)
-
-    def _job_failed(self, job: str, view: JobView, when: str, service: str | None = None) -> StartFailed:
-        events = self.files.events(job)
-        bad = next((e for e in events if e.kind in FAILURE_EVENTS), None)
-        if bad is not None and bad.kind == "exited":
-            status = bad.detail.split()[0] if bad.detail else "?"
-            return StartFailed(f"{bad.service} ended with status {status} {when} ({view.describe()})",
-                               service=bad.service, log_tail=self._service_tail(job, bad.service))
-        if bad is not None and bad.kind == "timeout":
-            return StartFailed(f"{bad.service} {bad.detail}", service=bad.service, log_tail=self._service_tail(job, bad.service))
-        what = f": {' '.join(w for w in (bad.service, bad.detail) if w and w != '-')}" if bad is not None else ""
-        if view.reason == "JobLaunchFailure":
-            what += (f"; Slurm could not start the batch script: {self.files.path('jobs')} must exist and be writable "
-                     "on the nodes (slurm.job_dir on a shared filesystem)")
-        return StartFailed(f"{view.describe()} {when}{what}", service=service or "job",
-                           log_tail=self.files.tail(self.files.batch_log(job), LOG_TAIL_LINES))
-
-    def _service_tail(self, job: str, service: str) -> str:
-        tail = self.files.tail(self.files.log(job, service), LOG_TAIL_LINES)
-        batch = [line for line in self.files.tail(self.files.batch_log(job), 200).splitlines() if "srun: error" in line]
-        return "\n".join([tail, *batch[-3:]]).strip()
 
     def stop_removed(self) -> None:
         """Nothing: the new job does not run removed services, and the old job is stopped."""
@@ -402,49 +346,12 @@ class SlurmRollout:
     def start(self, wave: list[str]) -> None:
         """Follow the job while its batch script starts `wave` and waits for its readiness."""
         assert self.job is not None
-        job = self.job
         self.started += wave
-        limit = max(self.plan.service(n).ready.timeout_s for n in wave) + 30
-        deadline = time.monotonic() + limit
-        checked = 0.0
-        while True:
-            events = self.files.events(job)
-            ready = {e.service for e in events if e.kind == "ready"}
-            if all(n in ready for n in wave):
-                return
-            if any(e.kind in FAILURE_EVENTS for e in events):
-                raise self._job_failed(job, self.client.job(job), "before it was ready")
-            now = time.monotonic()
-            if now - checked > 0.5:
-                checked = now
-                view = self.client.job(job)
-                if view.state != "RUNNING":
-                    time.sleep(0.5)  # the batch script writes its last event just before it exits
-                    raise self._job_failed(job, self.client.job(job), f"while starting {', '.join(wave)}")
-            if now > deadline:
-                pending = [n for n in wave if n not in ready]
-                raise StartFailed(f"{pending[0]} not ready after {limit:g}s (job {job} still starting it)",
-                                  service=pending[0], log_tail=self._service_tail(job, pending[0]))
-            time.sleep(POLL_S)
+        self.watch.await_wave(self.job, self.plan, wave)
 
     def gate(self) -> None:
         """The deployment's readiness gate, probed from this machine (the job must keep running)."""
-        job = self.job or str(self.state.get("job") or "")
-        g = self.plan.gate
-        deadline = time.monotonic() + g.timeout_s
-        delay = 0.05
-        while True:
-            ok, detail = probe_once(g.model_dump(mode="json"))  # type: ignore[arg-type]
-            if ok:
-                return
-            view = self.client.job(job)
-            if view.state != "RUNNING":
-                raise self._job_failed(job, view, "while waiting for the gate", service="frontend")
-            if time.monotonic() > deadline:
-                raise StartFailed(f"readiness gate {g.url}: not ready after {g.timeout_s:g}s ({detail})", service="frontend",
-                                  log_tail=self._service_tail(job, "frontend"))
-            time.sleep(delay)
-            delay = min(delay * 1.5, g.interval_s)
+        self.watch.await_gate(self.job or str(self.state.get("job") or ""), self.plan.gate)
 
     def rollback(self) -> None:
         """Cancel the new job (and any other of this deployment); bring the job that served before back."""
@@ -464,8 +371,8 @@ class SlurmRollout:
         try:
             job = self.submit(prev)
             previous_plan = self._plan_of_release(prev)
-            self.job, self.plan = job, self._await_binding(job, previous_plan)
-            self._await_serving(job, previous_plan)
+            self.job, self.plan = job, self.watch.await_binding(job, previous_plan, self.options.pending_timeout_s)
+            self.watch.await_serving(job, previous_plan)
             self.gate()
         except (DeployError, KeyboardInterrupt) as exc:
             self.say(f"WARNING: the previous revision did not come back healthy: {exc}; cancelling job {job}")
@@ -474,21 +381,6 @@ class SlurmRollout:
             return
         self.files.write_state({**self.state, "job": job, "updated": time.time(), "hosts": self.files.bound(job)})
         self.say(f"previous revision is healthy again (job {job})")
-
-    def _await_serving(self, job: str, plan: Plan) -> None:
-        """Wait until the job's batch script has started every wave (its `serving` event)."""
-        limit = sum(max(plan.service(n).ready.timeout_s for n in w) for w in plan.start_waves()) + 60
-        deadline = time.monotonic() + limit
-        while True:
-            kinds = {e.kind for e in self.files.events(job)}
-            if "serving" in kinds:
-                return
-            view = self.client.job(job)
-            if kinds & set(FAILURE_EVENTS) or view.state != "RUNNING":
-                raise self._job_failed(job, view, "before it was serving")
-            if time.monotonic() > deadline:
-                raise StartFailed(f"job {job} not serving after {limit:g}s")
-            time.sleep(0.2)
 
     def _plan_of_release(self, revision: str) -> Plan:
         """The plan a recorded release ran: its readiness and start order come from its ready/ files and manifest."""
@@ -556,81 +448,14 @@ class SlurmTarget:
 
     def status(self, plan: Plan, options: Any, say: Say) -> StatusReport:
         """squeue/scontrol for the job and its steps, plus every service's probe at its bound address."""
-        client = _client(options)
-        files = DeploymentFiles(deploy_dir(plan))
-        state = files.state()
-        job = str(state.get("job") or "")
-        view = client.job(job) if job else JobView("", [])
-        hosts = files.bound(job) if job else None
-        bound = bind(plan, job, hosts) if hosts else plan
-        running = view.state == "RUNNING"
-        steps = {s.get("Name", ""): s for s in client.steps(view)} if running else {}
-        recorded = set(state.get("services", {}))
-        release = files.path("jobs", job, "release")
-
-        def probe(name: str) -> tuple[bool, str]:
-            return run_probe(bound.service(name).ready.model_dump(mode="json"), release)  # type: ignore[arg-type]
-
-        live = [s.name for s in bound.services if s.name in steps]
-        results = parallel(probe, live)
-        rows = []
-        for svc in bound.services:
-            step = steps.get(svc.name)
-            res = results.get(svc.name)
-            ok, detail = res if isinstance(res, tuple) else (False, str(res) if res else "")
-            if not job:
-                detail = "no job recorded (primectl up)"
-            elif not running:
-                detail = view.describe() if view.components else f"job {job} is gone"
-            elif step is None:
-                detail = "no step running (it ended)"
-            node = (hosts or {}).get(svc.host, {}).get("node", svc.host)
-            rows.append(ServiceStatus(
-                svc.name, node, svc.role, svc.name in recorded and bool(job), step is not None and step.get("State") == "RUNNING",
-                ok and step is not None, None, state.get("revision"), detail,
-                state=f"step {step.get('StepId')} {step.get('State')}" if step else view.state.lower(),
-            ))
-        gate: dict[str, Any] = {"ok": False, "detail": view.describe() if job else "no job recorded"}
-        if running:
-            ok, detail = probe_once(bound.gate.model_dump(mode="json"))  # type: ignore[arg-type]
-            gate = {"ok": ok, "detail": detail}
-        report = StatusReport(plan.name, rows, gate, bound.gate.url or "")
-        report.notes = _status_notes(client, files, plan, job, view, state)
-        if running:
-            from primectl.checks.workers import worker_sections
-
-            sections, notes = worker_sections(bound)
-            report.sections = sections
-            report.notes += notes
-        return report
+        return slurm_observe.status(plan, _client(options))
 
     def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
         """The service's step output from the recorded job (or the newest job that ran), escape codes removed."""
         if journal:
             raise DeployError("`logs --journal` reads systemd's journal; on the slurm target services are job steps, "
                               "not units, and the step's output is the whole log (drop --journal)")
-        files = DeploymentFiles(deploy_dir(plan))
-        job = str(files.state().get("job") or "") or next(reversed(files.jobs_seen()), "")
-        path = files.log(job, service) if job else ""
-        if not job or not os.path.exists(path):
-            sys.stderr.write(f"no log of {service}" + (f" in job {job} ({path})" if job else ": no job has run") + "\n")
-            return 1
-        sys.stdout.write(files.tail(path, tail) + "\n")
-        sys.stdout.flush()
-        if not follow:
-            return 0
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            try:
-                while True:
-                    chunk = f.read()
-                    if chunk:
-                        sys.stdout.write(readable(chunk.decode(errors="replace")))
-                        sys.stdout.flush()
-                    else:
-                        time.sleep(0.5)
-            except KeyboardInterrupt:
-                return 0
+        return slurm_observe.logs(plan, service, follow=follow, tail=tail)
 
     def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
         """Stop every job of the deployment: SIGTERM to the services, scancel after their stop timeout."""
@@ -672,28 +497,3 @@ def _with_plan(release: Bundle, plan: Plan) -> Bundle:
     files = {**release.files, "plan.json": _plan_json(plan)}
     modes = {**release.modes, "plan.json": 0o644}
     return Bundle(release.host, files, modes, release.revision, release.manifest)
-
-
-def _status_notes(client: SlurmClient, files: DeploymentFiles, plan: Plan, job: str, view: JobView,
-                  state: dict[str, Any]) -> list[str]:
-    notes = []
-    if job:
-        comps = view.components
-        when = f", started {comps[0].get('StartTime')}" if comps and comps[0].get("StartTime") else ""
-        left = f", time limit {comps[0].get('TimeLimit')}" if comps and comps[0].get("TimeLimit") not in (None, "UNLIMITED") else ""
-        notes.append(f"{view.describe() if comps else f'job {job} is gone'}"
-                     + (f" on {view.nodes}" if view.nodes else "") + when + left + f", revision {state.get('revision')}")
-        bad = next((e for e in files.events(job) if e.kind in FAILURE_EVENTS), None)
-        if bad is not None:
-            notes.append(f"job {job}: {bad.kind} {bad.service} {bad.detail}".rstrip()
-                         + f" (primectl logs RECIPE {bad.service})")
-    newest = next(reversed(files.jobs_seen()), "")
-    if newest and newest != job:
-        bad = next((e for e in files.events(newest) if e.kind in FAILURE_EVENTS), None)
-        if bad is not None:
-            notes.append(f"the newest job, {newest}, did not serve: {bad.kind} {bad.service} {bad.detail}".rstrip()
-                         + f" (primectl logs RECIPE {bad.service})")
-    others = [f"{j} {s}" for j, s in client.active_jobs(job_name(plan)) if j != job]
-    if others:
-        notes.append(f"other unfinished job(s) named {job_name(plan)}: {', '.join(others)} (`primectl down` stops them)")
-    return notes
