@@ -511,9 +511,10 @@ def ab(
     """Paired A/B trial: `up` A, bench, `up` B, bench (x --repeat), then report.md with deltas vs spread."""
 
     def body() -> int:
+        from primectl.bench.ab import run_ab
         from primectl.bench.aiperf import AIPerfMissing
         from primectl.bench.report import print_ab
-        from primectl.bench.runner import BenchOptions, run_ab
+        from primectl.bench.runner import BenchOptions
         from primectl.deploy.pipeline import UpOptions
 
         pa = _plan(a)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from primectl.bench import summary as sm
-from primectl.bench.runner import compare, host_set, load_plan
+from primectl.bench.ab import compare, host_set
+from primectl.bench.runner import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
 AIPERF = {  # shape of AIPerf 0.13.0's profile_export_aiperf.json (values trimmed)

@@ -7,6 +7,6 @@ the frontend's /metrics into one validated `summary.json` per run.
 
 Modules: `workload` (pure, seeded session generator), `sla` (SLA parser and
 knee search), `summary` (AIPerf exports -> summary, validity gate),
-`aiperf` (finding and running the executable), `runner` (bench / knee / A/B
-orchestration), `plots` (matplotlib PNGs).
+`aiperf` (finding and running the executable), `runner` (bench and knee
+orchestration), `ab` (the paired A/B trial), `plots` (matplotlib PNGs).
 """

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from primectl.bench.runner import ABRun, BenchResult, KneeRun
+    from primectl.bench.ab import ABRun
+    from primectl.bench.runner import BenchResult, KneeRun
     from primectl.bench.sweep import Sweep
 
 FIGURES = ("tok_s_per_user", "e2e_tok_s_per_user", "output_tok_s_per_gpu", "ttft_p50_ms", "ttft_p90_ms",
