@@ -427,6 +427,7 @@ def preflight(
     accept_new_host_keys: AcceptKeysOpt = False,
     no_selftest: Annotated[bool, typer.Option("--no-selftest", help="Skip the kernel self-test on GPU hosts.")] = False,
     no_fabric: Annotated[bool, typer.Option("--no-fabric", help="Skip the NIXL and Mooncake transfer probes.")] = False,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Also write a JUnit XML report here.")] = None,
 ) -> None:
     """Host checks before a launch (SSH, disk, ports, clock, versions, GPUs, NIXL, Mooncake); exit 1 on any fail."""
 
@@ -439,6 +440,8 @@ def preflight(
         p = _plan(recipe)
         _ssh_only(p, "preflight")
         report = do_preflight(p, _policy(p, accept_new_host_keys), _say, selftest=not no_selftest, fabric=not no_fabric)
+        if junit is not None:
+            junit.write_text(report.to_junit(), encoding="utf-8")
         if output is Output.json:
             sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
         else:

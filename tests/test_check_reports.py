@@ -75,3 +75,25 @@ def test_both_reports_write_junit_with_the_one_shared_writer() -> None:
 
 def test_the_tally_counts_every_status_zero_included() -> None:
     assert report.tally(["pass", "fail", "pass"]) == {"pass": 2, "warn": 0, "fail": 1, "n/a": 0}
+
+
+def test_preflight_junit_names_each_testcase_by_its_check(cli, tmp_path: Path) -> None:
+    """`primectl preflight --junit FILE` on this machine (local connection, a workdir of the test's own)."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
+    doc["name"] = doc["namespace"] = "junitpf"
+    doc["hosts"][0]["workdir"] = str(tmp_path / "wd")
+    recipe = tmp_path / "demo.yaml"
+    recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
+    junit = tmp_path / "preflight.xml"
+    res = cli("preflight", recipe, "--no-fabric", "--no-selftest", "--junit", junit)
+    assert res.exit_code in (0, 1), res.stderr
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("name") == "primectl preflight junitpf"
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == list(preflight.CHECK_ORDER)
+    assert {c.get("classname") for c in cases} == {"primectl.preflight.local"}
+    assert (suite.get("failures") != "0") == (res.exit_code == 1)
+    nixl = next(c for c in cases if c.get("name") == "nixl").find("skipped")  # no runtime, or --no-fabric
+    assert nixl is not None and nixl.get("message")
