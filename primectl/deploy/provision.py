@@ -5,6 +5,10 @@ the pinned version set, installed from the lock file with the project's
 install script. An existing venv whose stamp matches the lock is reused.
 While a host installs, its packages and MB so far show on stderr (pip's log
 in the staging directory and the venv's site-packages, read every few seconds).
+
+`install_runtime` is the one routine for every target: it is given an
+`InstallSite`, what differs (SSH: a host's transport; Slurm: the shared
+filesystem, and srun on one node).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from primectl.deploy.cluster import Cluster
 from primectl.deploy.fanout import parallel
@@ -75,50 +80,127 @@ def _check_system(cluster: Cluster, host: str) -> list[str]:
     return missing
 
 
+@dataclass(frozen=True)
+class Install:
+    """One runtime install as a site runs it: `env`, then `argv` (the install script, the venv, the flavour's flags)."""
+
+    runtime: Runtime
+    stage: str  # <venv>.install: the script, the lock and the install's log
+    argv: list[str]
+    env: dict[str, str]
+    packages: int  # how many the lock pins
+
+
+class InstallSite(Protocol):
+    """Where one runtime venv is created: what provisioning over SSH and on a Slurm cluster differ in."""
+
+    label: str  # names the machine in messages ("h2: "), "" where one runtime serves every node
+    where: str  # appended to "installing runtime ...": how the install runs, where that is not obvious
+    wheelhouse: str  # the directory wheels are staged in for the install to find (PIP_FIND_LINKS)
+
+    def read(self, path: str) -> str | None:
+        """A file's text; None when it is absent."""
+        ...
+
+    def mkdir(self, path: str) -> None:
+        """Create a directory (and its parents)."""
+        ...
+
+    def names(self, directory: str) -> set[str]:
+        """The names in a directory, created when missing."""
+        ...
+
+    def put(self, src: Path, path: str, mode: int) -> None:
+        """Copy a file of this machine there."""
+        ...
+
+    def say(self, text: str) -> None:
+        """Tell the operator."""
+        ...
+
+    def install(self, job: Install) -> tuple[int, str]:
+        """Run the install; its exit status and the end of its output."""
+        ...
+
+
+def install_runtime(site: InstallSite, rt: Runtime, wheelhouse: Path | None) -> str:
+    """Create or reuse one runtime venv: "reused" when its stamp says it was installed from this lock, else
+    stage the install script and lock beside it (and the wheels the site lacks), run it: "installed"."""
+    lock = lock_file(rt)
+    lock_bytes = lock.read_bytes()
+    if installed(site.read(posixpath.join(rt.dir, RUNTIME_STAMP)) or "", lock_bytes):
+        return "reused"
+    stage = rt.dir + ".install"
+    script = posixpath.join(stage, "install-runtime.sh")
+    site.mkdir(stage)
+    site.put(scripts_dir() / "install-runtime.sh", script, 0o755)
+    site.put(lock, posixpath.join(stage, lock.name), 0o644)
+    env: dict[str, str] = {}
+    if wheelhouse is not None:
+        present = site.names(site.wheelhouse)
+        for wheel in sorted(wheelhouse.glob("*.whl")):
+            if wheel.name not in present:
+                site.put(wheel, posixpath.join(site.wheelhouse, wheel.name), 0o644)
+        env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": site.wheelhouse}
+    packages = lock_packages(lock_bytes)
+    site.say(f"{site.label}installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {packages} packages){site.where}")
+    # install-runtime.sh's flags for the engine's flavour come with the runtime
+    code, out = site.install(Install(rt, stage, ["bash", script, rt.dir, *rt.install_flags], env, packages))
+    if code != 0:
+        raise DeployError(f"{site.label}runtime install failed (exit {code}):\n{out[-3000:]}")
+    return "installed"
+
+
+class _Host:
+    """A host's runtime over its transport (SSH or local); pip's progress shows while it installs."""
+
+    where = ""
+
+    def __init__(self, cluster: Cluster, host: str, display: InstallDisplay, say: Callable[[str], None]):
+        self.cluster, self.host, self.display, self.said = cluster, host, display, say
+        self.t = cluster.client(host).transport
+        self.label = f"{host}: "
+        self.wheelhouse = Layout(cluster.plan.host(host).workdir).path("wheelhouse")
+
+    def read(self, path: str) -> str | None:
+        code, out, _ = self.t.run(f"cat {shlex.quote(path)} 2>/dev/null")
+        return out if code == 0 else None
+
+    def mkdir(self, path: str) -> None:
+        self.t.run(f"mkdir -p {shlex.quote(path)}")
+
+    def names(self, directory: str) -> set[str]:
+        _, have, _ = self.t.run(f"mkdir -p {shlex.quote(directory)} && ls {shlex.quote(directory)}")
+        return set(have.split())
+
+    def put(self, src: Path, path: str, mode: int) -> None:
+        self.t.put(src.read_bytes(), path, mode)
+
+    def say(self, text: str) -> None:
+        self.display.above(self.said, text)
+
+    def install(self, job: Install) -> tuple[int, str]:
+        log = shlex.quote(posixpath.join(job.stage, "install.log"))  # pip's output, read by the progress watcher
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in job.env.items())
+        command = f"{env}PIP_LOG_PACKAGES=1 {shlex.join(job.argv)} >{log} 2>&1; rc=$?; tail -c 3000 {log}; exit $rc"
+        self.display.begin(self.host, job.runtime.key, job.packages)
+        with _watch(self.cluster, self.host, job.runtime.dir, posixpath.join(job.stage, "install.log"), self.display):
+            code, out, err = self.t.run(command, timeout=INSTALL_TIMEOUT_S)
+        return code, out + err
+
+
 def provision(cluster: Cluster, *, wheelhouse: Path | None = None, say: Callable[[str], None] = print) -> list[HostRuntime]:
     """Create or reuse each host's runtime venv; fail naming missing system packages."""
     plan = cluster.plan
-    script = (scripts_dir() / "install-runtime.sh").read_bytes()
 
     def one(host: str) -> HostRuntime:
         missing = _check_system(cluster, host)
         if missing:
             raise DeployError(f"{host}: missing system packages: {', '.join(missing)}; "
                               "install them (e.g. scripts/install-system.sh) and retry")
-        rt = plan.serving.runtime[host]
-        lock = lock_file(rt)
-        lock_bytes = lock.read_bytes()
-        t = cluster.client(host).transport
-        venv = rt.dir
-        stamp = posixpath.join(venv, RUNTIME_STAMP)
-        code, out, _ = t.run(f"cat {shlex.quote(stamp)} 2>/dev/null")
-        if code == 0 and installed(out, lock_bytes):
-            return HostRuntime(host, venv, "reused", installed_packages(cluster, host, venv))
-        stage = Layout(plan.host(host).workdir).runtime(rt.key) + ".install"
-        t.run(f"mkdir -p {shlex.quote(stage)}")
-        t.put(script, posixpath.join(stage, "install-runtime.sh"), 0o755)
-        t.put(lock_bytes, posixpath.join(stage, lock.name))
-        env = ""
-        if wheelhouse is not None:
-            wh = Layout(plan.host(host).workdir).path("wheelhouse")
-            _, have, _ = t.run(f"mkdir -p {shlex.quote(wh)} && ls {shlex.quote(wh)}")
-            present = set(have.split())
-            for wheel in sorted(wheelhouse.glob("*.whl")):
-                if wheel.name not in present:
-                    t.put(wheel.read_bytes(), posixpath.join(wh, wheel.name))
-            env = f"PIP_NO_INDEX=1 PIP_FIND_LINKS={shlex.quote(wh)} "
-        packages = lock_packages(lock_bytes)
-        display.above(say, f"{host}: installing runtime {rt.key} ({rt.flavour}, lock {lock.name}, {packages} packages)")
-        flavour = "".join(f" {f}" for f in rt.install_flags)  # install-runtime.sh's flags for the engine's flavour
-        log = posixpath.join(stage, "install.log")  # pip's output, read by the progress watcher
-        command = (f"{env}PIP_LOG_PACKAGES=1 bash {shlex.quote(stage)}/install-runtime.sh {shlex.quote(venv)}{flavour} "
-                   f">{shlex.quote(log)} 2>&1; rc=$?; tail -c 3000 {shlex.quote(log)}; exit $rc")
-        display.begin(host, rt.key, packages)
-        with _watch(cluster, host, venv, log, display):
-            code, out, err = t.run(command, timeout=INSTALL_TIMEOUT_S)
-        if code != 0:
-            raise DeployError(f"{host}: runtime install failed (exit {code}):\n{(out + err)[-3000:]}")
-        return HostRuntime(host, venv, "installed", installed_packages(cluster, host, venv))
+        venv = plan.serving.runtime[host].dir
+        action = install_runtime(_Host(cluster, host, display, say), plan.serving.runtime[host], wheelhouse)
+        return HostRuntime(host, venv, action, installed_packages(cluster, host, venv))
 
     with InstallDisplay() as display:
         results = parallel(one, sorted(h for h in plan.deployed_hosts() if plan.serving.runtime[h].provisioned))

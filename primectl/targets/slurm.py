@@ -42,12 +42,13 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from primectl.deploy.changes import Change, diff_services, file_diff, script_path, secrets_hash
 from primectl.deploy.status import StatusReport
 from primectl.errors import DeployError
-from primectl.plan.model import HostPlan, Plan, node_marker
+from primectl.plan.model import HostPlan, Plan, Runtime, node_marker
 from primectl.recipe.model import Recipe, Slurm
 from primectl.render.bundle import Bundle
 from primectl.targets import slurm_observe
@@ -55,6 +56,9 @@ from primectl.targets.base import PlannedHosts, Say, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
+
+if TYPE_CHECKING:  # provision imports the SSH cluster code, which a Slurm `up` loads only to provision
+    from primectl.deploy.provision import Install
 from primectl.targets.slurm_observe import JobWatch
 
 
@@ -257,46 +261,10 @@ class SlurmRollout:
         runtime = next((r for r in self.plan.serving.runtime.values() if r.provisioned), None)
         if runtime is None:
             return
-        from primectl.deploy.provision import (
-            INSTALL_TIMEOUT_S,
-            RUNTIME_STAMP,
-            installed,
-            lock_file,
-            scripts_dir,
-        )
+        from primectl.deploy.provision import install_runtime
 
-        lock = lock_file(runtime)
-        lock_bytes = lock.read_bytes()
-        stamp = os.path.join(runtime.dir, RUNTIME_STAMP)
-        try:
-            with open(stamp) as f:
-                if installed(f.read(), lock_bytes):
-                    self.say(f"runtime {runtime.key} reused at {runtime.dir}")
-                    return
-        except OSError:
-            pass
-        stage = runtime.dir + ".install"
-        os.makedirs(stage, exist_ok=True)
-        shutil.copy(scripts_dir() / "install-runtime.sh", os.path.join(stage, "install-runtime.sh"))
-        shutil.copy(lock, os.path.join(stage, lock.name))
-        env = []
-        if wheelhouse is not None:
-            wh = os.path.join(self.options.job_dir, "wheelhouse")
-            os.makedirs(wh, exist_ok=True)
-            for wheel in sorted(wheelhouse.glob("*.whl")):
-                if not os.path.exists(os.path.join(wh, wheel.name)):
-                    shutil.copy(wheel, wh)
-            env = ["PIP_NO_INDEX=1", f"PIP_FIND_LINKS={wh}"]
-        flavour = runtime.install_flags
-        o = self.options
-        where = [f"--partition={o.partition}"] if o.partition else []
-        where += [f"--account={o.account}"] if o.account else []
-        self.say(f"installing runtime {runtime.key} ({runtime.flavour}) at {runtime.dir} on one node (srun)")
-        r = self.client.run("srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name(self.plan)}-provision", *where,
-                            "env", *env, "bash", os.path.join(stage, "install-runtime.sh"), runtime.dir, *flavour,
-                            check=False, timeout=INSTALL_TIMEOUT_S)
-        if r.returncode != 0:
-            raise DeployError(f"runtime install failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+        if install_runtime(_SharedRuntime(self, runtime), runtime, wheelhouse) == "reused":
+            self.say(f"runtime {runtime.key} reused at {runtime.dir}")
 
     def check_ports(self) -> None:
         """Nothing to check: the job's nodes are allocated to it (exclusive by default)."""
@@ -414,6 +382,50 @@ class SlurmRollout:
         if not self.replace:
             return f"job {self.state.get('job')} kept, {len(self.changes)} services unchanged"
         return f"job {self.job}: {len(self.started)} services started"
+
+
+class _SharedRuntime:
+    """The one runtime of a Slurm deployment (deploy.provision.InstallSite): files on the shared filesystem,
+    wheels under <job_dir>/wheelhouse, the install run by srun on one node of the partition."""
+
+    label = ""
+
+    def __init__(self, rollout: SlurmRollout, runtime: Runtime):
+        self.rollout = rollout
+        self.wheelhouse = os.path.join(rollout.options.job_dir, "wheelhouse")
+        self.where = f" at {runtime.dir} on one node (srun)"
+
+    def read(self, path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def mkdir(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def names(self, directory: str) -> set[str]:
+        os.makedirs(directory, exist_ok=True)
+        return set(os.listdir(directory))
+
+    def put(self, src: Path, path: str, mode: int) -> None:
+        shutil.copyfile(src, path)
+        os.chmod(path, mode)
+
+    def say(self, text: str) -> None:
+        self.rollout.say(text)
+
+    def install(self, job: Install) -> tuple[int, str]:
+        from primectl.deploy.provision import INSTALL_TIMEOUT_S
+
+        r, o = self.rollout, self.rollout.options
+        where = [f"--partition={o.partition}"] if o.partition else []
+        where += [f"--account={o.account}"] if o.account else []
+        done = r.client.run("srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name(r.plan)}-provision", *where,
+                            "env", *(f"{k}={v}" for k, v in job.env.items()), *job.argv,
+                            check=False, timeout=INSTALL_TIMEOUT_S)
+        return done.returncode, done.stdout + done.stderr
 
 
 class SlurmTarget:
