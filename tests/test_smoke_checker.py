@@ -177,6 +177,20 @@ def test_the_end_tag_defect_is_recognised_from_both_answers():
     assert not known_end_tag_defect(broken, fixed, "</tool_call>")
 
 
+def test_the_end_tag_scenario_warns_on_the_known_defect_and_fails_on_anything_else():
+    from primectl.checks.toolcheck import ToolCall, Turn, verdict
+
+    sc = next(s for s in tool_scenarios() if s.id == "end_tag")
+    broken = Turn('b"}}\n</tool_call>', (), "stop")
+    status, evidence = verdict(sc, broken, broken, "</tool_call>")
+    assert status == "warn" and evidence.startswith("serving-stack defect")
+    other = Turn("no call", (), "stop")
+    status, evidence = verdict(sc, other, other, "</tool_call>")
+    assert status == "fail" and evidence.startswith("non-streaming: tool_choice required but no tool call came")
+    good = Turn("", (ToolCall("echo_tag", '{"text": "a</tool_call>b"}'),), "tool_calls")
+    assert verdict(sc, good, good, "</tool_call>") == ("pass", good.summary())
+
+
 # --- failure modes -------------------------------------------------------------------------------
 
 
