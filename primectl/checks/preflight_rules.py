@@ -1,8 +1,9 @@
 """Preflight verdicts: pure functions from host facts to pass / warn / fail / n/a.
 
 Nothing here performs I/O. `preflight.py` gathers the facts (preflight_host.py
-on each host, probes, timings) and hands them to these functions, so every
-threshold is tested on constructed facts (tests/test_preflight_rules.py).
+on each host, the self-test, timings) and `preflight_fabric.py` the transfer
+results, and both hand them to these functions, so every threshold is tested
+on constructed facts (tests/test_preflight_rules.py).
 """
 
 from __future__ import annotations
