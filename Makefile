@@ -37,9 +37,15 @@ $(VENV)/.bench-stamp: $(VENV)/.stamp
 		"aiperf==$$($(VENV)/bin/python -c 'from primectl.bench.aiperf import AIPERF_VERSION; print(AIPERF_VERSION)')"
 	touch $@
 
+# ansible-core in the same venv, for the Ansible side-by-side (benchmarks/fanout_ansible.py); pinned in
+# benchmarks/ansible-requirements.txt (a stamp of its own: a new pin reinstalls it, not AIPerf).
+$(VENV)/.bench-ansible-stamp: $(VENV)/.bench-stamp benchmarks/ansible-requirements.txt
+	$(UV_PIP) .venv-bench/bin/python -q -r benchmarks/ansible-requirements.txt
+	touch $@
+
 venv: $(VENV)/.stamp
 
-bench-tools: $(VENV)/.bench-stamp
+bench-tools: $(VENV)/.bench-stamp $(VENV)/.bench-ansible-stamp
 
 # aiconfigurator (behind `primectl predict`) lives in its own venv too: pandas, pyarrow, plotly, bokeh, ...
 $(VENV)/.predict-stamp: $(VENV)/.stamp primectl/bench/predict.py
