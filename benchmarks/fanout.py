@@ -1,7 +1,7 @@
 """Fan-out benchmark for `up`: how the apply layer scales from 1 to 18 SSH hosts.
 
 Starts 18 real OpenSSH servers on 127.0.0.2-19 (tests/integration/sshhosts.py) and
-times `primectl.deploy.pipeline.up` in-process (so CLI start-up and recipe
+times `primectl.pipeline.up` in-process (so CLI start-up and recipe
 loading/rendering are NOT counted) for a deployment on 1, 6 and 18 hosts, then a
 zero-change `up` on 18 hosts. Services are the FAKE engine runtime
 (tests/fakes/fake_python: instantly-ready HTTP servers); etcd (the real
@@ -80,7 +80,7 @@ def load(doc: dict[str, Any], path: Path) -> Any:
     """Recipe file -> Plan, as `primectl up` prepares it."""
     import yaml
 
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return plan_recipe(path)[1]
@@ -165,7 +165,7 @@ def main() -> int:
     biggest = max(sizes)
 
     from primectl.deploy.cluster import ConnectionPolicy
-    from primectl.deploy.pipeline import UpOptions, up
+    from primectl.pipeline import UpOptions, up
     from primectl.targets.ssh import SSHTarget
 
     with tempfile.TemporaryDirectory(prefix="primectl-fanout-") as tmp:

@@ -28,8 +28,8 @@ TARGET_HELP_S = 0.3
 
 def pipeline_once() -> tuple[float, int, int]:
     """One load+validate+plan+render; returns seconds, services, files rendered."""
-    from primectl.plan.build import build_plan
-    from primectl.recipe.load import load_recipe
+    from primectl.planner.build import build_plan
+    from primectl.planner.load import load_recipe
     from primectl.render.bundle import render_plan
 
     start = time.perf_counter()

@@ -87,7 +87,7 @@ def _guard(fn: Callable[[], T]) -> T:
 
 
 def _plan(path: Path) -> Plan:
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     return plan_recipe(path)[1]
 
@@ -134,7 +134,7 @@ def plan(recipe: RecipeArg, output: OutputOpt = Output.table) -> None:
     """Show what would run where: placement, capacity and the defaults the recipe left out."""
 
     def body() -> None:
-        from primectl.plan.report import print_plan
+        from primectl.planner.report import print_plan
 
         print_plan(_plan(recipe), output.value)
 
@@ -150,8 +150,8 @@ def render(
     """Write what the target ships (SSH: per-host run scripts, units, configs, manifests; Slurm: the job directory) to a directory."""
 
     def body() -> None:
-        from primectl.plan.build import plan_recipe
-        from primectl.render.bundle import render_for_target
+        from primectl.planner.build import plan_recipe
+        from primectl.targets.base import render_for_target
 
         # Planned for the target it renders for: a scheduler plans logical node slots, not the recipe's hosts.
         for line in render_for_target(plan_recipe(recipe, target=target)[1], out):
@@ -163,7 +163,7 @@ def render(
 @app.command()
 def schema() -> None:
     """Print the recipe JSON Schema (for editors: yaml-language-server)."""
-    from primectl.recipe.load import schema_text
+    from primectl.planner.load import schema_text
 
     sys.stdout.write(schema_text())
 
@@ -191,8 +191,8 @@ def up(
     """Push, start in dependency order, wait for readiness, smoke-test; roll back on failure."""
 
     def body() -> int:
-        from primectl.deploy.pipeline import UpOptions, print_diff
-        from primectl.deploy.pipeline import up as do_up
+        from primectl.pipeline import UpOptions, print_diff
+        from primectl.pipeline import up as do_up
 
         p = _plan(recipe)
         opts = UpOptions(connection=_policy(p, accept_new_host_keys), break_lock=break_lock, preflight=not skip_preflight,
@@ -227,8 +227,8 @@ def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None
     """Show what `up` would add, change, restart or remove, and what each step would do. Exit 0 = no changes, 3 = changes."""
 
     def body() -> int:
-        from primectl.deploy.pipeline import diff as do_diff
-        from primectl.deploy.pipeline import print_diff
+        from primectl.pipeline import diff as do_diff
+        from primectl.pipeline import print_diff
 
         p = _plan(recipe)
         lines, steps = do_diff(p, _policy(p, accept_new_host_keys), _say)
@@ -276,7 +276,7 @@ def logs(
     """Print a service's log from its host (terminal escape codes removed)."""
 
     def body() -> int:
-        from primectl.plan.build import check_service_name
+        from primectl.planner.build import check_service_name
 
         p = _plan(recipe)
         check_service_name(p, service, str(recipe))
@@ -291,7 +291,7 @@ def logs(
 
 
 def _drain_or_restart(recipe: Path, service: str, *, restart: bool, accept_new_host_keys: bool, break_lock: bool) -> None:
-    from primectl.plan.build import check_service_name
+    from primectl.planner.build import check_service_name
 
     def body() -> None:
         p = _plan(recipe)
@@ -518,7 +518,7 @@ def ab(
         from primectl.bench.aiperf import AIPerfMissing
         from primectl.bench.report import print_ab
         from primectl.bench.runner import BenchOptions
-        from primectl.deploy.pipeline import UpOptions
+        from primectl.pipeline import UpOptions
 
         pa = _plan(a)
         up_opts = UpOptions(connection=_policy(pa, accept_new_host_keys), preflight=not skip_preflight,
@@ -603,7 +603,7 @@ def sweep(
         from primectl.bench.runner import BenchOptions, new_run_dir
         from primectl.bench.sweep import SweepSpec, bench_fields, load, prepare, run
         from primectl.bench.variants import Axis, parse_variant, parse_vary, read_sweep_file
-        from primectl.deploy.pipeline import UpOptions
+        from primectl.pipeline import UpOptions
 
         if resume is not None:
             if recipe or vary or variant or sweep_file or sla:

@@ -126,7 +126,7 @@ def test_ab_compare_spread_and_significance() -> None:
 
 
 def test_demo_variant_differs_only_in_the_prefill_budget_and_shares_hosts() -> None:
-    from primectl.recipe.load import load_recipe
+    from primectl.planner.load import load_recipe
 
     a = load_plan(REPO / "recipes" / "demo.yaml")
     b = load_plan(REPO / "recipes" / "demo-variant.yaml")

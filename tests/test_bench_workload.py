@@ -20,7 +20,7 @@ def demo(sessions: int = 40, seed: int = 7, **over):
 def test_presets_and_engine_default() -> None:
     from pathlib import Path
 
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     recipes = Path(__file__).resolve().parent.parent / "recipes"
     # the engine's capabilities name the default preset: the demo scale for the mocker, production for vLLM on

@@ -24,7 +24,7 @@ SMOKE_IDS = [
 
 
 def _runner(plan: bool) -> Runner:
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     return Runner("http://127.0.0.1:9", "demo", plan_recipe(REPO / "recipes" / "demo.yaml")[1] if plan else None)
 

@@ -18,9 +18,9 @@ import yaml
 from primectl.deploy.changes import Change
 from primectl.deploy.cluster import ConnectionPolicy
 from primectl.deploy.fake import FakeWorld
-from primectl.deploy.pipeline import UpOptions, diff, up
-from primectl.plan.build import plan_recipe
+from primectl.pipeline import UpOptions, diff, up
 from primectl.plan.model import Plan
+from primectl.planner.build import plan_recipe
 from primectl.targets.slurm import SlurmRollout
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_job import JOB_SCRIPT

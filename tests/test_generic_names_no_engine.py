@@ -1,6 +1,7 @@
-"""Generic modules name no engine (issue item 1): recipe/, checks/, targets/, deploy/ and plan/ ask the Plan
-or the Engine protocol, never "is this vLLM?". Identifiers and string constants are checked; docstrings,
-comments and field descriptions (documentation, which may name an engine as an example) are not."""
+"""Generic modules name no engine (issue item 1): recipe/, checks/, targets/, deploy/, plan/, planner/ and
+pipeline.py ask the Plan or the Engine protocol, never "is this vLLM?". Identifiers and string constants are
+checked; docstrings, comments and field descriptions (documentation, which may name an engine as an example)
+are not."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GENERIC = ("recipe", "checks", "targets", "deploy", "plan")
+GENERIC = ("recipe", "checks", "targets", "deploy", "plan", "planner", "pipeline.py")
 ENGINE_WORD = re.compile(r"(?<![A-Za-z0-9])(vllm|mocker|sglang)(?![a-z0-9])", re.IGNORECASE)
 # Prose shown to users that names an engine as background, not as a choice the code makes: file -> the words.
 ALLOWED = {
     ("targets/k8s_notes.py", "the vLLM Mooncake store connector"),  # explains a Mooncake setting in NOTES.txt
-    ("plan/build.py", "capacity is simulated by the mocker"),  # a note on GPU-less profiles
-    ("plan/build.py", "vLLM's sparse-MLA backend"),  # the capacity report's note on FP8 row sizes
+    ("planner/build.py", "capacity is simulated by the mocker"),  # a note on GPU-less profiles
+    ("planner/build.py", "vLLM's sparse-MLA backend"),  # the capacity report's note on FP8 row sizes
 }
 
 
@@ -64,7 +65,8 @@ def engine_names(path: Path) -> list[str]:
 
 
 def test_generic_modules_name_no_engine() -> None:
-    files = [p for top in GENERIC for p in sorted((REPO / "primectl" / top).rglob("*.py"))]
+    tops = [REPO / "primectl" / top for top in GENERIC]
+    files = [p for top in tops for p in ([top] if top.is_file() else sorted(top.rglob("*.py")))]
     assert len(files) > 30
     found = [hit for p in files for hit in engine_names(p)]
     assert found == [], "\n".join(found)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from primectl.plan.build import plan_recipe
+from primectl.planner.build import plan_recipe
 from primectl.targets.kubernetes import KubernetesTarget
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from primectl.engines.vllm import MULTINODE_DP_FLAGS, POD_LOCAL_ENV
-from primectl.plan.build import plan_recipe
 from primectl.plan.model import Plan
+from primectl.planner.build import plan_recipe
 from primectl.targets import k8s_schema as ks
 from primectl.targets.k8s_manifests import build_manifests
 from primectl.targets.k8s_pod import DROPPED_ENV, FRONTEND_FLAGS, KubernetesRenderError

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from primectl.engines.vllm import MULTINODE_TP_FLAGS
-from primectl.plan.build import build_plan, plan_recipe
 from primectl.plan.model import Plan, Service
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan, plan_recipe
+from primectl.planner.load import load_recipe
 from primectl.targets import k8s_schema as ks
 from primectl.targets.kubernetes import KubernetesTarget
 from primectl.targets.slurm_job import components, render_release

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from primectl.deploy.agent import readable
-from primectl.deploy.observe import log_command
 from primectl.deploy.status import ServiceStatus, StatusReport, print_status
-from primectl.plan.build import plan_recipe
+from primectl.planner.build import plan_recipe
+from primectl.targets.ssh_observe import log_command
 
 REPO = Path(__file__).resolve().parent.parent
 COLOURED = ("\x1b[2m2026-12-01T09:00:00.1Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[2mdynamo_runtime::system\x1b[0m\x1b[2m:\x1b[0m "

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from primectl.plan.build import build_plan, check_ports
 from primectl.plan.model import Plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan, check_ports
+from primectl.planner.load import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"

@@ -19,8 +19,8 @@ import pytest
 from primectl.bench import predict as pr
 from primectl.bench.runner import DEFAULT_SEED
 from primectl.bench.workload import generate, preset
-from primectl.plan.build import plan_recipe
 from primectl.plan.model import Plan
+from primectl.planner.build import plan_recipe
 from tests.conftest import REPO, CliResult
 
 Cli = Callable[..., CliResult]

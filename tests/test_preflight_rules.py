@@ -12,9 +12,9 @@ from primectl.checks import preflight_rules as rules
 from primectl.checks.preflight import Report, host_needs
 from primectl.checks.preflight_fabric import nixl_pairs, rounds
 from primectl.checks.preflight_rules import GB, HostNeeds, Result, Transfer
-from primectl.plan.build import build_plan
 from primectl.plan.model import Plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from primectl.deploy.provision import drift, lock_file
-from primectl.plan.build import build_plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import yaml
 
 from primectl.deploy.provision import RUNTIME_STAMP, lock_file
 from primectl.errors import DeployError
-from primectl.plan.build import plan_recipe
+from primectl.planner.build import plan_recipe
 from primectl.targets.slurm import SlurmRollout
 from primectl.targets.slurm_cli import JobView, SlurmClient
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from primectl.recipe.load import _read
+from primectl.planner.load import _read
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE_FILES = sorted(p for p in (REPO / "recipes").glob("*.yaml"))

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from primectl.plan.build import build_plan
 from primectl.plan.model import Plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 from primectl.render.bundle import MANIFEST, Bundle, render_host, render_plan
 
 REPO = Path(__file__).resolve().parent.parent

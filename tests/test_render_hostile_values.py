@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from primectl.plan.build import build_plan
 from primectl.plan.model import RELEASE, Plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 from primectl.render.bundle import render_plan, secrets_path, write_bundles
 
 
@@ -96,7 +96,7 @@ def run_script(script: Path, dump: Path, home: Path) -> dict[str, Any]:
 
 
 def test_hostile_values_reach_the_process_byte_exact_and_inject_nothing(setup: dict[str, Any]) -> None:
-    from primectl.deploy.pipeline import resolve_secrets
+    from primectl.pipeline import resolve_secrets
 
     tmp: Path = setup["tmp"]
     loaded = load_recipe(setup["recipe"])

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from primectl.plan.build import build_plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 from primectl.render.bundle import render_plan
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from primectl.plan.build import build_plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 from primectl.render.bundle import render_plan, script_path, unit_name, write_bundles
 
 REPO = Path(__file__).resolve().parent.parent

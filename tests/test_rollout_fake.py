@@ -16,10 +16,10 @@ import yaml
 
 from primectl.deploy.cluster import ConnectionPolicy
 from primectl.deploy.fake import FakeWorld
-from primectl.deploy.pipeline import UpOptions, diff, up
 from primectl.errors import DeployError
-from primectl.plan.build import plan_recipe
+from primectl.pipeline import UpOptions, diff, up
 from primectl.plan.model import Plan
+from primectl.planner.build import plan_recipe
 from primectl.targets.ssh import SSHTarget
 
 HOSTS = ("h1", "h2", "h3")

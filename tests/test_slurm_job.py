@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from primectl.errors import DeployError
-from primectl.plan.build import build_plan, plan_recipe
 from primectl.plan.model import NODE_MARKER_RE, Plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan, plan_recipe
+from primectl.planner.load import load_recipe
 from primectl.recipe.model import Slurm
 from primectl.targets import slurm_wait
 from primectl.targets.slurm import SlurmTarget

@@ -344,7 +344,7 @@ def test_counter_sum_picks_the_generate_series_of_the_role():
 
 
 def test_budget_and_context_come_from_the_plan_not_from_argv():
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     _, plan = plan_recipe(REPO / "recipes" / "glm53.yaml")
     assert (prefill_budget(plan), max_context(plan)) == (4096, 202752)
@@ -353,8 +353,8 @@ def test_budget_and_context_come_from_the_plan_not_from_argv():
 
 
 def test_budget_and_context_from_the_demo_plan():
-    from primectl.plan.build import build_plan
-    from primectl.recipe.load import load_recipe
+    from primectl.planner.build import build_plan
+    from primectl.planner.load import load_recipe
 
     plan = build_plan(load_recipe(REPO / "recipes" / "demo.yaml").recipe)
     assert prefill_budget(plan) == 4096
@@ -399,7 +399,7 @@ def test_report_json_and_junit():
     ("prefill_budget exceeded", "frontend"),
 ])
 def test_the_culprit_is_the_service_named_whole_not_one_whose_name_is_a_prefix(evidence, culprit):
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     plan = plan_recipe(REPO / "recipes" / "glm53.yaml")[1]
     assert {"decode-1", "decode-10", "decode-11"} <= {s.name for s in plan.services}
@@ -438,7 +438,7 @@ def test_cli_recipe_unreachable_table(cli):
 @pytest.mark.parametrize("name", ["auto", "none"])
 def test_tool_checks_are_na_on_mocker(name):
     from primectl.checks.smoke import Runner
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     r = Runner("http://127.0.0.1:9", "m", plan_recipe(REPO / "recipes" / "demo.yaml")[1])
     sc = next(s for s in tool_scenarios() if s.name == name)

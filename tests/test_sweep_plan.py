@@ -17,7 +17,7 @@ from primectl.bench.sweep import SweepSpec, load, order, prepare, restarts
 from primectl.bench.sweep_report import winner
 from primectl.bench.variants import combine, materialise, parse_variant, parse_vary, read_sweep_file, scalar
 from primectl.errors import RecipeError
-from primectl.plan.build import plan_recipe
+from primectl.planner.build import plan_recipe
 from tests.conftest import REPO, CliResult
 
 GLM = REPO / "recipes" / "glm53.yaml"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from primectl.engines.vllm import cpu_kv_tokens
-from primectl.plan.build import plan_recipe
 from primectl.plan.model import Plan
+from primectl.planner.build import plan_recipe
 from primectl.recipe.catalog import MODELS
 from primectl.render.bundle import render_plan
 

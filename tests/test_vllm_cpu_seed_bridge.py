@@ -24,7 +24,7 @@ import pytest
 from primectl.bridges import vllm_cpu_seed_bridge as bridge
 from primectl.bridges import worker_sitecustomize
 from primectl.engines import vllm as vllm_engine
-from primectl.plan.build import plan_recipe
+from primectl.planner.build import plan_recipe
 from primectl.render.bundle import render_plan
 
 torch = pytest.importorskip("torch")

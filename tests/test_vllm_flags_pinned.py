@@ -14,8 +14,8 @@ import pytest
 from primectl.engines.base import get as get_engine
 from primectl.engines.vllm import CATALOGS, VLLM_KV_DTYPE
 from primectl.engines.vllm_compat import VllmPins
-from primectl.plan.build import build_plan
-from primectl.recipe.load import load_recipe
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "primectl" / "recipe" / "data"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from primectl.bench.runner import BenchOptions, BenchResult, Say, draw_plots, load_plan, new_run_dir, run_bench
 
 if TYPE_CHECKING:
-    from primectl.deploy.pipeline import UpOptions
+    from primectl.pipeline import UpOptions
     from primectl.plan.model import Plan
 
 AB_METRICS = ("tok_s_per_user", "e2e_tok_s_per_user", "output_tok_s_per_gpu", "ttft_p50_ms", "ttft_p90_ms",
@@ -31,7 +31,7 @@ def host_set(plan: Plan) -> set[str]:
 
 def deploy(plan: Plan, up_options: UpOptions, say: Say) -> None:
     """`primectl up` for one side of an A/B: the same pipeline, preflight and smoke included unless turned off."""
-    from primectl.deploy.pipeline import up
+    from primectl.pipeline import up
 
     up(plan, up_options, say)
 

@@ -168,7 +168,7 @@ def role_parallelism(parallel: str) -> dict[str, int]:
 
     DEPn: attention DP n, experts EP n. TEPn: attention TP n, experts EP n. TPn: experts tensor-parallel n.
     DPn: experts tensor-parallel over all n ranks (vLLM without --enable-expert-parallel)."""
-    from primectl.plan.capacity import parse_parallel
+    from primectl.recipe.capacity import parse_parallel
 
     par = parse_parallel(parallel)
     ep = par.size if par.expert_parallel else 1

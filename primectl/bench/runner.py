@@ -73,7 +73,7 @@ def new_run_dir(root: Path, label: str) -> Path:
 
 def load_plan(recipe: Path) -> Plan:
     """Validate and plan a recipe (RecipeError on bad input)."""
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     return plan_recipe(recipe)[1]
 

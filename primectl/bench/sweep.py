@@ -24,7 +24,7 @@ from primectl.bench.variants import Axis, materialise, plan_hash
 from primectl.errors import DeployError, Interrupted, Problem, RecipeError
 
 if TYPE_CHECKING:
-    from primectl.deploy.pipeline import UpOptions
+    from primectl.pipeline import UpOptions
     from primectl.plan.model import Plan
 
 Say = Callable[[str], None]
@@ -139,7 +139,7 @@ def prepare(base: Path, axes: list[Axis], spec: SweepSpec, root: Path) -> Sweep:
     The variants' recipe files go to `root`/variants; the caller removes `root` if they are refused.
     """
     from primectl.bench.variants import combine
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     parse_sla(spec.sla)
     base_plan = plan_recipe(base)[1]  # a bad base is refused as itself, before any variant
@@ -159,7 +159,7 @@ def prepare(base: Path, axes: list[Axis], spec: SweepSpec, root: Path) -> Sweep:
 
 def load(root: Path) -> Sweep:
     """A sweep directory for `--resume`: its state, and its variants planned again (refused if any changed)."""
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     path = root / STATE
     if not path.is_file():
@@ -182,7 +182,7 @@ def load(root: Path) -> Sweep:
 
 def run(sweep: Sweep, up_options: UpOptions, say: Say) -> Sweep:
     """Deploy, measure and report every variant not yet done; KeyboardInterrupt leaves it resumable."""
-    from primectl.deploy.pipeline import up
+    from primectl.pipeline import up
 
     spec = sweep.spec
     sla = parse_sla(spec.sla)

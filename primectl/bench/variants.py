@@ -227,7 +227,7 @@ def materialise(variants: list[Variant], base: Path, directory: Path) -> dict[st
 
     Returns {variant id: Plan}. Nothing is deployed.
     """
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     base_loaded, base_plan = plan_recipe(base)  # a bad base is refused as itself, before any variant
     base_data = base_loaded.recipe.model_dump(mode="json")
@@ -278,7 +278,7 @@ def _gpus(v: Variant, base_data: dict[str, Any], role: str) -> int:
 
 def _fit(v: Variant, base: Path, directory: Path, gpus_total: int, base_data: dict[str, Any]) -> tuple[Path, Any]:
     """Derive the counts for the variant's ratio: the most groups the planner places (CPU: the base's groups)."""
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     if "prefill.groups" not in v.derived:
         path = write_variant(v, base, directory)

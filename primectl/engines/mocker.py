@@ -20,8 +20,8 @@ from primectl.engines.base import (
 )
 from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED
 from primectl.errors import Finding
-from primectl.plan.capacity import kv_bytes_per_token, parse_parallel
 from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
+from primectl.recipe.capacity import kv_bytes_per_token, parse_parallel
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
 from primectl.recipe.model import Decode, EngineBlock, Prefill, Recipe, Strict

@@ -28,8 +28,8 @@ from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED
 from primectl.engines.mooncake import store_config
 from primectl.engines.vllm_compat import VllmPins, check_vllm_pins
 from primectl.errors import Finding
-from primectl.plan.capacity import parse_parallel
 from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot, WorkerMetrics
+from primectl.recipe.capacity import parse_parallel
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile

@@ -213,25 +213,3 @@ def write_bundles(bundles: dict[str, Bundle], out: Path) -> list[Path]:
             written.append(path)
     return written
 
-
-def render_for_target(plan: Plan, out: Path) -> list[str]:
-    """Write what the plan's target ships under `out`; one line per thing written, for the operator."""
-    from primectl.targets.base import get
-
-    kind = plan.target.kind
-    if kind == "ssh":
-        bundles = render_plan(plan)
-        written = write_bundles(bundles, out)
-        lines = [f"{out / host}: revision {b.revision}, {len(b.services)} services" for host, b in sorted(bundles.items())]
-        return [*lines, f"{len(written)} files written"]
-    chosen = get(kind)
-    files = chosen.render(plan)
-    for rel, data in sorted(files.items()):
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        path.chmod(0o755 if data.startswith(b"#!") else 0o644)  # scripts stay runnable
-    # A target may say more about what it rendered (kubernetes: which schemas the manifests were checked against).
-    report = getattr(chosen, "render_report", None)
-    extra: list[str] = report(plan) if callable(report) else []
-    return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}", *extra]

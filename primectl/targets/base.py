@@ -8,7 +8,7 @@ class in one module, registered as an entry point in group `primectl.targets`
   binds the plan's logical slots to machines (`bind`) and renders what it
   ships (`render`, what `primectl render` writes);
 - what deploys (`Deploys`): it opens a rollout that the one `up` pipeline
-  (deploy/pipeline.py) drives step by step (`apply`), and reads and stops
+  (primectl/pipeline.py) drives step by step (`apply`), and reads and stops
   what runs (`status`, `logs`, `down`, `unlock`).
 
 A render-only target implements the first part only; `get` hands it out
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
 from primectl import registry
@@ -267,3 +268,26 @@ def get(name: str) -> Target:
     """The registered target called `name` (KeyError if none); a render-only one wrapped so deploying refuses."""
     obj = load(name)
     return cast(Target, obj) if deploys(obj) else RenderOnly(obj)
+
+
+def render_for_target(plan: Plan, out: Path) -> list[str]:
+    """Write what the plan's target ships under `out` (`primectl render`); one line per thing written, for the operator."""
+    from primectl.render.bundle import render_plan, write_bundles  # jinja2: imported when rendering, not with this module
+
+    kind = plan.target.kind
+    if kind == "ssh":
+        bundles = render_plan(plan)
+        written = write_bundles(bundles, out)
+        lines = [f"{out / host}: revision {b.revision}, {len(b.services)} services" for host, b in sorted(bundles.items())]
+        return [*lines, f"{len(written)} files written"]
+    chosen = get(kind)
+    files = chosen.render(plan)
+    for rel, data in sorted(files.items()):
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o755 if data.startswith(b"#!") else 0o644)  # scripts stay runnable
+    # A target may say more about what it rendered (kubernetes: which schemas the manifests were checked against).
+    report = getattr(chosen, "render_report", None)
+    extra: list[str] = report(plan) if callable(report) else []
+    return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}", *extra]

@@ -635,14 +635,14 @@ class SSHTarget:
 
     def status(self, plan: Plan, options: Any, say: Say) -> Any:
         """Liveness, readiness and revision of every service, the gate, and worker metrics."""
-        from primectl.deploy.observe import collect_status
+        from primectl.targets.ssh_observe import collect_status
 
         with opened(plan, _policy(options), say) as cluster:
             return collect_status(cluster)
 
     def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
         """Stream a service's log file from its host (with `journal`: its unit's lines in the host's journal)."""
-        from primectl.deploy.observe import log_command
+        from primectl.targets.ssh_observe import log_command
 
         host, command = log_command(plan, service, follow=follow, lines=tail, journal=journal)
         t = _policy(options).connect(plan.host(host))

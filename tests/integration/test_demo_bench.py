@@ -233,7 +233,7 @@ def test_sweep_interrupted_by_ctrl_c_then_resumed_writes_every_file(demo: Path, 
     assert w["id"] in ("v01", "v02") and "not checked against noise" in w["verdict"]
     assert w["verdict"] in r.stdout
     winner_yaml = root / "winner.yaml"
-    from primectl.plan.build import plan_recipe
+    from primectl.planner.build import plan_recipe
 
     won = plan_recipe(winner_yaml)[0].recipe
     assert won.decode.workers == (1 if w["id"] == "v01" else 2) and won.name == "benchdemo"

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from primectl.errors import Finding
-from primectl.plan.capacity import Parallel, parse_parallel
 from primectl.plan.model import DataParallel, HostPlan, Slot, TensorNodes
+from primectl.recipe.capacity import Parallel, parse_parallel
 from primectl.recipe.catalog import Hardware
 from primectl.recipe.model import Decode, Prefill, Recipe
 

@@ -20,14 +20,6 @@ from primectl.engines.frontend import frontend_service, registered_probe
 from primectl.engines.haproxy import balancer_service, replica_drain
 from primectl.engines.mooncake import master_service
 from primectl.errors import Finding, PlanError, Problem, RecipeError
-from primectl.plan.capacity import (
-    GB,
-    indexer_bytes_per_token,
-    kv_bytes_per_token,
-    kv_row_bytes,
-    parse_parallel,
-    role_memory,
-)
 from primectl.plan.model import (
     RELEASE,
     Capacity,
@@ -44,9 +36,17 @@ from primectl.plan.model import (
     TargetSpec,
     Tier,
 )
-from primectl.plan.placement import Placement, place_workers, surge_slot
+from primectl.planner.load import LoadedRecipe, load_recipe
+from primectl.planner.placement import Placement, place_workers, surge_slot
+from primectl.recipe.capacity import (
+    GB,
+    indexer_bytes_per_token,
+    kv_bytes_per_token,
+    kv_row_bytes,
+    parse_parallel,
+    role_memory,
+)
 from primectl.recipe.catalog import MODELS, Architecture, Hardware
-from primectl.recipe.load import LoadedRecipe, load_recipe
 from primectl.recipe.model import Decode, Prefill, Recipe, hardware_profile
 from primectl.targets.base import get as get_target
 

@@ -3,7 +3,7 @@
 Each rule returns findings (recipe path + message); all of them run so the
 user sees every problem at once. Engine-specific rules live with the engine
 (`Engine.validate`, called from here); GPU accounting and ports are checked by
-the planner on the very placement `up` would use (`plan.build.plan_recipe`).
+the planner on the very placement `up` would use (`planner.build.plan_recipe`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _topology_rules(r: Recipe) -> list[Finding]:
 
 def _dcp_rules(r: Recipe) -> list[Finding]:
     """DCP reuses the TP ranks (vLLM ParallelConfig: tp_size must be divisible by dcp_size)."""
-    from primectl.plan.capacity import parse_parallel
+    from primectl.recipe.capacity import parse_parallel
 
     dcp = r.decode.dcp
     if dcp == 1:
@@ -95,7 +95,7 @@ def _dcp_rules(r: Recipe) -> list[Finding]:
 
 
 def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
-    from primectl.plan.capacity import kv_bytes_per_token, parse_parallel, role_memory
+    from primectl.recipe.capacity import kv_bytes_per_token, parse_parallel, role_memory
 
     hw = hardware_profile(r)
     if not hw.hbm_gb:

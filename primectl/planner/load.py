@@ -230,7 +230,7 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
         raise RecipeError(_pydantic_problems(exc, data, file, positions, model)) from None
     loaded = LoadedRecipe(recipe, file, positions)
     if check:
-        from primectl.recipe.rules import check_recipe
+        from primectl.planner.rules import check_recipe
 
         findings = check_recipe(recipe)
         if findings:
