@@ -92,6 +92,7 @@ def scenarios(doc: Doc) -> list[Scenario]:
     budget = int(doc["prefill"].get("token_budget_per_gpu") or 4096)
     workers = int(doc["decode"]["workers"])
     ttl = int((doc["frontend"].get("session_affinity") or {}).get("ttl_secs", 1800))
+    replicas = int(doc["frontend"].get("replicas") or 1)
     return [
         Scenario("none", "nothing changed"),
         Scenario("decode-arg", f"decode.max_num_seqs {seqs} -> {seqs - 8}", _set("decode.max_num_seqs", seqs - 8)),
@@ -102,6 +103,10 @@ def scenarios(doc: Doc) -> list[Scenario]:
                  _set("prefill.token_budget_per_gpu", budget // 2)),
         Scenario("frontend-arg", f"frontend.session_affinity.ttl_secs {ttl} -> {ttl + 300}",
                  _set("frontend.session_affinity.ttl_secs", ttl + 300)),
+        Scenario("frontend-scale-up", f"frontend.replicas {replicas} -> {replicas + 1}",
+                 _set("frontend.replicas", replicas + 1)),
+        Scenario("frontend-scale-down", f"frontend.replicas {replicas + 1} -> {replicas}",
+                 _set("frontend.replicas", replicas)),
         Scenario("kill-decode", "kill -9 of decode-0", action="kill-decode"),
     ]
 

@@ -225,6 +225,36 @@ def test_scaling_decode_adds_a_worker_and_restarts_neither_frontend_nor_the_othe
     assert {c.action for c in lines} == {"keep"}
 
 
+def test_a_new_frontend_replica_is_added_to_the_balancer_by_a_reload_not_a_restart(env: Env) -> None:
+    two = {"host": "h1", "replicas": 2}
+    env.up(env.plan(frontend=two))
+    three = env.plan(frontend={**two, "replicas": 3})
+    lines, steps = diff(three, env.options.connection, env.said.append)
+    by = {c.service: c for c in lines}
+    assert by["frontend-2"].action == "add" and by["balancer"].action == "change", lines
+    waves = next(s for s in steps if s.step == "waves")
+    assert any(line.startswith("balancer: reloads in place") and "expected loss 0" in line for line in waves.details), waves
+    before = len(env.world.starts)
+    env.up(three)
+    assert env.world.starts[before:] == [("h1", "frontend-2")], "only the new replica starts: the balancer keeps running"
+    assert env.world.reloads == [("h1", "balancer")]
+    assert any("reloaded balancer on h1 in place" in line for line in env.said)
+    # and back: the replica leaves (drained at the balancer), the balancer reloads again
+    env.up(env.plan(frontend=two))
+    assert env.world.starts[before + 1:] == [] and env.world.reloads == [("h1", "balancer")] * 2
+    assert ("h1", "frontend-2") in env.world.drains and not env.world.is_running("h1", "frontend-2")
+
+
+def test_a_failed_up_after_a_balancer_reload_reloads_it_back(env: Env) -> None:
+    two = {"host": "h1", "replicas": 2}
+    env.up(env.plan(frontend=two))
+    env.world.gate_ready = False  # the deployment's gate fails after every wave
+    with pytest.raises(DeployError):
+        env.up(env.plan(frontend={**two, "replicas": 3}))
+    assert env.world.reloads == [("h1", "balancer")] * 2, "the balancer kept the new replica set after the rollback"
+    assert not env.world.is_running("h1", "frontend-2") and env.world.is_running("h1", "balancer")
+
+
 def test_diff_names_the_field_that_changed(env: Env) -> None:
     env.up(env.plan())
     lines, steps = diff(env.plan(decode={"env": {"X": "1"}}), env.options.connection, env.said.append)

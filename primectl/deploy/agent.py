@@ -26,7 +26,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from primectl.deploy.protocol import (  # agent-source: drop
     CODE_EXITED,
@@ -43,6 +43,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     ProbeSpec,
     Progress,
     ReadResult,
+    ReloadResult,
     Result,
     ServiceProgress,
     ServiceRef,
@@ -260,6 +261,25 @@ def op_start_wait(h: Host) -> StartResult:
                 if error:
                     return {"ok": False, "error": error, "service": svc["name"]}
     result["drained"] = h.supervisor.drained
+    return result
+
+
+def op_reload(h: Host) -> ReloadResult:
+    """Have running services re-read their files in place (each one's `reload`), then wait for their probes, in
+    one round trip; one that does not run is started instead."""
+    services: list[ServiceRef] = h.args["services"]
+    dead = []
+    for svc in services:
+        ran, error = h.supervisor.reload(svc)
+        if error:
+            return {"ok": False, "error": error, "service": svc["name"]}
+        if not ran:
+            dead.append(svc)
+    if dead:
+        started = op_start(Host(h.args | {"services": dead}, h.supervisor, h._prober, h._emit))
+        if not started.get("ok"):
+            return cast(ReloadResult, started)
+    result: ReloadResult = {**op_wait(h), "reloaded": [svc["name"] for svc in services if svc not in dead]}
     return result
 
 

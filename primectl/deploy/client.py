@@ -17,6 +17,7 @@ from primectl.deploy.protocol import (
     InspectResult,
     InstallProgress,
     LockResult,
+    ReloadResult,
     ServiceRef,
     StartResult,
     StopResult,
@@ -97,6 +98,12 @@ class HostClient:
         `progress` gets each service's phase while it waits (deploy/progress.py shows them)."""
         return cast(StartResult, self.call("start_wait", {"services": services, "waits": waits}, timeout=timeout,
                                            progress=progress))
+
+    def reload(self, services: list[ServiceRef], waits: list[WaitSpec], timeout: float | None = None,
+               progress: OnProgress | None = None) -> ReloadResult:
+        """Reload running services in place (their `reload`; one not running is started) and wait for their probes."""
+        return cast(ReloadResult, self.call("reload", {"services": services, "waits": waits}, timeout=timeout,
+                                            progress=progress))
 
     def wait(self, waits: list[WaitSpec], timeout: float | None = None,
              progress: OnProgress | None = None) -> StartResult:

@@ -44,6 +44,7 @@ class FakeWorld:
     starts: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) start, in order
     stops: list[tuple[str, str]] = field(default_factory=list)
     drains: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) drained before it stopped
+    reloads: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) reloaded in place
     namespaces: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, service) -> its DYN_NAMESPACE
     calls: list[tuple[str, str]] = field(default_factory=list)  # every (host, op)
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
@@ -111,6 +112,13 @@ class FakeSupervisor(Supervisor):
         except OSError:
             pass
         return ""
+
+    def reload(self, svc: ServiceRef) -> tuple[bool, str | None]:
+        if (self.host, svc["name"]) not in self.world.running:
+            return False, None
+        with self.world._lock:
+            self.world.reloads.append((self.host, svc["name"]))
+        return True, None
 
     def stop(self, svc: ServiceRef, *, remove: bool) -> bool:
         with self.world._lock:

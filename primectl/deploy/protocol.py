@@ -125,6 +125,17 @@ class DrainSpec(TypedDict, total=False):
     timeout_s: float
 
 
+class ReloadSpec(TypedDict, total=False):
+    """How a running service re-reads its files in place (the Plan's Reload as JSON)."""
+
+    signal: str
+    socket: str | None
+    backend: str | None
+    servers: list[str]
+    state_file: str | None
+    timeout_s: float
+
+
 class Drained(TypedDict, total=False):
     """What draining one service took: how long, and how many in-flight requests were cut at its timeout."""
 
@@ -183,12 +194,13 @@ class HostState(TypedDict, total=False):
 
 
 class ServiceRef(TypedDict, total=False):
-    """A service an operation acts on (`drain`: empty it before it stops)."""
+    """A service an operation acts on (`drain`: empty it before it stops; `reload`: how it re-reads its files)."""
 
     name: str
     unit: str
     stop_timeout: float
     drain: DrainSpec
+    reload: ReloadSpec
 
 
 class WaitSpec(TypedDict, total=False):
@@ -237,6 +249,10 @@ class StartResult(Result, total=False):
     ready: list[str]
     seconds: float
     drained: dict[str, Drained]
+
+
+class ReloadResult(StartResult, total=False):
+    reloaded: list[str]  # the others did not run and were started
 
 
 class StopResult(Result, total=False):
@@ -491,6 +507,8 @@ def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
     status = "?"
     while time.time() < deadline:
         try:
+            if not balancer_server(sock_path, server):
+                return None  # a new server, not in the balancer's configuration yet: the balancer's reload adds it
             balancer_command(sock_path, f"set server {server} state ready")
             status = balancer_server(sock_path, server).get("status", "?")
         except OSError as exc:
@@ -499,6 +517,49 @@ def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
             return None
         time.sleep(0.1)
     return f"the balancer still calls {server} {status} after {timeout:g}s"
+
+
+def balancer_servers(sock_path: str, backend: str) -> list[str]:
+    """The servers a load balancer's running worker has in `backend` (its `show stat`)."""
+    lines = balancer_command(sock_path, "show stat").splitlines()
+    if not lines:
+        return []
+    header = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:]]
+    return sorted(r["svname"] for r in rows if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND"))
+
+
+def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
+    """Signal a running process to re-read its files, then wait until it has (None: done, else why not).
+
+    With a balancer socket, done is when the socket answers with exactly the servers the new files list
+    (the new worker took over); otherwise when the process is still the same one after the signal."""
+    start = starttime(pid)
+    sock_path, backend = spec.get("socket"), spec.get("backend")
+    if sock_path and spec.get("state_file"):
+        # without them the new worker would call every server down until its first health check passes
+        try:
+            write_atomic(str(spec["state_file"]), balancer_command(sock_path, "show servers state").encode())
+        except OSError as exc:
+            return f"could not save the balancer's server states through {sock_path}: {exc}"
+    os.kill(pid, getattr(signal, spec["signal"]))
+    deadline = time.time() + float(spec.get("timeout_s", 30))
+    want = sorted(spec.get("servers") or [])
+    seen: list[str] | str = "nothing"
+    while time.time() < deadline:
+        if starttime(pid) != start:
+            return f"process {pid} exited on {spec['signal']} instead of reloading"
+        if not sock_path or not backend:
+            return None
+        try:
+            seen = balancer_servers(sock_path, backend)
+        except OSError as exc:  # between the old worker's socket and the new one's
+            seen = str(exc)
+        if seen == want:
+            return None
+        time.sleep(0.1)
+    return (f"after {spec['signal']} the balancer's backend {backend} still lists {seen}, not {want} "
+            f"({spec.get('timeout_s', 30):g}s)")
 
 
 def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
@@ -589,6 +650,15 @@ class Supervisor:
     def prepare(self, services: list[ServiceRef]) -> str | None:
         """Before starting services of the current release (systemd: install their units); an error or None."""
         return None
+
+    def reload(self, svc: ServiceRef) -> tuple[bool, str | None]:
+        """Have a running service re-read its files in place (its `reload`): (whether it ran, error or None).
+        One that does not run is not reloaded: the caller starts it."""
+        live = self.liveness(svc["name"], svc.get("unit", svc["name"]))
+        pid = live.get("pid")
+        if not live.get("alive") or pid is None:
+            return False, None
+        return True, reload_in_place(pid, svc["reload"])
 
     def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
         """(Re)start one service from `current`: (pid, error)."""

@@ -5,12 +5,20 @@ refused it or answered a 5xx before any byte of a response (a request Dynamo
 could not migrate off a dead worker before its stream began), and takes a
 replica out of rotation through its admin socket (`set server ... state drain`)
 so a frontend change rolls through the replicas without cutting a stream.
+
+A change of the replica set alone is a reload, not a restart: HAProxy 2.6 in
+master-worker mode (`-W`) re-executes on SIGUSR2 with the configuration it was
+started with, read through the `current` link (so the new release's), and its
+new worker takes the listening sockets over from the old one (`expose-fd
+listeners`), which finishes the streams it holds: no connection is refused.
 """
 
 from __future__ import annotations
 
+import posixpath
+
 from primectl.engines.base import PlanContext
-from primectl.plan.model import RELEASE, Drain, FileSpec, Probe, Service
+from primectl.plan.model import Drain, FileSpec, Probe, Reload, Service
 
 HAPROXY_BINARY = "/usr/sbin/haproxy"
 BACKEND = "frontends"
@@ -21,6 +29,11 @@ MAXCONN = 4096
 def socket_path(ctx: PlanContext, host: str) -> str:
     """The admin socket of the balancer on `host` (under the workdir, so it survives a release switch)."""
     return f"{ctx.hosts[host].workdir}/run/balancer.haproxy.sock"
+
+
+def state_file(ctx: PlanContext, host: str) -> str:
+    """Where the balancer's server states are saved before a reload (HAProxy's server-state-file)."""
+    return f"{ctx.hosts[host].workdir}/run/balancer.haproxy.state"
 
 
 def replica_drain(ctx: PlanContext, balancer_host: str, replica: str) -> Drain:
@@ -37,14 +50,19 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
     addr = ctx.hosts[host].address
     config = template("haproxy.cfg.j2").render(
         name="balancer", deployment=ctx.recipe.name, maxconn=MAXCONN, socket=socket_path(ctx, host),
+        state_file=state_file(ctx, host),
         stream_timeout_s=600, address=addr, port=fe.port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"]} for r in replicas],
     )
-    argv = [HAPROXY_BINARY, "-W", "-db", "-f", f"{RELEASE}/{CONFIG}"]
+    # through `current`, not the release it started from: a reload re-reads the release switched to
+    current = posixpath.join(ctx.hosts[host].workdir, "current", CONFIG)
+    argv = [HAPROXY_BINARY, "-W", "-db", "-f", current]
     return Service(
         name="balancer", role="balancer", component="haproxy", host=host, address=addr,
         argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config)],
         ports={"http": fe.port}, listens=[fe.port],
         depends_on=[r.name for r in replicas],
         ready=Probe(kind="http", url=f"http://{addr}:{fe.port}/health", timeout_s=60),
+        reload=Reload(signal="SIGUSR2", socket=socket_path(ctx, host), backend=BACKEND,
+                      servers=[r.name for r in replicas], state_file=state_file(ctx, host)),
     )

@@ -43,6 +43,7 @@ RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "
 # Fields that only say what to expect of it (start order, readiness, metrics): a change is recorded, no restart.
 EXPECT_FIELDS = ("role", "group", "slot", "ports", "depends_on", "ready", "metrics_url", "stop_timeout_s", "drain",
                  "generation")
+OPTIONAL_EXPECT_FIELDS = ("reload",)
 
 
 def _hash(value: Any) -> str:
@@ -84,6 +85,19 @@ class Drain(Frozen):
     socket: str | None = Field(None, description="balancer: the load balancer's admin socket on the service's host.")
     server: str | None = Field(None, description="balancer: this service as backend/server.")
     timeout_s: float = Field(..., description="In-flight work still running after this long is cut.")
+
+
+class Reload(Frozen):
+    """How a running service takes a change of its files without a restart (a service without one restarts)."""
+
+    signal: str = Field(..., description="Sent to its main process, which then re-reads its files (SIGUSR2).")
+    socket: str | None = Field(None, description="A load balancer's admin socket that shows when the reload is done.")
+    backend: str | None = Field(None, description="With `socket`: the backend whose servers the new files list.")
+    servers: list[str] = Field(default_factory=list, description="With `socket`: the servers of `backend` once "
+                               "the reload is done.")
+    state_file: str | None = Field(None, description="With `socket`: where the servers' states (up, down, "
+                                   "drained) are saved before the signal, so the new worker starts with them.")
+    timeout_s: float = Field(30, description="How long the reload may take.")
 
 
 class FileSpec(Frozen):
@@ -166,14 +180,18 @@ class Service(Frozen):
                                    "configuration, so the router never mixes old and new workers).")
     twin: Service | None = Field(None, description="Workers: the same process on ports of its own, started beside "
                                  "it while it restarts (None: its host has no room for two).")
+    reload: Reload | None = Field(None, description="How it takes a change of its files alone in place (None: it "
+                                  "restarts).")
 
     def hashes(self) -> dict[str, Any]:
         """From one dump of the service: `hash`, of what changes how the process runs (argv, env, files,
         binding; a change restarts it); `expect_hash`, of what readiness and ordering expect of it (a change
         needs no restart); `fields`, a hash per field, so two definitions can say which fields differ."""
         doc = self.model_dump(mode="json")
-        return {"hash": _hash({k: doc[k] for k in RUN_FIELDS}), "expect_hash": _hash({k: doc[k] for k in EXPECT_FIELDS}),
-                "fields": {k: _hash(doc[k]) for k in (*RUN_FIELDS, *EXPECT_FIELDS)}}
+        # a field most services leave unset counts only where set: state recorded before it existed still matches
+        expect = EXPECT_FIELDS + tuple(k for k in OPTIONAL_EXPECT_FIELDS if doc[k] is not None)
+        return {"hash": _hash({k: doc[k] for k in RUN_FIELDS}), "expect_hash": _hash({k: doc[k] for k in expect}),
+                "fields": {k: _hash(doc[k]) for k in (*RUN_FIELDS, *expect)}}
 
 
 class Runtime(Frozen):

@@ -36,13 +36,14 @@ from primectl.deploy.protocol import (
     HostState,
     Layout,
     ProbeSpec,
+    ReloadSpec,
     ServiceRecord,
     ServiceRef,
     WaitSpec,
     unit_name,
 )
 from primectl.errors import DeployError
-from primectl.plan.model import HostPlan, Plan, RoleRollout, Service
+from primectl.plan.model import RUN_FIELDS, HostPlan, Plan, RoleRollout, Service
 from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan
 from primectl.targets.base import PlannedHosts, StartFailed, StepPlan
@@ -81,7 +82,10 @@ def _ref(name: str, unit: str, stop_timeout: float, drain: DrainSpec | None) -> 
 def _service_ref(plan: Plan, svc: Service) -> ServiceRef:
     """How the agent names a planned service (or a surge twin): unit, stop timeout, and how it drains."""
     drain = cast(DrainSpec, svc.drain.model_dump(mode="json")) if svc.drain else None
-    return _ref(svc.name, unit_name(plan.name, svc.name), svc.stop_timeout_s, drain)
+    ref = _ref(svc.name, unit_name(plan.name, svc.name), svc.stop_timeout_s, drain)
+    if svc.reload:
+        ref["reload"] = cast(ReloadSpec, svc.reload.model_dump(mode="json"))
+    return ref
 
 
 def _refs(plan: Plan, names: Iterable[str]) -> list[ServiceRef]:
@@ -131,6 +135,7 @@ class SSHRollout:
         self.stale_secrets: list[str] = []
         self.started: list[str] = []
         self.twins: list[str] = []  # surge twins running now (stopped at the end of their surge, or by rollback)
+        self.reloaded: list[str] = []  # services that re-read their files in place (rollback reloads them again)
 
     # -- lock and diff --------------------------------------------------------------------------------
 
@@ -287,6 +292,10 @@ class SSHRollout:
         for wave in self.waves():
             at_once, surge, rolls = self.rolling(wave)
             running = {ch.service for ch in self.changes if ch.action == "change"}
+            for n in self.reloads(wave):
+                svc = plan.service(n)
+                out.append(f"{n}: reloads in place ({svc.reload.signal if svc.reload else ''}: only its files "
+                           "change); it keeps its sockets and finishes the connections it holds; expected loss 0")
             for n in at_once:
                 if n in running:
                     svc = plan.service(n)
@@ -340,7 +349,16 @@ class SSHRollout:
             elif mine:
                 rolls.append((rollout, batches(rollout, mine)))
                 in_batches |= mine
-        return [n for n in wave if n not in in_batches], surge, rolls
+        reloads = set(self.reloads(wave))
+        return [n for n in wave if n not in in_batches and n not in reloads], surge, rolls
+
+    def reloads(self, wave: list[str]) -> list[str]:
+        """The running services of a wave that take their change in place: only their files change, and they
+        say how to re-read them (a balancer whose replica set changes)."""
+        run = [f for f in RUN_FIELDS if f != "files"]
+        return [ch.service for ch in self.changes
+                if ch.action == "change" and ch.service in wave and self.plan.service(ch.service).reload is not None
+                and not any(self._field_changed(ch.service, f) for f in run)]
 
     def start(self, wave: list[str]) -> None:
         """Start a wave: new and dead services at once; changing workers with room for a twin as a surge (twins
@@ -349,6 +367,8 @@ class SSHRollout:
         at_once, surge, rolls = self.rolling(wave)
         if at_once:
             self._start_now(at_once)
+        if reloads := self.reloads(wave):
+            self._reload_now(reloads)
         if surge:
             self._surge(surge)
         for rollout, steps in rolls:
@@ -478,6 +498,32 @@ class SSHRollout:
             if isinstance(r, BaseException):
                 raise StartFailed(f"{h}: {r}", service=None)
 
+    def _reload_now(self, names: list[str], *, rollback: bool = False) -> None:
+        """Have running services re-read their files in place (per host in parallel) and wait until each is
+        ready; one that does not run is started. In a rollback nothing checks what the old files list."""
+        plan, c = self.plan, self.cluster
+        if not rollback:
+            self.reloaded += names
+        by_host = _group(plan, names)
+
+        def one(h: str) -> Any:
+            refs = _refs(plan, by_host[h])
+            if rollback:
+                for ref in refs:
+                    ref["reload"] = {"signal": ref["reload"]["signal"], "timeout_s": ref["reload"].get("timeout_s", 30)}
+            waits: list[WaitSpec] = [{"name": n, "unit": unit_name(plan.name, n),
+                                      "probe": cast(ProbeSpec, plan.service(n).ready.model_dump(mode="json"))}
+                                     for n in by_host[h]]
+            return c.client(h).reload(refs, waits, timeout=max(plan.service(n).ready.timeout_s for n in by_host[h]) + 60)
+
+        for h, r in parallel(one, by_host).items():
+            if isinstance(r, BaseException):
+                name = getattr(r, "service", None) or by_host[h][0]
+                raise StartFailed(f"{name} on {h} did not reload: {str(r).removeprefix(f'{h}: ')}", service=name,
+                                  log_tail=self._tail(h, name))
+            c.say(f"reloaded {', '.join(r.get('reloaded', []))} on {h} in place"
+                  if r.get("reloaded") else f"started {', '.join(by_host[h])} on {h} (it was not running)")
+
     def _tail(self, host: str, service: str) -> str:
         try:
             return self.cluster.client(host).tail([service], LOG_TAIL_LINES,
@@ -525,6 +571,11 @@ class SSHRollout:
                 if ch.host == h and ch.action in ("change", "remove") and ch.service in recorded:
                     if ch.action == "remove" or ch.service in self.started:
                         restore.setdefault(h, []).append(ch.service)
+        if self.reloaded:  # `current` points at the previous release again: re-read its files
+            try:
+                self._reload_now(self.reloaded, rollback=True)
+            except DeployError as exc:
+                c.say(f"WARNING: {exc}")
         if not restore:
             if self.twins:  # only twins had started: the previous revision never stopped serving
                 self._stop_twins()

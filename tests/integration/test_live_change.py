@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters
-from primectl.deploy.protocol import Layout, starttime
+from primectl.deploy.protocol import Layout, balancer_servers, starttime
 
 from .conftest import PRIMECTL, REPO
 from .test_demo_smoke import _cmd, demo_up
@@ -134,6 +134,26 @@ def test_a_frontend_change_rolls_through_the_replicas_behind_the_balancer(live: 
     assert_nothing_lost(report, out)
     assert "rolling frontend 1/2: frontend-0" in out and "rolling frontend 2/2: frontend-1" in out, out
     assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
+
+
+def test_a_third_frontend_replica_joins_and_leaves_the_balancer_by_reloads_under_load(live: Live) -> None:
+    balancer = live.pid("balancer")
+    live.doc["frontend"]["replicas"] = 3
+    live.write()
+    diff = _cmd("diff", str(live.recipe))
+    assert diff.returncode == 3 and "balancer: reloads in place" in diff.stdout, diff.stdout
+    report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
+    assert_nothing_lost(report, out)
+    assert "reloaded balancer on local in place" in out, out
+    assert live.pid("balancer") == balancer, "the balancer restarted instead of reloading"
+    sock = str(live.workdir / "run" / "balancer.haproxy.sock")
+    assert balancer_servers(sock, "frontends") == ["frontend-0", "frontend-1", "frontend-2"]
+    live.doc["frontend"]["replicas"] = 2
+    live.write()
+    report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
+    assert_nothing_lost(report, out)
+    assert live.pid("balancer") == balancer and live.pid("frontend-2") is None
+    assert balancer_servers(sock, "frontends") == ["frontend-0", "frontend-1"]
 
 
 def test_restart_of_one_decoder_loses_no_request(live: Live) -> None:
