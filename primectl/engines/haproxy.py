@@ -1,6 +1,8 @@
 """HAProxy (Debian's haproxy 2.6) in front of the frontend replicas: the endpoint clients use.
 
-It health-checks each replica's `/health`, sends a request again when a replica
+It health-checks each replica's readiness for the model (`/v1/models/<model>/ready`
+says `"ready": true` once the replica has discovered a full set of workers; `/health`
+answers before that, and a replica routed to then answers 404), sends a request again when a replica
 refused it or answered a 5xx before any byte of a response (a request Dynamo
 could not migrate off a dead worker before its stream began), and takes a
 replica out of rotation through its admin socket (`set server ... state drain`)
@@ -16,6 +18,7 @@ listeners`), which finishes the streams it holds: no connection is refused.
 from __future__ import annotations
 
 import posixpath
+from urllib.parse import quote
 
 from primectl.engines.base import PlanContext
 from primectl.plan.model import Drain, FileSpec, Probe, Reload, Service
@@ -51,6 +54,7 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
     config = template("haproxy.cfg.j2").render(
         name="balancer", deployment=ctx.recipe.name, maxconn=MAXCONN, socket=socket_path(ctx, host),
         state_file=state_file(ctx, host),
+        check_uri=f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready",
         stream_timeout_s=600, address=addr, port=fe.port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"]} for r in replicas],
     )
