@@ -235,7 +235,7 @@ def main() -> int:
         for s in chosen:
             row = run_one(s, doc, recipe, tmp / "wd", args)
             rows.append(row)
-            print(f"{row['scenario']:16} {row['change']:48} lost {row['lost']:3}  served {row['served']:4}  "
+            print(f"{row['scenario']:19} {row['change']:48} lost {row['lost']:3}  served {row['served']:4}  "
                   f"change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}", flush=True)
             if "kill" in row:
                 print(f"{'':17}{kill_line(row['kill'])}", flush=True)
