@@ -190,3 +190,45 @@ def test_dep8_prefill_caches_several_times_the_prefix_tokens_of_tep8() -> None:
     # TEP shards dense weights 8 ways (more KV per GPU) but its 8 ranks hold copies of one KV.
     assert tep.kv_budget_gb > dep.kv_budget_gb
     assert tep.kv_tokens_per_instance == tep.kv_tokens_per_gpu
+
+
+# --- surge twins on free GPUs ------------------------------------------------------------------
+
+def _variant(tmp_path: Path, body: str) -> Plan:
+    path = tmp_path / "variant.yaml"
+    path.write_text(body)
+    return build_plan(load_recipe(path).recipe)
+
+
+def test_a_decoder_whose_host_has_free_gpus_gets_a_twin_on_them_and_the_others_none(tmp_path: Path) -> None:
+    """GLM-5.3 FP8 on 8-GPU H200 hosts, 11 TP4 decoders on 6 hosts: the last host keeps GPUs 4-7 free."""
+    plan = _variant(tmp_path, f"extends: {RECIPES / 'glm53-fp8.yaml'}\nhardware: {{profile: h200-hgx}}\n"
+                              "decode: {workers: 11, hosts: [tray07, tray08, tray09, tray10, tray11, tray12]}\n"
+                              "ratio: '3:11'\n")
+    twinned = {s.name: s.twin for s in _workers(plan) if s.twin}
+    assert list(twinned) == ["decode-10"], "only a decoder with 4 free GPUs on its own host has room"
+    worker, twin = plan.service("decode-10"), twinned["decode-10"]
+    assert (worker.host, worker.gpus, twin.host, twin.gpus) == ("tray12", [0, 1, 2, 3], "tray12", [4, 5, 6, 7])
+    assert twin.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" and worker.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert twin.argv[twin.argv.index("--tensor-parallel-size") + 1] == "4"
+    assert not set(twin.listens) & set(worker.listens) and check_ports(plan) == []
+    # a generation needs a twin for every worker: here the twin surges in the running namespace
+    assert worker.generation is None and twin.generation is None
+
+
+def test_twins_never_share_a_gpu_with_each_other_or_a_worker_and_spanning_instances_get_none(tmp_path: Path) -> None:
+    plan = _variant(tmp_path, f"extends: {RECIPES / 'demo.yaml'}\nhardware: {{profile: h200-hgx, gpus_per_host: 5}}\n")
+    used: dict[str, list[int]] = defaultdict(list)
+    for svc in _workers(plan):
+        used[svc.host] += svc.gpus + (svc.twin.gpus if svc.twin else [])
+    assert all(len(g) == len(set(g)) for g in used.values()), used
+    twins = [s.twin for s in _workers(plan) if s.twin]
+    assert twins and all(t.gpus for t in twins) and check_ports(plan) == []
+    # DEP8 over two trays, TP8 over two trays: no whole free trays are handed to a twin
+    for name in ("glm53.yaml", "glm53-tp8-dcp4.yaml", "glm53-tep8.yaml"):
+        assert not any(s.twin for s in _plan(name).services), name
+
+
+def test_a_spare_gb200_tray_gives_no_twin_a_twin_runs_only_beside_its_instance(tmp_path: Path) -> None:
+    plan = _variant(tmp_path, f"extends: {RECIPES / 'glm53.yaml'}\ndecode: {{workers: 11}}\nratio: '3:11'\n")
+    assert plan.capacity.gpus_used == 68 and not any(s.twin for s in plan.services)
