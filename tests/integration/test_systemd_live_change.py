@@ -1,0 +1,285 @@
+"""Changing a live deployment under load when systemd supervises it: the demo stack on the three nspawn hosts
+(systemd 252 as PID 1, reached over SSH; tests/integration/nspawnhosts.py) while streaming clients in this test
+process send chat requests through the openai client with retries off. Every request must end with a
+finish_reason.
+
+Under `supervisor: systemd` a drain takes another path than on the local demo (test_live_change.py): the agent
+SIGTERMs the unit's MainPID (the worker leaves discovery), watches its in-flight gauge down to 0, then
+`systemctl kill --signal=SIGKILL` and `restart`/`stop` the unit (KillMode=mixed, TimeoutStopSec covering the
+drain). The two changes here both go through it: a decode argument (a new generation: surge twins start as
+units of their own beside the old workers, which are drained and restarted, then the twins are drained,
+stopped and their units removed) and decode scaled down (the removed worker drained, its unit stopped,
+disabled and removed). Besides the clients' count, each drained unit's journal and log must show that it was
+signalled by the drain first and stopped only after it (never systemd's own SIGKILL at the stop timeout).
+
+One frontend: the nspawn root file system (scripts/make-rootfs.sh) has no HAProxy, so `frontend.replicas: 2`
+cannot run there; the frontend rows are measured on the local demo only.
+
+Run in a private network namespace:
+    unshare --net -- sh -c 'ip link set lo up && exec .venv/bin/pytest tests/integration/test_systemd_live_change.py -q'
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from primectl.bench.liveload import LiveLoad, LoadReport
+
+from . import conftest
+from .conftest import REPO, deep_merge, nspawn_runtime
+from .nspawnhosts import NspawnHosts
+from .test_systemd_hosts import SystemdDeployment
+
+pytestmark = pytest.mark.integration
+
+FRONTEND_PORT = 29000
+PORTS = {
+    "response_stream": 29001, "etcd_client": 29002, "etcd_peer": 29003, "worker_system": 29010, "tcp_rpc": 29020,
+    "bootstrap": 29030, "kv_events": 29040, "mooncake_rpc": 29050, "mooncake_metadata": 29051,
+    "mooncake_metrics": 29052, "nixl_side_channel": 29060, "dp_rpc": 29070,
+}
+CLIENTS = 3
+LOAD_S = 3.0  # load before and after each change
+# The frontend's own account of an HTTP 503 it sent in a generation change, by the line that names the cause: two
+# races in Dynamo 1.6.1's prefill routing that primectl's rollout does not close yet (README, "What a change can
+# still lose"). Measured here: in about half the runs of the decode change, one or two requests, never more.
+PREFILL_RACES = {
+    # The new generation's decode twin registered and took a request while the frontend's prefill router for
+    # that generation's namespace was still activating; the migration's 3 retries fail the same way at once.
+    "new generation's prefill router still activating": "is still activating",
+    # The router had picked an old prefill worker as it left discovery at its drain's SIGTERM.
+    "old prefill worker left discovery": "Remote prefill failed, failing request",
+}
+PREFILL_503 = "HTTP 503: Error code: 503 - Service temporarily unavailable"
+# What systemd logs when it had to SIGKILL a unit itself (its stop timeout ran out): a drain never gets there.
+SYSTEMD_TIMEOUT_KILL = ("timed out. Killing", "Killing process")
+
+
+def prefill_race_causes(frontend_log: str) -> dict[str, int]:
+    """How many 503s the frontend sent, and how many of each known prefill race its log shows, in `frontend_log`."""
+    out = {"503 sent": frontend_log.count("http response sent status=503")}
+    for cause, needle in PREFILL_RACES.items():
+        if needle == "is still activating":  # one line per retry: count the requests whose retries ran out
+            out[cause] = sum("migration retries exhausted" in line and "worker_unavailable" in line
+                             for line in frontend_log.splitlines())
+        else:
+            out[cause] = frontend_log.count(needle)
+    return out
+
+
+def flat_recipe(path: Path) -> dict[str, Any]:
+    """A recipe with its `extends` chain merged in (so a key the base sets can be removed: None deletes)."""
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    if "extends" in doc:
+        base = flat_recipe((path.parent / doc.pop("extends")).resolve())
+        doc = deep_merge(base, doc)
+    return doc
+
+
+@dataclass
+class SystemdLive:
+    dep: SystemdDeployment
+    doc: dict[str, Any]
+    endpoint: str
+    since: dict[str, str] = field(default_factory=dict)  # host -> its clock when the current change began
+    frontend_at: int = 0  # how much of the frontend's log was there when the current change began
+
+    def write(self) -> None:
+        self.dep.path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
+
+    def relayout(self) -> None:
+        """Which host runs which service, from `plan` of the recipe as written now."""
+        r = self.dep.cli("plan", "--output", "json")
+        assert r.returncode == 0, f"plan failed:\n{r.stdout}\n{r.stderr}"
+        plan = yaml.safe_load(r.stdout)
+        self.dep.layout = {}
+        for svc in plan["services"]:
+            self.dep.layout.setdefault(svc["host"], set()).add(svc["name"])
+
+    def mark(self) -> None:
+        """Remember each host's clock: the journal lines of the next change are those after it."""
+        self.since = {h: m.run("date", "+%Y-%m-%d %H:%M:%S.%N").stdout.strip()[:26]
+                      for h, m in self.dep.machines.items()}
+        self.frontend_at = len(self.log("h1", "frontend"))
+
+    def frontend_log(self) -> str:
+        """What the frontend logged since mark()."""
+        return self.log("h1", "frontend")[self.frontend_at:]
+
+    def journal(self, host: str, unit_service: str) -> str:
+        """What the host's systemd logged about a service's unit since mark()."""
+        m = self.dep.machines[host]
+        return m.run("journalctl", "-u", self.dep.unit(unit_service), "--since", self.since[host], "-o", "cat",
+                     "--no-pager").stdout
+
+    def errors(self, last: int = 30) -> str:
+        """The last error and warning lines of every service's log on every host (for a failure's message)."""
+        lines = []
+        for h in self.dep.machines:
+            for p in sorted((self.dep.workdir(h) / "logs").glob("*.log")):
+                lines += [f"{h} {p.name}: {line[:400]}" for line in p.read_text(errors="replace").splitlines()
+                          if re.search(r"\b(ERROR|WARN)\b|primectl: starting", line)]
+        return "\n".join(lines[-last:])
+
+    def log(self, host: str, service: str) -> str:
+        """The service's own log (the unit appends to it), as this test reads it through the bind mount."""
+        path = self.dep.workdir(host) / "logs" / f"{service}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def systemd_live(nspawn_hosts: NspawnHosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdLive]:
+    """demo-systemd (one frontend, etcd and Mooncake master on h1, prefill on h2, two decoders on h3) up on the
+    nspawn hosts, for the whole module; `down --purge` and no unit left afterwards."""
+    runtime = nspawn_runtime()
+    if runtime is None:
+        pytest.fail("no runtime venv bound into the nspawn hosts: build .runtime (make runtime) or set "
+                    f"{conftest.NSPAWN_RUNTIME_ENV}", pytrace=False)
+    index = next(conftest._counter)
+    dep = SystemdDeployment(nspawn_hosts, tmp_path_factory.mktemp("systemd-live"), f"s{index:02d}-live", index)
+    doc = deep_merge(flat_recipe(REPO / "recipes" / "demo-systemd.yaml"), {
+        "name": dep.name, "namespace": dep.name,
+        "hosts": dep.base["hosts"], "known_hosts": dep.base["known_hosts"],
+        "frontend": {"port": FRONTEND_PORT}, "ports": PORTS,
+        "software": {"python": str(runtime / "bin" / "python")},
+        "prefill": {"startup_timeout_s": 180}, "decode": {"startup_timeout_s": 180},
+        "ratio": None,  # decode is scaled: no fixed P:D ratio to keep
+    })
+    dep.path = dep.teardown = dep.tmp / "live.yaml"
+    live = SystemdLive(dep, doc, f"http://{nspawn_hosts['h1'].address}:{FRONTEND_PORT}")
+    live.write()
+    live.relayout()
+    try:
+        t0 = time.monotonic()
+        up = dep.cli("up", "--no-smoke", "--skip-preflight", timeout=600)
+        print(f"\nlive demo up under systemd: {time.monotonic() - t0:.1f}s")
+        assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
+        yield live
+    finally:
+        for h in dep.machines:  # kept beside the recipe: `down --purge` removes the workdirs
+            if (dep.workdir(h) / "logs").is_dir():
+                shutil.copytree(dep.workdir(h) / "logs", dep.tmp / f"logs-{h}", dirs_exist_ok=True)
+        down = dep.cli("down", "--purge", "--break-lock", timeout=300)
+        left = {h.name: units for h in nspawn_hosts.hosts if any((units := dep.our_units(h)).values())}
+        assert down.returncode == 0, f"`down --purge` failed:\n{down.stdout}\n{down.stderr}"
+        assert not left, f"units left behind after `down --purge`: {left}"
+
+
+def under_load(live: SystemdLive, *, prefill_races: bool = False) -> tuple[LoadReport, str]:
+    """`up` of the recipe as written while CLIENTS stream chat requests; what they saw, what `up` printed.
+
+    Nothing may be lost; with `prefill_races` (a change that replaces prefill workers and starts a generation),
+    except at most 2 HTTP 503s, each of which the frontend's log explains as one of the PREFILL_RACES."""
+    live.mark()
+    load = LiveLoad(live.endpoint, "demo", clients=CLIENTS, deadline_s=600)
+    with load:
+        time.sleep(LOAD_S)
+        t0 = time.monotonic()
+        r = live.dep.cli("up", "--no-smoke", "--skip-preflight", timeout=400)
+        print(f"\nup under load: {time.monotonic() - t0:.1f}s, exit {r.returncode}")
+        time.sleep(LOAD_S)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"up failed:\n{out}"
+    report = load.report
+    assert report.served > 0, "the clients got nothing served at all"
+    causes = prefill_race_causes(live.frontend_log())
+    print(f"served {report.served}, lost {len(report.lost)}; the frontend's 503s: {causes}")
+    wall = time.time() - time.monotonic()
+    when = ", ".join(time.strftime("%H:%M:%S", time.gmtime(o.started + wall)) + f".{(o.started + wall) % 1:.3f}"[2:]
+                     + f"Z +{o.ended - o.started:.3f}s" for o in report.lost)
+    lost = f"{len(report.lost)} of {len(report.outcomes)} requests lost: {report.seen()} (started {when})"
+    context = f"{lost}; frontend: {causes}\n{out}\n--- errors in the logs ---\n{live.errors()}"
+    if not prefill_races:
+        assert not report.lost, context
+    else:
+        assert all(o.detail == PREFILL_503 and o.tokens == 0 for o in report.lost), context
+        assert len(report.lost) <= 2, context
+        explained = sum(n for cause, n in causes.items() if cause in PREFILL_RACES)
+        assert causes["503 sent"] == len(report.lost) <= explained, context
+    return report, out
+
+
+def old_process_log(live: SystemdLive, host: str, service: str, *, replaced: bool) -> str:
+    """What the service's previous process wrote (the log holds one section per start; `replaced`: a new process
+    has started since, so the previous section is the one before the last)."""
+    sections = re.split(rf"^--- primectl: starting {re.escape(service)} at .*$", live.log(host, service), flags=re.M)
+    return sections[-2] if replaced else sections[-1]
+
+
+def assert_stopped_after_a_drain(live: SystemdLive, host: str, service: str, *, replaced: bool,
+                                 served: bool = True) -> None:
+    """The service's old process got the drain's SIGTERM (Dynamo logs its graceful shutdown), finished every
+    request it had been given before it went (each `request received` has its `request completed`), and its
+    unit was stopped by primectl, never by systemd's own SIGKILL at the unit's stop timeout."""
+    log = old_process_log(live, host, service, replaced=replaced)
+    assert "Received shutdown signal" in log, f"{service}: the old process never got the drain's SIGTERM"
+    received = set(re.findall(r"request received request_id=(\S+)", log))
+    completed = set(re.findall(r"request completed request_id=(\S+)", log))
+    assert received or not served, f"{service}: the old process served nothing (the load did not reach it)"
+    assert received <= completed, f"{service}: stopped with requests unfinished: {sorted(received - completed)}"
+    journal = live.journal(host, service)
+    assert not any(k in journal for k in SYSTEMD_TIMEOUT_KILL), f"{service}: systemd killed it at a timeout:\n{journal}"
+    # Exited by itself once drained, or SIGKILLed by primectl after the drain (`systemctl kill`: "on client request").
+    assert f"{live.dep.unit(service)}: Deactivated successfully." in journal or "on client request" in journal, journal
+
+
+def test_a_decode_argument_change_surges_a_new_generation_of_units_and_loses_no_request(
+        systemd_live: SystemdLive) -> None:
+    live, dep = systemd_live, systemd_live.dep
+    before = dep.main_pids()
+    live.doc["decode"]["max_num_seqs"] = int(live.doc["decode"].get("max_num_seqs") or 64) - 8
+    live.write()
+    diff = dep.cli("diff")
+    assert diff.returncode == 3 and "surge, new generation" in diff.stdout, diff.stdout
+    _, out = under_load(live, prefill_races=True)
+    assert "surge: starting prefill-0-surge, decode-0-surge, decode-1-surge" in out, out
+
+    after = dep.units()
+    for svc in ("prefill-0", "decode-0", "decode-1"):
+        props = after[svc]
+        assert (props["ActiveState"], props["SubState"], props["UnitFileState"]) == ("active", "running", "enabled")
+        assert int(props["MainPID"]) != before[svc], f"{svc} was not replaced"
+        assert re.search(rf"^{svc}: drained in [\d.]+s, nothing cut$", out, re.M), out
+        assert_stopped_after_a_drain(live, "h2" if svc.startswith("prefill") else "h3", svc, replaced=True)
+    for twin, host in (("prefill-0-surge", "h2"), ("decode-0-surge", "h3"), ("decode-1-surge", "h3")):
+        m = dep.machines[host]
+        props = dict(line.split("=", 1) for line in m.run(
+            "systemctl", "show", dep.unit(twin), "-p", "LoadState", "-p", "ActiveState").stdout.splitlines())
+        assert props == {"LoadState": "not-found", "ActiveState": "inactive"}, (twin, props)
+        journal = live.journal(host, twin)
+        assert f"Started {dep.unit(twin)}" in journal, journal  # it ran as a unit of its own
+        assert "Scheduled restart job" not in journal, f"{twin} came back by itself after its drain:\n{journal}"
+        assert_stopped_after_a_drain(live, host, twin, replaced=False, served=False)  # the router may not pick it
+    code, doc = dep.status_json()
+    assert code == 0 and doc["healthy"] is True, doc
+
+
+def test_scaling_decode_down_drains_the_removed_unit_and_loses_no_request(systemd_live: SystemdLive) -> None:
+    live, dep = systemd_live, systemd_live.dep
+    live.doc["decode"]["workers"] = 3
+    live.write()
+    up = dep.cli("up", "--no-smoke", "--skip-preflight", timeout=400)
+    assert up.returncode == 0, up.stdout + up.stderr
+    live.relayout()
+    assert "decode-2" in dep.layout["h3"], dep.layout
+    pids = dep.main_pids()
+    live.doc["decode"]["workers"] = 2
+    live.write()
+    under_load(live)
+    assert_stopped_after_a_drain(live, "h3", "decode-2", replaced=False)
+    h3 = dep.machines["h3"]
+    props = dict(line.split("=", 1) for line in h3.run(
+        "systemctl", "show", dep.unit("decode-2"), "-p", "LoadState", "-p", "ActiveState").stdout.splitlines())
+    assert props == {"LoadState": "not-found", "ActiveState": "inactive"}, props
+    assert not h3.path(f"/etc/systemd/system/{dep.unit('decode-2')}").exists()
+    live.relayout()
+    assert dep.main_pids() == {s: p for s, p in pids.items() if s != "decode-2"}, "a worker that stays was restarted"
