@@ -19,8 +19,19 @@ namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
     unshare --net -- sh -c 'ip link set lo up && \
         PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py'
 
+With --systemd it boots three systemd-nspawn hosts (systemd 252 as PID 1, sshd, 10.77.0.2-4 on a bridge;
+tests/integration/nspawnhosts.py, as tests/integration/test_systemd_hosts.py does), binds the runtime venv
+(PRIMECTL_RUNTIME_PYTHON's, else .runtime) read-only into them, and deploys recipes/demo-systemd.yaml there
+(etcd, the frontend and the Mooncake master on h1, prefill on h2, decode on h3; `supervisor: systemd`, reached
+over SSH) with the recipe's worker settings. The clients run here and talk to the frontend on h1. The nspawn root
+file system has no HAProxy, so there is one frontend and the frontend rows are left out; kill -9 is of decode-0's
+MainPID on h3 (systemd restarts it after RestartSec). The hosts are stopped at the end, by their nspawn pids:
+
+    unshare --net -- sh -c 'ip link set lo up && \
+        PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py --systemd'
+
 Options: --recipe recipes/demo.yaml  --clients 6  --before 5  --after 6  --scenarios name,name
-         --keep (leave the deployment up)  --json FILE
+         --keep (leave the deployment up; not with --systemd)  --json FILE  --systemd
 Target: every row 0 lost.
 """
 
@@ -30,11 +41,13 @@ import argparse
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +59,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters  # noqa: E402
-from primectl.deploy.protocol import Layout  # noqa: E402
+from primectl.deploy.protocol import Layout, unit_name  # noqa: E402
+from tests.integration.nspawnhosts import (  # noqa: E402
+    NspawnHosts,
+    nspawn_problem,
+    runtime_binds,
+    start_nspawn_hosts,
+)
 from tests.integration.sshhosts import netns_problem  # noqa: E402
+from tests.integration.test_systemd_live_change import prefill_race_causes  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 # After a kill -9 the load runs at least this long: past the file store's TTL (10 s), so every request the router
@@ -55,6 +75,9 @@ PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 KILL_AFTER_S = 12.0
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && "
             "PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py'")
+SYSTEMD_RECIPE = REPO / "recipes" / "demo-systemd.yaml"
+# Rows that need frontend replicas behind HAProxy, which the nspawn hosts' root file system does not have.
+BALANCER_ROWS = {"frontend-arg", "frontend-scale-up", "frontend-scale-down"}
 
 Doc = dict[str, Any]
 
@@ -144,6 +167,89 @@ def _merge(base: Doc, over: Doc) -> Doc:
     return out
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where the deployment runs, as a scenario needs it: the clients' endpoint, how to kill -9 decode-0, and the
+    frontends' counters (migrations, balancer retries)."""
+
+    endpoint: str
+    kill: Callable[[], None]
+    counters: Callable[[], dict[str, float]]
+    frontend_log: Path | None = None  # where the 503s a change causes are explained (one frontend only)
+
+
+def local_where(doc: Doc, workdir: Path) -> Where:
+    return Where(f"http://127.0.0.1:{doc['frontend']['port']}", lambda: kill_decode(workdir),
+                 lambda: deployment_counters(workdir))
+
+
+_MIGRATIONS = re.compile(r"^dynamo_frontend_model_migration_(total|duration_seconds_count)\{([^}]*)\} (\S+)$")
+
+
+def frontend_counters(metrics_url: str) -> dict[str, float]:
+    """deployment_counters' migration counters of one frontend without a balancer (its own /metrics)."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+            text = resp.read().decode(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = _MIGRATIONS.match(line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            key = (f"migration/{labels.get('migration_type')}" if m.group(1) == "total"
+                   else f"migration_outcome/{labels.get('outcome')}")
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def systemd_hosts(tmp: Path) -> NspawnHosts:
+    """Boot the three nspawn hosts with the runtime venv bound into them (as the systemd integration tests do)."""
+    python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
+    venv = Path(python).parent.parent if python else REPO / ".runtime"
+    if not (venv / "bin" / "python").exists():
+        sys.exit(f"no runtime venv at {venv}: run `make runtime` or set PRIMECTL_RUNTIME_PYTHON")
+    return start_nspawn_hosts(tmp / "nspawn", 3, binds=runtime_binds(venv))
+
+
+def prepare_systemd(source: Path, tmp: Path, port: int, cluster: NspawnHosts) -> Doc:
+    """demo-systemd on the nspawn hosts, with the worker settings of `source` (one frontend: no HAProxy there)."""
+    doc = prepare(source, tmp, port)
+    over = prepare(SYSTEMD_RECIPE, tmp, port)
+    over["hosts"] = [{"name": h.name, "address": h.address, "user": "root", "identity_file": str(cluster.client_key),
+                      "workdir": str(h.workdir("live-change"))} for h in cluster.hosts]
+    over["known_hosts"] = str(cluster.known_hosts(tmp / "known_hosts"))
+    for key in ("name", "namespace", "supervisor", "hosts", "known_hosts", "host_tier", "control_plane"):
+        doc[key] = over[key]
+    doc["frontend"] |= {"host": "h1", "replicas": 1}
+    doc["prefill"]["hosts"], doc["decode"]["hosts"] = ["h2"], ["h3"]
+    for role in ("prefill", "decode"):
+        doc[role]["startup_timeout_s"] = max(int(doc[role].get("startup_timeout_s") or 0), 180)
+    doc.pop("ratio", None)  # decode is scaled: no fixed P:D ratio to keep
+    return doc
+
+
+def systemd_where(doc: Doc, cluster: NspawnHosts) -> Where:
+    h1, h3 = cluster["h1"], cluster["h3"]
+    unit = f"{unit_name(doc['name'], 'decode-0')}.service"
+
+    def kill() -> None:  # decode-0's MainPID on h3, as systemd knows it
+        pid = h3.run("systemctl", "show", "-p", "MainPID", "--value", unit).stdout.strip()
+        h3.run("kill", "-9", pid)
+
+    port = doc["frontend"]["port"]
+    return Where(f"http://{h1.address}:{port}", kill, lambda: frontend_counters(f"http://{h1.address}:{port}/metrics"),
+                 h1.workdir(doc["name"]) / "logs" / "frontend.log")
+
+
+def isolated_hint(problem: str | None) -> str | None:
+    """nspawn_problem's message, with how to run this benchmark (not the nspawn tests) in a namespace."""
+    if problem and "isolated network namespace" in problem:
+        return problem.split(" Run it as")[0].rstrip(".") + "; run it as\n  " + RUN_HINT[:-1] + " --systemd'"
+    return problem
+
+
 def kill_decode(workdir: Path) -> None:
     """kill -9 of decode-0's process, found by its pidfile."""
     pid = int(Path(Layout(str(workdir)).pidfile("decode-0")).read_text().split()[0])
@@ -177,20 +283,20 @@ def kill_line(k: Doc) -> str:
             f"first token, {k['lost_mid_stream']} mid-stream")
 
 
-def run_one(s: Scenario, doc: Doc, recipe: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Namespace) -> dict[str, Any]:
     if s.edit is not None:
         s.edit(doc)
     write(doc, recipe)
-    endpoint = f"http://127.0.0.1:{doc['frontend']['port']}"
-    load = LiveLoad(endpoint, doc["model"]["served_name"], clients=args.clients, deadline_s=args.before + 600 + args.after)
+    load = LiveLoad(where.endpoint, doc["model"]["served_name"], clients=args.clients, deadline_s=args.before + 600 + args.after)
     before: dict[str, float] = {}
+    log_at = where.frontend_log.stat().st_size if where.frontend_log else 0
     with load:
         time.sleep(args.before)
         if s.action == "kill-decode":
-            before = deployment_counters(workdir)
+            before = where.counters()
         t0 = time.monotonic()
         if s.action == "kill-decode":
-            kill_decode(workdir)
+            where.kill()
             code, tail = 0, ""
         else:
             r = primectl("up", str(recipe))
@@ -200,8 +306,12 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, workdir: Path, args: argparse.N
     report = load.report
     row = {"scenario": s.name, "change": s.what, "lost": len(report.lost), "served": report.served,
            "change_s": round(took, 1), "up_exit": code, "seen": report.seen()}
+    if where.frontend_log and report.lost:
+        with where.frontend_log.open("rb") as f:
+            f.seek(log_at)
+            row["frontend_503s"] = prefill_race_causes(f.read().decode(errors="replace"))
     if s.action == "kill-decode":
-        row["kill"] = kill_findings(before, deployment_counters(workdir), report, t0)
+        row["kill"] = kill_findings(before, where.counters(), report, t0)
         primectl("up", str(recipe))  # put decode-0 back for the next scenario (not counted)
     if code != 0:
         row["up_output"] = tail
@@ -218,32 +328,65 @@ def main() -> int:
     ap.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
     ap.add_argument("--keep", action="store_true", help="leave the deployment up at the end")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--systemd", action="store_true",
+                    help="on three systemd-nspawn hosts with `supervisor: systemd` (one frontend: no frontend rows)")
     args = ap.parse_args()
-    problem = netns_problem(RUN_HINT)
+    if args.systemd and args.keep:
+        sys.exit("--keep does not go with --systemd: the nspawn hosts stop when the benchmark ends")
+    # --systemd: nspawn_problem refuses outside a private network namespace whatever the override says (a bridge
+    # and 10.77.0.x must never appear on a real network), and without root or systemd-nspawn.
+    problem = (isolated_hint(nspawn_problem()) if args.systemd else None) or netns_problem(RUN_HINT)
     if problem:
         sys.exit(problem)
     tmp = Path(tempfile.mkdtemp(prefix="primectl-live-change-"))
-    doc = prepare(args.recipe, tmp, args.port)
+    cluster = systemd_hosts(tmp) if args.systemd else None
+    try:
+        return run_all(args, tmp, cluster)
+    finally:
+        if cluster is not None:
+            killed = cluster.close()  # each nspawn by its pid; the cgroup safety net reports what it had to kill
+            if killed:
+                print(f"the nspawn hosts' safety net killed {len(killed)} process(es): {killed}", file=sys.stderr)
+
+
+def run_all(args: argparse.Namespace, tmp: Path, cluster: NspawnHosts | None) -> int:
+    """Bring the deployment up, run the chosen scenarios in order, take it down; the exit status."""
     recipe = tmp / "live-change.yaml"
+    if cluster is None:
+        doc = prepare(args.recipe, tmp, args.port)
+        where = local_where(doc, tmp / "wd")
+    else:
+        doc = prepare_systemd(args.recipe, tmp, args.port, cluster)
+        where = systemd_where(doc, cluster)
     write(doc, recipe)
     chosen = [s for s in scenarios(copy.deepcopy(doc)) if not args.scenarios or s.name in args.scenarios.split(",")]
+    if cluster is not None:
+        left_out = [s.name for s in chosen if s.name in BALANCER_ROWS]
+        chosen = [s for s in chosen if s.name not in BALANCER_ROWS]
+        if left_out:
+            print(f"left out: {', '.join(left_out)} (one frontend: the nspawn hosts have no HAProxy)", flush=True)
     rows: list[dict[str, Any]] = []
     try:
+        t0 = time.monotonic()
         r = primectl("up", str(recipe), "--no-smoke")
         if r.returncode != 0:
             sys.exit(f"up failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        print(f"up in {time.monotonic() - t0:.1f}s: {where.endpoint}"
+              f"{' (supervisor: systemd, 3 nspawn hosts)' if cluster else ''}", flush=True)
         for s in chosen:
-            row = run_one(s, doc, recipe, tmp / "wd", args)
+            row = run_one(s, doc, recipe, where, args)
             rows.append(row)
             print(f"{row['scenario']:19} {row['change']:48} lost {row['lost']:3}  served {row['served']:4}  "
                   f"change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}", flush=True)
             if "kill" in row:
                 print(f"{'':17}{kill_line(row['kill'])}", flush=True)
+            if "frontend_503s" in row:
+                print(f"{'':17}the frontend's log: {row['frontend_503s']}", flush=True)
             if row["up_exit"] != 0:
                 print(row["up_output"], file=sys.stderr)
     finally:
         if not args.keep:
-            primectl("down", str(recipe), "--break-lock")
+            primectl("down", str(recipe), "--break-lock", *(["--purge"] if cluster else []))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     lost = sum(r["lost"] for r in rows)
