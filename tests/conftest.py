@@ -50,20 +50,24 @@ def _deaf(signum: int, frame: object) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In an xdist worker (and only there): a network namespace of its own, before anything is started.
+    """SIGINT handled instead of ignored, and in an xdist worker a network namespace of its own, before anything
+    is started.
 
-    And SIGINT handled instead of ignored: execnet starts workers with SIGINT ignored (Ctrl-C is the controller's
-    to handle), and an ignored signal stays ignored in every process started from there, so the tests that
-    interrupt `primectl up` or `sweep` with SIGINT would see it shrugged off. A handler that does nothing keeps
-    the worker deaf to Ctrl-C as before, and exec resets a handled signal to its default in each child.
+    An ignored signal stays ignored in every process started from there, so the tests that interrupt `primectl
+    up` or `sweep` with SIGINT would see it shrugged off. It is ignored when pytest itself was started in the
+    background by a shell without job control (`make test &` in a script: POSIX has such commands ignore SIGINT),
+    and in every xdist worker (execnet leaves Ctrl-C to the controller). exec resets a handled signal to its
+    default in each child: pytest gets Python's own handler, a worker one that does nothing (it stays deaf to
+    Ctrl-C as before).
     """
-    if not hasattr(config, "workerinput"):
+    worker = hasattr(config, "workerinput")
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _deaf if worker else signal.default_int_handler)
+    if not worker:
         return
     problem = own_network_namespace()
     if problem:  # workers sharing one namespace would bind each other's addresses and ports
         raise pytest.UsageError(f"xdist worker {config.workerinput['workerid']}: {problem}; run without -n")
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _deaf)
 
 
 def work_unit(nodeid: str) -> str:
