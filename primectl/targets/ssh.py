@@ -409,16 +409,9 @@ class SSHRollout:
         twins = [plan.service(n).twin for n in names]
         c.say(f"surge: starting {', '.join(t.name for t in twins if t)} beside {', '.join(names)}")
         self.twins += [t.name for t in twins if t]
+        self._start_services([t for t in twins if t is not None])
         extra = {r.role: sum(1 for n in names if plan.service(n).role == r.role) for r in plan.rollouts}
-        # Prefill twins first, registered before any decode twin: Dynamo 1.6.1 sends requests to a new
-        # generation's decode workers as soon as they register, and while that namespace's prefill router is
-        # still activating it answers them 503 (seen on systemd hosts: 1-3 per change).
-        prefill = [n for n in names if plan.service(n).role == "prefill"]
-        for stage in (prefill, [n for n in names if n not in prefill]):
-            stage_twins = [t for t in (plan.service(n).twin for n in stage) if t is not None]
-            if stage_twins:
-                self._start_services(stage_twins)
-                self._wait_roles(stage, extra, fresh=True)
+        self._wait_roles(names, extra, fresh=True)
         c.say(f"surge: draining and replacing {', '.join(names)}")
         self._start_now(names)
         self._wait_roles(names, extra, fresh=False)
