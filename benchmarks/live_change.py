@@ -23,9 +23,10 @@ With --systemd it boots three systemd-nspawn hosts (systemd 252 as PID 1, sshd, 
 tests/integration/nspawnhosts.py, as tests/integration/test_systemd_hosts.py does), binds the runtime venv
 (PRIMECTL_RUNTIME_PYTHON's, else .runtime) read-only into them, and deploys recipes/demo-systemd.yaml there
 (etcd, the frontend and the Mooncake master on h1, prefill on h2, decode on h3; `supervisor: systemd`, reached
-over SSH) with the recipe's worker settings. The clients run here and talk to the frontend on h1. The nspawn root
-file system has no HAProxy, so there is one frontend and the frontend rows are left out; kill -9 is of decode-0's
-MainPID on h3 (systemd restarts it after RestartSec). The hosts are stopped at the end, by their nspawn pids:
+over SSH) with the recipe's worker and frontend settings: with `frontend.replicas: 2` (demo-live) the replicas
+and HAProxy run on h1 (Debian's haproxy is in the nspawn root file system); with one frontend the frontend rows are
+left out. The clients run here and talk to h1. kill -9 is of decode-0's MainPID on h3 (systemd restarts it after
+RestartSec). The hosts are stopped at the end, by their nspawn pids:
 
     unshare --net -- sh -c 'ip link set lo up && \
         PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py --systemd'
@@ -76,7 +77,7 @@ KILL_AFTER_S = 12.0
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && "
             "PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py'")
 SYSTEMD_RECIPE = REPO / "recipes" / "demo-systemd.yaml"
-# Rows that need frontend replicas behind HAProxy, which the nspawn hosts' root file system does not have.
+# Rows that need frontend replicas behind HAProxy (left out for a recipe with one frontend).
 BALANCER_ROWS = {"frontend-arg", "frontend-scale-up", "frontend-scale-down"}
 
 Doc = dict[str, Any]
@@ -214,7 +215,7 @@ def systemd_hosts(tmp: Path) -> NspawnHosts:
 
 
 def prepare_systemd(source: Path, tmp: Path, port: int, cluster: NspawnHosts) -> Doc:
-    """demo-systemd on the nspawn hosts, with the worker settings of `source` (one frontend: no HAProxy there)."""
+    """demo-systemd on the nspawn hosts, with the worker and frontend settings of `source`."""
     doc = prepare(source, tmp, port)
     over = prepare(SYSTEMD_RECIPE, tmp, port)
     over["hosts"] = [{"name": h.name, "address": h.address, "user": "root", "identity_file": str(cluster.client_key),
@@ -222,7 +223,7 @@ def prepare_systemd(source: Path, tmp: Path, port: int, cluster: NspawnHosts) ->
     over["known_hosts"] = str(cluster.known_hosts(tmp / "known_hosts"))
     for key in ("name", "namespace", "supervisor", "hosts", "known_hosts", "host_tier", "control_plane"):
         doc[key] = over[key]
-    doc["frontend"] |= {"host": "h1", "replicas": 1}
+    doc["frontend"]["host"] = "h1"  # with the source's replicas: HAProxy in front of them on h1 where it has two
     doc["prefill"]["hosts"], doc["decode"]["hosts"] = ["h2"], ["h3"]
     for role in ("prefill", "decode"):
         doc[role]["startup_timeout_s"] = max(int(doc[role].get("startup_timeout_s") or 0), 180)
@@ -239,8 +240,21 @@ def systemd_where(doc: Doc, cluster: NspawnHosts) -> Where:
         h3.run("kill", "-9", pid)
 
     port = doc["frontend"]["port"]
-    return Where(f"http://{h1.address}:{port}", kill, lambda: frontend_counters(f"http://{h1.address}:{port}/metrics"),
-                 h1.workdir(doc["name"]) / "logs" / "frontend.log")
+    replicas = int(doc["frontend"].get("replicas") or 1)
+    if replicas == 1:
+        return Where(f"http://{h1.address}:{port}", kill,
+                     lambda: frontend_counters(f"http://{h1.address}:{port}/metrics"),
+                     h1.workdir(doc["name"]) / "logs" / "frontend.log")
+    first = int((doc.get("ports") or {}).get("frontend_replica") or 8100)
+
+    def counters() -> dict[str, float]:  # the replicas' migrations (the balancer's own retries stay on h1)
+        out: dict[str, float] = {}
+        for i in range(replicas):
+            for k, v in frontend_counters(f"http://{h1.address}:{first + i}/metrics").items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    return Where(f"http://{h1.address}:{port}", kill, counters)
 
 
 def isolated_hint(problem: str | None) -> str | None:
@@ -329,7 +343,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave the deployment up at the end")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--systemd", action="store_true",
-                    help="on three systemd-nspawn hosts with `supervisor: systemd` (one frontend: no frontend rows)")
+                    help="on three systemd-nspawn hosts with `supervisor: systemd`")
     args = ap.parse_args()
     if args.systemd and args.keep:
         sys.exit("--keep does not go with --systemd: the nspawn hosts stop when the benchmark ends")
@@ -361,10 +375,12 @@ def run_all(args: argparse.Namespace, tmp: Path, cluster: NspawnHosts | None) ->
     write(doc, recipe)
     chosen = [s for s in scenarios(copy.deepcopy(doc)) if not args.scenarios or s.name in args.scenarios.split(",")]
     if cluster is not None:
-        left_out = [s.name for s in chosen if s.name in BALANCER_ROWS]
-        chosen = [s for s in chosen if s.name not in BALANCER_ROWS]
+        single = int(doc["frontend"].get("replicas") or 1) == 1
+        left_out = [s.name for s in chosen if single and s.name in BALANCER_ROWS]
+        chosen = [s for s in chosen if s.name not in left_out]
         if left_out:
-            print(f"left out: {', '.join(left_out)} (one frontend: the nspawn hosts have no HAProxy)", flush=True)
+            print(f"left out: {', '.join(left_out)} (the recipe has one frontend: no balancer to roll behind)",
+                  flush=True)
     rows: list[dict[str, Any]] = []
     try:
         t0 = time.monotonic()

@@ -26,6 +26,7 @@ PACKAGES=(
   libibverbs1 libnuma1                     # Mooncake's engine.so/store.so link them, even on CPU
   libgomp1 libhwloc15                      # NIXL/UCX plugins in the runtime venv link them
   etcd-server                              # /usr/bin/etcd, as primectl's etcd service expects (unit disabled)
+  haproxy                                  # /usr/sbin/haproxy for frontend.replicas > 1 (unit disabled)
 )
 
 cache_dir=${PRIMECTL_ROOTFS_CACHE:-/var/cache/primectl/rootfs}
@@ -115,6 +116,7 @@ rm -f "$work"/etc/ssh/ssh_host_*                  # no host key shared by every 
 rm -f "$work/var/lib/dbus/machine-id"
 echo "localhost" >"$work/etc/hostname"
 systemctl --root="$work" disable etcd.service >/dev/null 2>&1 || true   # primectl starts its own etcd
+systemctl --root="$work" disable haproxy.service >/dev/null 2>&1 || true   # and its own balancer
 systemctl --root="$work" enable systemd-networkd.service >/dev/null 2>&1  # static address per host (host0)
 cat >"$work/etc/ssh/sshd_config.d/10-primectl-test.conf" <<'EOF'
 # primectl test host: key-only root login; room for primectl's parallel sessions.

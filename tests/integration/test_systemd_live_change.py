@@ -12,8 +12,9 @@ stopped and their units removed) and decode scaled down (the removed worker drai
 disabled and removed). Besides the clients' count, each drained unit's journal and log must show that it was
 signalled by the drain first and stopped only after it (never systemd's own SIGKILL at the stop timeout).
 
-One frontend: the nspawn root file system (scripts/make-rootfs.sh) has no HAProxy, so `frontend.replicas: 2`
-cannot run there; the frontend rows are measured on the local demo only.
+One frontend, so that a request lost to one of Dynamo's prefill races reaches the client and the frontend's log
+explains it (behind HAProxy, `frontend.replicas: 2`, such a 503 comes before any byte and is sent again:
+`benchmarks/live_change.py --systemd` measures that layout, frontend rows included).
 
 Run in a private network namespace:
     unshare --net -- sh -c 'ip link set lo up && exec .venv/bin/pytest tests/integration/test_systemd_live_change.py -q'
