@@ -183,53 +183,6 @@ def test_without_room_a_new_command_line_restarts_the_role_together_and_diff_say
     assert not any(line.startswith("rolling decode 2/") for line in env.said)
 
 
-def _spare(e: Env, /, **decode: Any) -> Plan:
-    """GPU hosts of 5: prefill-0 on GPU 0 of h2; decode-0..2 on GPUs 0-2 of h3, whose GPUs 3 and 4 are free, so
-    decode-0 and decode-1 (slot order) get twins there and decode-2 none."""
-    return e.plan(hardware={"profile": "h200-hgx", "gpus_per_host": 5},
-                    decode={"workers": 3, "parallel": "TP1", "hosts": ["h3"], "startup_timeout_s": 1, **decode})
-
-
-def test_twins_on_free_gpus_surge_and_the_decoders_without_one_roll_and_diff_says_which(env: Env) -> None:
-    plan = _spare(env)
-    twins = {s.name: (s.twin.host, s.twin.gpus) for s in plan.workers() if s.twin}
-    assert twins == {"prefill-0": ("h2", [1]), "decode-0": ("h3", [3]), "decode-1": ("h3", [4])}
-    env.up(plan)
-    changed = _spare(env, env={"NCCL_DEBUG": "INFO"})
-    _, steps = diff(changed, env.options.connection, env.said.append)
-    waves = next(s for s in steps if s.step == "waves").details
-    assert waves[0] == ("decode: 2 of 3 decode instances that change have a twin on free GPUs (h3 GPU 3, h3 GPU 4): "
-                        "surge; the other 1 roll in batches (no free GPUs for a twin of theirs)"), waves
-    assert waves[1].startswith("surge, same generation: twins decode-0-surge (h3 GPU 3), decode-1-surge (h3 GPU 4) "
-                               "start beside the running ones"), waves
-    assert waves[2].startswith("decode: the other 1: 1 batch(es) of at most 1 instance(s): drain"), waves
-    assert not any("single instance" in line for line in waves), waves
-    before = len(env.world.starts)
-    env.up(changed)
-    starts = [s for _, s in env.world.starts[before:]]
-    # the twins first, then the decoders they stand in for, then the one without a twin (after the twins stopped)
-    assert sorted(starts[:2]) == ["decode-0-surge", "decode-1-surge"], starts
-    assert sorted(starts[2:4]) == ["decode-0", "decode-1"] and starts[4:] == ["decode-2"], starts
-    assert not any(env.world.is_running("h3", t) for t in ("decode-0-surge", "decode-1-surge"))
-    assert env.world.drains.index(("h3", "decode-0-surge")) < env.world.drains.index(("h3", "decode-2"))
-    assert [line for line in env.said if line.startswith("rolling decode")] == [
-        "rolling decode 1/1: decode-2 (drain, restart, ready, registered)"]
-
-
-def test_a_new_command_line_with_twins_for_some_workers_only_restarts_the_role_together(env: Env) -> None:
-    """No generation to move to (decode-2 has no twin): a twin with a new command line in the running one would be
-    a model card the router rejects, so the twins stay off."""
-    env.up(_spare(env))
-    changed = _spare(env, max_num_seqs=32)
-    _, steps = diff(changed, env.options.connection, env.said.append)
-    waves = next(s for s in steps if s.step == "waves").details
-    assert any("decode-0, decode-1, decode-2 restart together" in d and "2 of them have a twin on free GPUs, but a "
-               "new generation needs a twin for every worker" in d for d in waves), waves
-    before = len(env.world.starts)
-    env.up(changed)
-    assert sorted(s for _, s in env.world.starts[before:]) == ["decode-0", "decode-1", "decode-2"]
-
-
 def test_a_failed_batch_rolls_back_only_what_it_touched(env: Env) -> None:
     env.up(_gpu(env))
     env.world.faults["decode-1"] = "never-ready"

@@ -37,7 +37,7 @@ from primectl.plan.model import (
     Tier,
 )
 from primectl.planner.load import LoadedRecipe, load_recipe
-from primectl.planner.placement import Placement, place_workers, surge_slots
+from primectl.planner.placement import Placement, place_workers, surge_slot
 from primectl.recipe.capacity import (
     GB,
     indexer_bytes_per_token,
@@ -167,9 +167,9 @@ def build_plan(recipe: Recipe) -> Plan:
         control.append("mooncake-master")
     pairs: list[tuple[Service, Service | None]] = []
     surges = target.surges
-    twin_slots = surge_slots(recipe, placement) if surges else [None] * len(placement.slots)
-    for slot, twin_slot in zip(placement.slots, twin_slots, strict=True):
+    for slot in placement.slots:
         spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
+        twin_slot = surge_slot(recipe, slot) if surges else None
         pairs.append((drained_worker(engine.worker(ctx, slot, spec, list(control)), spec),
                       drained_worker(engine.worker(ctx, twin_slot, spec, list(control)), spec) if twin_slot else None))
     prefix = None

@@ -39,8 +39,6 @@ class Placement:
     slots: list[Slot] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     gpus_used: int = 0
-    # Per GPU host, the GPUs no slot uses once every worker is placed (ascending): where surge twins may run.
-    free: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _domain(host: HostPlan, hw: Hardware) -> str:
@@ -108,7 +106,6 @@ def place_workers(recipe: Recipe, hw: Hardware, hosts: list[HostPlan]) -> Placem
                     f"{role} needs {need} GPUs in all and {free} were free when it ran out",
                 ))
                 break
-    out.free = {n: list(s.free) for n, s in state.items() if s.plan.gpus > 0}
     return out
 
 
@@ -220,42 +217,17 @@ def _place_gpu(
 SURGE_PORT_OFFSET = 64
 
 
-def surge_slots(recipe: Recipe, placement: Placement) -> list[Slot | None]:
-    """Per slot of `placement` (in its order), where a second instance of it can run beside it during a change
-    (None: no room for one).
+def surge_slot(recipe: Recipe, slot: Slot) -> Slot | None:
+    """Where a second instance of `slot` can run beside it during a change (None: no room for one).
 
-    Hosts without GPUs have room (ports and memory are all it takes on the CPU demo). A GPU instance of one host
-    gets a twin where its host has as many GPUs as it uses that no slot uses, once every worker is placed: its
-    host's lowest free GPUs, handed out in slot order, so the twins of one host never share a GPU with each other
-    or with a worker (every twin of a change may run at once). The placer binds a single-host instance to the
-    lowest free GPU indices (no NUMA rule; every GPU of a host shares its NVLink), and a host's free GPUs stay one
-    run at its top, so a twin's GPUs are consecutive as its instance's are. An instance that spans hosts (DEP16,
-    TP8 over two trays) has none: it would need whole free hosts of its NVLink domain.
+    Hosts without GPUs have room (ports and memory are all it takes on the CPU demo); a GPU instance would need
+    free GPUs on its host, which primectl does not yet hand to a twin.
     """
-    free = {host: list(gpus) for host, gpus in placement.free.items()}
-    out: list[Slot | None] = []
-    for slot in placement.slots:
-        if slot.hosts_per_instance > 1:
-            out.append(None)
-            continue
-        gpus: list[int] = []
-        if slot.gpus:
-            room = free.get(slot.host, [])
-            if len(room) < len(slot.gpus):
-                out.append(None)
-                continue
-            gpus = room[: len(slot.gpus)]
-            del room[: len(slot.gpus)]
-        out.append(_twin(recipe, slot, gpus))
-    return out
-
-
-def _twin(recipe: Recipe, slot: Slot, gpus: list[int]) -> Slot:
-    """The twin of a single-host slot on `gpus` of its host: its instance's port block moved by SURGE_PORT_OFFSET
-    (unique on the host, as the instance's own index is)."""
+    if slot.gpus or slot.hosts_per_instance > 1:
+        return None
     block = port_block(recipe)
     k = slot.ports["system"] - recipe.ports.worker_system + SURGE_PORT_OFFSET
     ports = _ports(recipe, k, block)
     if "dp_rpc" in slot.ports:
         ports["dp_rpc"] = slot.ports["dp_rpc"] + SURGE_PORT_OFFSET
-    return slot.model_copy(update={"name": f"{slot.name}-surge", "ports": ports, "gpus": gpus})
+    return slot.model_copy(update={"name": f"{slot.name}-surge", "ports": ports})

@@ -302,19 +302,11 @@ class SSHRollout:
                     out.append(f"{n}: single instance, no spare capacity: up to {svc.ready.timeout_s:g}s without "
                                f"this {svc.role} (it restarts in place)"
                                + ("; `frontend.replicas: 2` puts a balancer in front" if svc.role == "frontend" else ""))
-            rolled = {n for _, steps in rolls for b in steps for n in b}
             if surge:
                 kind = ("new generation (its own Dynamo namespace: the router never mixes the two)"
                         if self._new_generation(surge) else "same generation")
-                for rollout in plan.rollouts:  # a role whose changing instances do not all have a twin
-                    mine = [n for n in surge if plan.rollout_of(n) is rollout]
-                    others = sum(1 for inst in rollout.instances if any(n in rolled for n in inst))
-                    if mine and others:
-                        out.append(f"{rollout.role}: {len(mine)} of {len(mine) + others} {rollout.role} instances "
-                                   f"that change have a twin on free GPUs ({', '.join(map(_place, _twins(plan, mine)))}"
-                                   f"): surge; the other {others} roll in batches (no free GPUs for a twin of theirs)")
-                out.append(f"surge, {kind}: twins {', '.join(map(_twin_text, _twins(plan, surge)))} start beside the "
-                           f"running ones and register; then {', '.join(surge)} drain (up to "
+                out.append(f"surge, {kind}: twins {', '.join(n + '-surge' for n in surge)} start beside the running "
+                           f"ones and register; then {', '.join(surge)} drain (up to "
                            f"{max(_drain_s(plan.service(n)) for n in surge):g}s) "
                            "and restart; then the twins drain and stop; expected loss 0")
             for rollout, steps in rolls:
@@ -326,20 +318,13 @@ class SSHRollout:
                     continue
                 if rollout.registered is not None and self._card_changes(steps[0]):
                     svc = plan.service(steps[0][0])
-                    twinned = [n for n in steps[0] if plan.service(n).twin is not None]
                     out.append(f"{rollout.role}: {', '.join(steps[0])} restart together: their command line changes, "
                                "and Dynamo's router rejects workers whose model card differs from the running ones; "
-                               f"no room for a second generation here"
-                               + (f" ({len(twinned)} of them have a twin on free GPUs, but a new generation needs a "
-                                  "twin for every worker)" if twinned else "")
-                               + f": up to {svc.ready.timeout_s:g}s without "
+                               f"no room for a second generation here: up to {svc.ready.timeout_s:g}s without "
                                f"{'this role' if len(steps[0]) == len(rollout.instances) else 'them'}")
                     continue
                 together = len(steps) == 1 and len(steps[0]) >= len([n for i in rollout.instances for n in i])
-                mixed = any(plan.rollout_of(n) is rollout for n in surge)  # the role's instances with twins surge
-                rest = sum(1 for inst in rollout.instances if any(n in rolled for n in inst))
-                out.append(f"{rollout.role}: {f'the other {rest}: ' if mixed else ''}"
-                           f"{len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
+                out.append(f"{rollout.role}: {len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
                            f"drain (up to {drain:g}s) -> restart -> ready"
                            + (" -> registered with the router" if rollout.registered else " -> back in the balancer")
                            + ("; every instance at once: the role is out until they are ready" if together
@@ -348,15 +333,10 @@ class SSHRollout:
 
     def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
         """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers
-        that change and have a surge twin each (a new generation starts beside the old one, or the twins of some
-        workers beside them in the running one); and per role, the batches the other running instances that change
-        restart in."""
+        that change and have a surge twin each (a new generation starts beside the old one); and per role, the
+        batches the other running instances that change restart in."""
         changing = {ch.service for ch in self.changes if ch.action == "change"} & set(wave)
-        twinned = [n for n in wave if n in changing and self.plan.service(n).twin is not None]
-        # A twin registers in the generation it is planned in: a new command line in the running generation (not
-        # every worker has a twin, so there is none to move to) would be a model card the router rejects.
-        new_generation = self._new_generation(twinned)
-        surge = [n for n in twinned if new_generation or not self._card_changes([n])]
+        surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None]
         rolls = []
         in_batches: set[str] = set(surge)
         for rollout in self.plan.rollouts:
@@ -656,23 +636,6 @@ class SSHRollout:
     def summary(self) -> str:
         keep = sum(ch.action == "keep" for ch in self.changes)
         return f"{len(self.to_start)} started, {keep} unchanged"
-
-
-def _twins(plan: Plan, names: Iterable[str]) -> list[Service]:
-    return [t for t in (plan.service(n).twin for n in names) if t is not None]
-
-
-def _place(twin: Service) -> str:
-    """Where a twin runs: its host, and its GPUs where it has any ("tray07 GPUs 4-7")."""
-    if not twin.gpus:
-        return twin.host
-    run = twin.gpus == list(range(twin.gpus[0], twin.gpus[-1] + 1)) and len(twin.gpus) > 1
-    return f"{twin.host} GPU{'s' if len(twin.gpus) > 1 else ''} " + (
-        f"{twin.gpus[0]}-{twin.gpus[-1]}" if run else ",".join(map(str, twin.gpus)))
-
-
-def _twin_text(twin: Service) -> str:
-    return f"{twin.name} ({_place(twin)})" if twin.gpus else twin.name
 
 
 def _drain_s(svc: Service) -> float:
