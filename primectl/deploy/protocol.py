@@ -133,6 +133,7 @@ class ReloadSpec(TypedDict, total=False):
     backend: str | None
     servers: list[str]
     state_file: str | None
+    check: list[str]
     timeout_s: float
 
 
@@ -529,17 +530,35 @@ def balancer_servers(sock_path: str, backend: str) -> list[str]:
     return sorted(r["svname"] for r in rows if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND"))
 
 
-def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
-    """Signal a running process to re-read its files, then wait until it has (None: done, else why not).
+def balancer_worker_pid(sock_path: str) -> str:
+    """The pid of the balancer worker that answers on its admin socket (`show info`), '' if it says none."""
+    for line in balancer_command(sock_path, "show info").splitlines():
+        if line.startswith("Pid:"):
+            return line.split(":", 1)[1].strip()
+    return ""
 
-    With a balancer socket, done is when the socket answers with exactly the servers the new files list
-    (the new worker took over); otherwise when the process is still the same one after the signal."""
+
+def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
+    """Check the new files, signal a running process to re-read them, and wait until it has (None: done, else why
+    not: the running process is left as it was).
+
+    With a balancer socket, done is when a new worker answers on it with exactly the servers the new files list;
+    otherwise when the process is still the same one after the signal."""
+    if spec.get("check"):
+        # a master given a bad configuration keeps its old worker and only logs it: refuse before the signal
+        r = subprocess.run(spec["check"], capture_output=True, text=True)
+        if r.returncode != 0:
+            detail = " ".join((r.stderr or r.stdout).split())[-600:]
+            return f"the new configuration does not load ({' '.join(spec['check'])}: {detail}); still running the old one"
     start = starttime(pid)
     sock_path, backend = spec.get("socket"), spec.get("backend")
-    if sock_path and spec.get("state_file"):
-        # without them the new worker would call every server down until its first health check passes
+    old_worker = ""
+    if sock_path:
         try:
-            write_atomic(str(spec["state_file"]), balancer_command(sock_path, "show servers state").encode())
+            old_worker = balancer_worker_pid(sock_path)
+            if spec.get("state_file"):
+                # without them the new worker would call every server down until its first health check passes
+                write_atomic(str(spec["state_file"]), balancer_command(sock_path, "show servers state").encode())
         except OSError as exc:
             return f"could not save the balancer's server states through {sock_path}: {exc}"
     os.kill(pid, getattr(signal, spec["signal"]))
@@ -552,14 +571,20 @@ def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
         if not sock_path or not backend:
             return None
         try:
-            seen = balancer_servers(sock_path, backend)
+            worker = balancer_worker_pid(sock_path)
+            seen = balancer_servers(sock_path, backend) if worker and worker != old_worker else f"worker {worker}"
         except OSError as exc:  # between the old worker's socket and the new one's
             seen = str(exc)
         if seen == want:
+            if spec.get("state_file"):  # read once: a later start must not take ports or states from it
+                try:
+                    os.unlink(str(spec["state_file"]))
+                except FileNotFoundError:
+                    pass
             return None
         time.sleep(0.1)
-    return (f"after {spec['signal']} the balancer's backend {backend} still lists {seen}, not {want} "
-            f"({spec.get('timeout_s', 30):g}s)")
+    return (f"after {spec['signal']} no new worker of the balancer lists {want} in backend {backend} (it shows "
+            f"{seen}, {spec.get('timeout_s', 30):g}s)")
 
 
 def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:

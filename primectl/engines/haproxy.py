@@ -68,5 +68,6 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
         depends_on=[r.name for r in replicas],
         ready=Probe(kind="http", url=f"http://{addr}:{fe.port}/health", timeout_s=60),
         reload=Reload(signal="SIGUSR2", socket=socket_path(ctx, host), backend=BACKEND,
-                      servers=[r.name for r in replicas], state_file=state_file(ctx, host)),
+                      servers=[r.name for r in replicas], state_file=state_file(ctx, host),
+                      check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),
     )

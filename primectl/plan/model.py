@@ -97,6 +97,8 @@ class Reload(Frozen):
                                "the reload is done.")
     state_file: str | None = Field(None, description="With `socket`: where the servers' states (up, down, "
                                    "drained) are saved before the signal, so the new worker starts with them.")
+    check: list[str] = Field(default_factory=list, description="A command that checks the new files first (exit 0: "
+                             "they load); nothing is signalled when it fails.")
     timeout_s: float = Field(30, description="How long the reload may take.")
 
 
