@@ -59,7 +59,6 @@ Options: --hosts 18  --repeat 3 (rounds of primectl then Ansible; best and media
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
@@ -69,7 +68,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from functools import partial
@@ -120,20 +118,6 @@ echo started "$pid"
 """
 
 
-def bundle_tar(bundle: Any) -> bytes:
-    """A host's rendered bundle as the tarball primectl pushes (its files, their modes)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(bundle.files):
-            data = bundle.files[path]
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            info.mode = bundle.modes.get(path, 0o644)
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def ansible_project(plan: Any, cluster: SSHHosts, out: Path, forks: int) -> Path:
     """Write ansible.cfg, the inventory, the release tarballs and the playbook for `plan` under out; the playbook."""
     from primectl.render.bundle import SHARED_MODEL_MARK, render_plan
@@ -150,7 +134,7 @@ def ansible_project(plan: Any, cluster: SSHHosts, out: Path, forks: int) -> Path
         b = bundles[h.name]
         tar = out / "releases" / f"{h.name}-{b.revision}.tar"
         tar.parent.mkdir(exist_ok=True)
-        tar.write_bytes(bundle_tar(b))
+        tar.write_bytes(b.tar())  # the tarball primectl pushes
         mine = {s.name: s for s in plan.services_on(h.name)}
         hosts[h.name] = {
             "ansible_host": h.address, "ansible_port": h.port, "ansible_user": h.user,

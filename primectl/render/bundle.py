@@ -47,6 +47,22 @@ class Bundle:
         """Per service: hashes (run, files, expectations, per field), component, role, unit, files."""
         return self.manifest["services"]  # type: ignore[return-value]
 
+    def tar(self) -> bytes:
+        """The bundle as the tarball a host stages: its files with their modes, in path order, mtime 0."""
+        import io
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in sorted(self.files):
+                data = self.files[path]
+                info = tarfile.TarInfo(path)
+                info.size = len(data)
+                info.mode = self.modes.get(path, 0o644)
+                info.mtime = 0
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
 
 def templates_dir() -> Path:
     """Templates ship inside the wheel as primectl/templates; in a checkout they are top-level."""

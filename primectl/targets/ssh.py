@@ -7,8 +7,6 @@ over one connection per host; services run under the recipe's supervisor
 
 from __future__ import annotations
 
-import io
-import tarfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -57,19 +55,6 @@ INLINE_BUNDLE_MAX_LOCAL = 90 << 10
 
 def _policy(options: Any) -> ConnectionPolicy:
     return options if isinstance(options, ConnectionPolicy) else ConnectionPolicy()
-
-
-def _tar(bundle: Bundle) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(bundle.files):
-            data = bundle.files[path]
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            info.mode = bundle.modes.get(path, 0o644)
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def _ref(name: str, unit: str, stop_timeout: float, drain: DrainSpec | None) -> ServiceRef:
@@ -248,7 +233,7 @@ class SSHRollout:
             b = self.bundles[h]
             if b.revision in c.views[h].get("releases", []):
                 return
-            tar = _tar(b)
+            tar = b.tar()
             limit = INLINE_BUNDLE_MAX_LOCAL if self.plan.host(h).connection == "local" else INLINE_BUNDLE_MAX
             if len(tar) <= limit:  # one round trip: the bundle rides in the stage request
                 c.client(h).stage(b.revision, tar)
