@@ -24,6 +24,7 @@ from primectl.planner.build import plan_recipe
 from primectl.targets.slurm import SlurmRollout
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_job import JOB_SCRIPT
+from tests.test_rollout_fake import fake_recipe
 
 JOB = "7"
 REPLACED = "the job is replaced (every service restarts in the new job)"
@@ -50,20 +51,7 @@ class Both:
         self.tmp = tmp
         self.world = FakeWorld()
         self.slurm = RunningJob()
-        self.base: dict[str, Any] = {
-            "name": "parity",
-            "model": {"served_name": "demo", "generate": "demo-tiny", "arch": "demo-tiny", "max_context": 4096},
-            "hardware": {"profile": "cpu"},
-            "hosts": [{"name": h, "address": f"127.0.0.{i + 2}", "workdir": str(tmp / h)}
-                      for i, h in enumerate(("h1", "h2", "h3"))],
-            "engine": "mocker",
-            "supervisor": "process",
-            "frontend": {"host": "h1"},
-            "prefill": {"groups": 1, "parallel": "TP1", "hosts": ["h2"], "startup_timeout_s": 1},
-            "decode": {"workers": 2, "parallel": "TP1", "hosts": ["h3"], "startup_timeout_s": 1},
-            "control_plane": {"discovery": "etcd"},
-            "software": {"python": "/opt/fake/bin/python"},
-        }
+        self.base: dict[str, Any] = fake_recipe(tmp, "parity")
 
     def plans(self, **changes: Any) -> tuple[Plan, Plan]:
         doc = json.loads(json.dumps(self.base))

@@ -25,6 +25,23 @@ from primectl.targets.ssh import SSHTarget
 HOSTS = ("h1", "h2", "h3")
 
 
+def fake_recipe(tmp: Path, name: str) -> dict[str, Any]:
+    """The fake deployment's recipe: mocker workers, etcd and the frontend on h1, prefill on h2, decode on h3."""
+    return {
+        "name": name,
+        "model": {"served_name": "demo", "generate": "demo-tiny", "arch": "demo-tiny", "max_context": 4096},
+        "hardware": {"profile": "cpu"},
+        "hosts": [{"name": h, "address": f"127.0.0.{i + 2}", "workdir": str(tmp / h)} for i, h in enumerate(HOSTS)],
+        "engine": "mocker",
+        "supervisor": "process",
+        "frontend": {"host": "h1"},
+        "prefill": {"groups": 1, "parallel": "TP1", "hosts": ["h2"], "startup_timeout_s": 1},
+        "decode": {"workers": 2, "parallel": "TP1", "hosts": ["h3"], "startup_timeout_s": 1},
+        "control_plane": {"discovery": "etcd"},
+        "software": {"python": "/opt/fake/bin/python"},
+    }
+
+
 class Env:
     """One fake deployment: recipe file, world, what `up` said."""
 
@@ -32,19 +49,7 @@ class Env:
         self.tmp = tmp
         self.world = FakeWorld()
         self.said: list[str] = []
-        self.base: dict[str, Any] = {
-            "name": "fake",
-            "model": {"served_name": "demo", "generate": "demo-tiny", "arch": "demo-tiny", "max_context": 4096},
-            "hardware": {"profile": "cpu"},
-            "hosts": [{"name": h, "address": f"127.0.0.{i + 2}", "workdir": str(tmp / h)} for i, h in enumerate(HOSTS)],
-            "engine": "mocker",
-            "supervisor": "process",
-            "frontend": {"host": "h1"},
-            "prefill": {"groups": 1, "parallel": "TP1", "hosts": ["h2"], "startup_timeout_s": 1},
-            "decode": {"workers": 2, "parallel": "TP1", "hosts": ["h3"], "startup_timeout_s": 1},
-            "control_plane": {"discovery": "etcd"},
-            "software": {"python": "/opt/fake/bin/python"},
-        }
+        self.base: dict[str, Any] = fake_recipe(tmp, "fake")
 
     def plan(self, **changes: Any) -> Plan:
         doc = json.loads(json.dumps(self.base))
