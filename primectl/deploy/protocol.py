@@ -463,19 +463,19 @@ def balancer_command(sock_path: str, command: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+def balancer_stat(sock_path: str) -> list[dict[str, str]]:
+    """The balancer's `show stat` rows, each keyed by the CSV header's names."""
+    lines = balancer_command(sock_path, "show stat").splitlines()
+    if not lines:
+        return []
+    header = lines[0].lstrip("# ").split(",")
+    return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:]]
+
+
 def balancer_server(sock_path: str, server: str) -> dict[str, str]:
     """The `show stat` row of backend/server (empty when the balancer does not know it)."""
     backend, _, name = server.partition("/")
-    text = balancer_command(sock_path, "show stat")
-    lines = text.splitlines()
-    if not lines:
-        return {}
-    header = lines[0].lstrip("# ").split(",")
-    for line in lines[1:]:
-        row = dict(zip(header, line.split(","), strict=False))
-        if row.get("pxname") == backend and row.get("svname") == name:
-            return row
-    return {}
+    return next((r for r in balancer_stat(sock_path) if r.get("pxname") == backend and r.get("svname") == name), {})
 
 
 def drain_from_balancer(drain: DrainSpec) -> Drained:
@@ -522,12 +522,8 @@ def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
 
 def balancer_servers(sock_path: str, backend: str) -> list[str]:
     """The servers a load balancer's running worker has in `backend` (its `show stat`)."""
-    lines = balancer_command(sock_path, "show stat").splitlines()
-    if not lines:
-        return []
-    header = lines[0].lstrip("# ").split(",")
-    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:]]
-    return sorted(r["svname"] for r in rows if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND"))
+    return sorted(r["svname"] for r in balancer_stat(sock_path)
+                  if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND"))
 
 
 def balancer_worker_pid(sock_path: str) -> str:
