@@ -164,6 +164,18 @@ def test_ab_demo_vs_variant_writes_the_report(demo: Path, tmp_path: Path) -> Non
     assert "deploying B" in r.stderr
 
 
+def _signal_masks(pid: int) -> str:
+    """How `pid` and each of its threads stood towards signals (/proc status lines), for a failure message."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            status = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        lines.append(task.name + " " + " ".join(ln for ln in status if ln.startswith(("Name", "Sig", "ShdPnd"))))
+    return "\n".join(lines)
+
+
 def _sweep_state(runs: Path) -> tuple[Path, dict] | None:
     found = sorted(runs.glob("*-sweep/sweep.json"))
     if not found:
@@ -193,12 +205,13 @@ def test_sweep_interrupted_by_ctrl_c_then_resumed_writes_every_file(demo: Path, 
             time.sleep(0.5)
         assert proc.poll() is None, f"sweep ended before it could be interrupted:\n{proc.communicate()}"
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        masks = _signal_masks(proc.pid)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130, out + err
+    assert proc.returncode == 130, f"{out}{err}\nthe sweep's threads at the signal:\n{masks}"
     got = _sweep_state(runs)
     assert got is not None
     root, state = got
