@@ -214,10 +214,13 @@ class LocalTransport:
     """`connection: local`: Invoke's Context on this machine."""
 
     def __init__(self, host: HostPlan):
+        from invoke.config import Config
         from invoke.context import Context
 
+        from primectl.deploy.interruptible import InterruptibleLocal
+
         self.host = host
-        self._ctx = Context()
+        self._ctx = Context(config=Config(overrides={"runners": {"local": InterruptibleLocal}}))
 
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         r = self._ctx.run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
@@ -334,7 +337,9 @@ class SSHTransport:
 
     def __init__(self, host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool, connect_timeout: float = 10):
         import paramiko
-        from fabric import Connection
+        from fabric import Config, Connection
+
+        from primectl.deploy.interruptible import InterruptibleRemote
 
         _paramiko_fast_mac_check()
         self.host = host
@@ -344,7 +349,7 @@ class SSHTransport:
         if host.identity_file:
             kwargs |= {"key_filename": os.path.expanduser(host.identity_file), "look_for_keys": False, "allow_agent": False}
         self._conn = Connection(host.address, user=host.user, port=host.port, connect_timeout=connect_timeout,
-                                connect_kwargs=kwargs)
+                                connect_kwargs=kwargs, config=Config(overrides={"runners": {"remote": InterruptibleRemote}}))
         client = self._conn.client
         # Fabric's default is to add unknown keys silently; refuse them unless asked.
         client._system_host_keys = paramiko.HostKeys()
