@@ -17,6 +17,7 @@ import posixpath
 import selectors
 import shlex
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -56,7 +57,7 @@ def with_protocol(module_source: str, label: str) -> str:
 
 @functools.cache
 def agent_source() -> str:
-    """The host agent's source, sent with every call: protocol.py, then agent.py."""
+    """The host agent's source: protocol.py, then agent.py."""
     return with_protocol(files("primectl.deploy").joinpath("agent.py").read_text(), "agent.py")
 
 
@@ -96,12 +97,6 @@ def progress_line(obj: dict[str, Any], on_progress: OnProgress | None) -> bool:
         except Exception:  # showing progress must never fail the operation
             pass
     return True
-
-
-def agent_command(*words: str) -> str:
-    """The shell command that runs the agent with these arguments."""
-    # -I -S: the agent needs only the stdlib; ignore the host's PYTHON* env and site-packages (faster, safer).
-    return " ".join(["python3 -I -S -c", shlex.quote(agent_source()), *map(shlex.quote, words)])
 
 
 # The agent is cached on each host, keyed by the hash of its source, and imported as a module (so Python's
@@ -156,28 +151,18 @@ def loader_command(workdir: str, *words: str) -> str:
     return " ".join(["python3 -I -S -c", shlex.quote(LOADER), shlex.quote(cache), agent_hash(), *map(shlex.quote, words)])
 
 
-def agent_once(t: Transport, op: str, args: dict[str, Any], timeout: float | None) -> dict[str, Any]:
-    """Start the agent for a single operation (one process per call)."""
-    command = agent_command(op, json.dumps(args))
-    code, out, err = t.run(command, timeout=timeout)
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            result: dict[str, Any] = json.loads(line)
-            if progress_line(result, None):
-                continue
-            result.setdefault("code", code)
-            return result
-    return {"ok": False, "code": code, "error": (err or out).strip()[-2000:] or f"agent exited {code}"}
-
-
-def agent_streaming(op: str, args: dict[str, Any], timeout: float | None, on_progress: OnProgress) -> dict[str, Any]:
-    """Start the agent here for one operation and read its output as it comes: progress lines, then the result."""
-    argv = ["python3", "-I", "-S", "-c", agent_source(), op, json.dumps(args)]
+def agent_here(workdir: str, op: str, args: dict[str, Any], timeout: float | None,
+               on_progress: OnProgress | None) -> dict[str, Any]:
+    """Run one agent operation on this machine (`connection: local`) and read its output as it comes: progress
+    lines, then the result. It runs with primectl's own interpreter (not whatever `python3` PATH finds first: a
+    version manager's shim costs ~0.1 s of CPU per call) from the cached copy under `workdir`, as on a host."""
+    argv = [sys.executable, "-I", "-S", "-c", LOADER, posixpath.join(workdir, AGENT_DIR), agent_hash(), op,
+            json.dumps(args)]
     deadline = None if timeout is None else time.monotonic() + timeout
     result: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
-        assert proc.stdout is not None
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        assert proc.stdin is not None and proc.stdout is not None
         fd, buf = proc.stdout.fileno(), b""
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
@@ -193,7 +178,14 @@ def agent_streaming(op: str, args: dict[str, Any], timeout: float | None, on_pro
                         break
                     *lines, buf = (buf + chunk).split(b"\n")
                     for line in lines:
-                        if line.startswith(b"{"):
+                        if line.startswith(b'{"agent": "send"}'):
+                            source = agent_source().encode()
+                            proc.stdin.write(b"%d\n" % len(source) + source)
+                            proc.stdin.close()
+                        elif line.startswith(b'{"agent": "ready"}'):
+                            if not proc.stdin.closed:
+                                proc.stdin.close()
+                        elif line.startswith(b"{"):
                             obj = json.loads(line)
                             if not progress_line(obj, on_progress):
                                 result = obj
@@ -202,6 +194,8 @@ def agent_streaming(op: str, args: dict[str, Any], timeout: float | None, on_pro
                     proc.kill()
                 proc.wait()
                 proc.stdout.close()
+                if not proc.stdin.closed:
+                    proc.stdin.close()
         if result is not None:
             result.setdefault("code", proc.returncode)
             return result
@@ -237,9 +231,7 @@ class LocalTransport:
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
               on_progress: OnProgress | None = None) -> dict[str, Any]:
-        if on_progress is not None:
-            return agent_streaming(op, args, timeout, on_progress)
-        return agent_once(self, op, args, timeout)
+        return agent_here(self.host.workdir, op, args, timeout, on_progress)
 
     def close(self) -> None:
         pass
