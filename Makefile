@@ -98,20 +98,20 @@ typecheck: venv
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
 # What `test` needs is built SETUP_JOBS targets at a time once the system packages are in (downloads, installs
-# and mypy overlap); the suite
-# runs on PYTEST_WORKERS pytest-xdist workers, each in a namespace of its own (tests/conftest.py); 0 (the default)
-# runs it in one process, the run proven stable; `make test PYTEST_WORKERS=3` runs it in parallel (15.8 min of
-# pytest instead of 25 on a quiet 2-core machine).
+# and mypy overlap); the suite runs on PYTEST_WORKERS pytest-xdist workers, each in a network namespace of its
+# own (tests/conftest.py): 3 by default, since most tests wait on processes they started (19 min of pytest from a
+# clean clone here, against 31 in one process); `make test PYTEST_WORKERS=0` runs it in one process. The 15
+# slowest tests are listed at the end.
 TEST_SETUP := system venv bench-tools predict-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
 SETUP_JOBS ?= 3
-PYTEST_WORKERS ?= 0
+PYTEST_WORKERS ?= 3
 
 test: system
 	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(filter-out system,$(TEST_SETUP))
 	@# Bytecode for primectl's own modules (an editable install): with PYTHONDONTWRITEBYTECODE set, each of the
 	@# suite's ~1500 `primectl` runs would otherwise compile them again (~0.15 s of CPU each).
 	$(VENV)/bin/python -m compileall -q primectl benchmarks tests/fakes >/dev/null
-	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python PRIMECTL_SLURM_WHEELHOUSE=$(CURDIR)/.demo/wheelhouse exec $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS)'
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python PRIMECTL_VLLM_CPU_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME_VLLM)/bin/python PRIMECTL_SLURM_WHEELHOUSE=$(CURDIR)/.demo/wheelhouse exec $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --durations=15'
 
 # Only the integration tests, for a faster loop (needs `make venv runtime` once).
 test-integration: venv rootfs
