@@ -402,6 +402,7 @@ class Plan(Frozen):
     namespace: str
     engine: str
     supervisor: Literal["systemd", "process"]
+    restart_delay_s: int = Field(5, description="systemd: RestartSec of every unit.")
     target: TargetSpec = Field(default_factory=TargetSpec)
     served_model: str
     recipe_hash: str

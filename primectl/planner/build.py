@@ -209,6 +209,7 @@ def build_plan(recipe: Recipe) -> Plan:
     )
     plan = Plan(
         name=recipe.name, namespace=recipe.dynamo_namespace, engine=engine.name, supervisor=recipe.supervisor,
+        restart_delay_s=recipe.restart_delay_s,
         target=TargetSpec(kind=recipe.target, options=planned.options), served_model=recipe.model.served_name,
         recipe_hash=hashlib.sha256(recipe.model_dump_json().encode()).hexdigest()[:16],
         runtime_key=key, pins=engine.pins(recipe),

@@ -424,6 +424,8 @@ class Recipe(Strict):
     slurm: Slurm | None = Field(None, description="Slurm job options (target: slurm); defaults apply when left out.")
     software: Software = Field(default_factory=Software)
     supervisor: Literal["systemd", "process"] = "systemd"
+    restart_delay_s: int = Field(5, ge=1, le=300, description=(
+        "supervisor: systemd: seconds before a service that died is started again (its unit's RestartSec)."))
     ports: Ports = Field(default_factory=Ports)
     secrets: dict[EnvName, str] = Field(
         default_factory=dict,

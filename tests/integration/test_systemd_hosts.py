@@ -31,7 +31,7 @@ from .sshhosts import wait_for
 from .test_demo_cluster import _metrics, check_serving
 
 pytestmark = pytest.mark.integration
-RESTART_SEC = 5  # templates/unit.service.j2's RestartSec
+RESTART_SEC = 1  # the recipe's restart_delay_s: its units' RestartSec (5 by default)
 UNIT_PROPS = ("ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "LoadState")
 
 
@@ -42,6 +42,7 @@ class SystemdDeployment(Deployment):
         super().__init__(cluster, tmp, name, index)  # type: ignore[arg-type]  # same shape as SSHHosts
         self.machines: dict[str, NspawnHost] = {h.name: h for h in cluster.hosts[:3]}
         self.base["supervisor"] = "systemd"
+        self.base["restart_delay_s"] = RESTART_SEC
         self.path = self.write()
         self.layout: dict[str, set[str]] = LAYOUT  # host -> services of the recipe in use
         self.teardown: Path | None = None  # the recipe `down --purge` runs with afterwards (default: the base)
@@ -223,6 +224,7 @@ def test_kill_9_of_a_worker_is_restarted_by_systemd_and_status_says_so(systemd_d
                          lambda p: p["ActiveState"] == "active" and p["MainPID"] not in ("0", str(before["decode-0"])),
                          RESTART_SEC + 15, "systemd restarting the killed worker", interval=0.2)
     assert restarted["NRestarts"] == "1"
+    assert dep.show("decode-0", "RestartUSec") == {"RestartUSec": f"{RESTART_SEC}s"}  # the recipe's restart_delay_s
 
     code, doc, rows = status(dep)
     assert code == 0 and doc["healthy"] is True, doc
