@@ -254,8 +254,10 @@ def test_a_failed_up_after_a_balancer_reload_reloads_it_back(env: Env) -> None:
     two = {"host": "h1", "replicas": 2}
     env.up(env.plan(frontend=two))
     env.world.gate_ready = False  # the deployment's gate fails after every wave
+    three = env.plan(frontend={**two, "replicas": 3})
+    three = three.model_copy(update={"gate": three.gate.model_copy(update={"timeout_s": 1})})  # fail fast
     with pytest.raises(DeployError):
-        env.up(env.plan(frontend={**two, "replicas": 3}))
+        env.up(three)
     assert env.world.reloads == [("h1", "balancer")] * 2, "the balancer kept the new replica set after the rollback"
     assert not env.world.is_running("h1", "frontend-2") and env.world.is_running("h1", "balancer")
 
