@@ -18,6 +18,8 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,28 @@ def checks(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, str]]:
     return {(r["host"], r["check"]): r for r in doc["results"]}
 
 
+@contextmanager
+def disks_of(deployment: Deployment, sizes: dict[str, str]) -> Iterator[None]:
+    """A tmpfs of a known size on each named host's workdir, so the disk checks see what the test says.
+
+    Without it they see the free space of whatever machine runs the suite (CI's /tmp had 3.5 GB: a warning).
+    """
+    mounted: list[Path] = []
+    try:
+        for host, size in sizes.items():
+            wd = deployment.workdir(host)
+            wd.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(wd)], check=True)
+            mounted.append(wd)
+        yield
+    finally:
+        for wd in reversed(mounted):
+            subprocess.run(["umount", str(wd)], check=True)
+
+
+ROOMY = "16g"  # tmpfs reserves nothing: only what the test writes uses memory
+
+
 def no_scratch_left(deployment: Deployment) -> None:
     for h in deployment.hosts:
         assert not (deployment.workdir(h) / "preflight").exists(), f"{h}: preflight scratch left behind"
@@ -68,7 +92,9 @@ def no_scratch_left(deployment: Deployment) -> None:
 
 def test_every_check_passes_on_healthy_hosts(deployment: Deployment, runtime_python: str) -> None:
     real_runtime(deployment, runtime_python)
-    code, doc, err = preflight(deployment)
+    with disks_of(deployment, {h: ROOMY for h in deployment.hosts}):
+        code, doc, err = preflight(deployment)
+        no_scratch_left(deployment)  # while the workdirs it wrote to are still mounted
     c = checks(doc)
     bad = {k: v for k, v in c.items() if v["status"] == "fail"}
     assert code == 0 and doc["ok"] and not bad, json.dumps(bad, indent=1) + err
@@ -86,7 +112,6 @@ def test_every_check_passes_on_healthy_hosts(deployment: Deployment, runtime_pyt
     [t] = doc["transfers"]
     assert (t["src"], t["dst"], t["mem"], t["ok"]) == ("h2", "h3", "DRAM", True) and t["gb_s"] > 0
     print(f"\nNIXL DRAM READ h2->h3 over UCX: {t['gb_s']:.2f} GB/s; preflight took {doc['seconds']:.1f}s")
-    no_scratch_left(deployment)
 
 
 def test_port_taken_fails_with_owner_and_remediation(deployment: Deployment, runtime_python: str) -> None:
@@ -108,12 +133,8 @@ def test_port_taken_fails_with_owner_and_remediation(deployment: Deployment, run
 def test_nearly_full_disk_fails(deployment: Deployment, runtime_python: str) -> None:
     real_runtime(deployment, runtime_python)
     wd = deployment.workdir("h1")
-    wd.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(wd)], check=True)
-    try:
+    with disks_of(deployment, {"h1": "1m", "h2": ROOMY}):
         code, doc, _ = preflight(deployment, "--no-fabric")
-    finally:
-        subprocess.run(["umount", str(wd)], check=True)
     r = checks(doc)[("h1", "disk_workdir")]
     assert code == 1 and r["status"] == "fail", r
     assert r["detail"].startswith(f"0.00 GB free at {wd}, need 2.00 GB")
