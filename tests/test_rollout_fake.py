@@ -188,6 +188,59 @@ def test_without_room_a_new_command_line_restarts_the_role_together_and_diff_say
     assert not any(line.startswith("rolling decode 2/") for line in env.said)
 
 
+def _roomy_gpu(env: Env, **changes: Any) -> Plan:
+    """The same deployment on 4-GPU hosts: every worker leaves a spare GPU on its host for a twin."""
+    return env.plan(hardware={"profile": "h200-hgx", "gpus_per_host": 4}, **changes)
+
+
+def test_gpu_hosts_with_spare_gpus_give_each_twin_gpus_no_worker_uses(env: Env) -> None:
+    plan = _roomy_gpu(env)
+    for host in ("h2", "h3"):
+        workers = [s for s in plan.services_on(host) if s.role in ("prefill", "decode")]
+        taken = [g for s in workers for g in s.gpus]
+        twins = [g for s in workers if s.twin for g in s.twin.gpus]
+        assert len(twins) == len(taken) and not set(twins) & set(taken) and len(set(twins)) == len(twins), (host, taken,
+                                                                                                          twins)
+        assert set(twins) <= set(range(4))
+    assert plan.service("decode-0").generation, "room for a whole second generation: each one in its namespace"
+
+
+def test_a_decode_argument_change_on_gpu_hosts_with_room_surges_a_new_generation(env: Env) -> None:
+    env.up(_roomy_gpu(env))
+    changed = _roomy_gpu(env, decode={"max_num_seqs": 32})
+    _, steps = diff(changed, env.options.connection, env.said.append)
+    waves = next(s for s in steps if s.step == "waves")
+    assert any(d.startswith("surge, new generation") for d in waves.details), waves.details
+    assert not any("restart together" in d for d in waves.details), waves.details
+    before = len(env.world.starts)
+    env.up(changed)
+    twins = {"prefill-0-surge", "decode-0-surge", "decode-1-surge"}
+    assert {s for _, s in env.world.starts[before:before + 3]} == twins
+    assert not any(env.world.is_running(h, t) for h in HOSTS for t in twins), "the twins were left running"
+    assert env.world.namespaces[("h3", "decode-0")] == changed.service("decode-0").generation
+
+
+def test_room_for_only_some_twins_surges_an_env_change_but_not_a_new_command_line(env: Env) -> None:
+    """2-GPU hosts: prefill-0 (one GPU of h2) has a twin, the decoders (both of h3's) have none. A twin in the
+    running namespace must carry the running model card, so only a change that keeps it surges."""
+    plan = _gpu(env)
+    assert plan.service("prefill-0").twin is not None and plan.service("decode-0").twin is None
+    assert plan.service("prefill-0").generation is None
+    env.up(plan)
+    before = len(env.world.starts)
+    env.up(_gpu(env, prefill={"env": {"NCCL_DEBUG": "INFO"}}))
+    assert [s for _, s in env.world.starts[before:]] == ["prefill-0-surge", "prefill-0"]
+    assert not env.world.is_running("h2", "prefill-0-surge")
+    new_argv = _gpu(env, prefill={"env": {"NCCL_DEBUG": "INFO"}, "token_budget_per_gpu": 1024})
+    _, steps = diff(new_argv, env.options.connection, env.said.append)
+    waves = next(s for s in steps if s.step == "waves")
+    assert any(d.startswith("prefill: single instance, its command line changes") and "not for a whole second "
+               "generation" in d for d in waves.details), waves.details
+    before = len(env.world.starts)
+    env.up(new_argv)
+    assert [s for _, s in env.world.starts[before:]] == ["prefill-0"]
+
+
 def test_a_failed_batch_rolls_back_only_what_it_touched(env: Env) -> None:
     env.up(_gpu(env))
     env.world.faults["decode-1"] = "never-ready"

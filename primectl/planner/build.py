@@ -33,11 +33,12 @@ from primectl.plan.model import (
     Runtime,
     Service,
     Serving,
+    Slot,
     TargetSpec,
     Tier,
 )
 from primectl.planner.load import LoadedRecipe, load_recipe
-from primectl.planner.placement import Placement, place_workers, surge_slot
+from primectl.planner.placement import Placement, place_workers, surge_slots
 from primectl.recipe.capacity import (
     GB,
     indexer_bytes_per_token,
@@ -167,9 +168,10 @@ def build_plan(recipe: Recipe) -> Plan:
         control.append("mooncake-master")
     pairs: list[tuple[Service, Service | None]] = []
     surges = target.surges
-    for slot in placement.slots:
+    twin_slots: list[Slot | None] = (surge_slots(recipe, placement.slots, hosts) if surges
+                                      else [None] * len(placement.slots))
+    for slot, twin_slot in zip(placement.slots, twin_slots, strict=True):
         spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
-        twin_slot = surge_slot(recipe, slot) if surges else None
         pairs.append((drained_worker(engine.worker(ctx, slot, spec, list(control)), spec),
                       drained_worker(engine.worker(ctx, twin_slot, spec, list(control)), spec) if twin_slot else None))
     prefix = None

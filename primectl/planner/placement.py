@@ -217,17 +217,32 @@ def _place_gpu(
 SURGE_PORT_OFFSET = 64
 
 
-def surge_slot(recipe: Recipe, slot: Slot) -> Slot | None:
-    """Where a second instance of `slot` can run beside it during a change (None: no room for one).
+def surge_slots(recipe: Recipe, slots: list[Slot], hosts: list[HostPlan]) -> list[Slot | None]:
+    """Where a second instance of each slot can run beside it during a change (None: no room for one).
 
-    Hosts without GPUs have room (ports and memory are all it takes on the CPU demo); a GPU instance would need
-    free GPUs on its host, which primectl does not yet hand to a twin.
+    Hosts without GPUs have room (ports and memory are all it takes on the CPU demo). A GPU instance's twin
+    takes GPUs of its own host that no planned worker uses, first fit in slot order, so two twins never share
+    one; an instance that spans hosts has no twin.
     """
-    if slot.gpus or slot.hosts_per_instance > 1:
-        return None
+    used: dict[str, set[int]] = {}
+    for slot in slots:
+        used.setdefault(slot.host, set()).update(slot.gpus)
+    spare = {h.name: [g for g in range(h.gpus) if g not in used.get(h.name, set())] for h in hosts}
+    out: list[Slot | None] = []
+    for slot in slots:
+        pool = spare.get(slot.host, [])
+        if slot.hosts_per_instance > 1 or len(pool) < len(slot.gpus):
+            out.append(None)
+            continue
+        gpus, spare[slot.host] = pool[:len(slot.gpus)], pool[len(slot.gpus):]
+        out.append(_twin(recipe, slot, gpus))
+    return out
+
+
+def _twin(recipe: Recipe, slot: Slot, gpus: list[int]) -> Slot:
     block = port_block(recipe)
     k = slot.ports["system"] - recipe.ports.worker_system + SURGE_PORT_OFFSET
     ports = _ports(recipe, k, block)
     if "dp_rpc" in slot.ports:
         ports["dp_rpc"] = slot.ports["dp_rpc"] + SURGE_PORT_OFFSET
-    return slot.model_copy(update={"name": f"{slot.name}-surge", "ports": ports})
+    return slot.model_copy(update={"name": f"{slot.name}-surge", "ports": ports, "gpus": gpus})

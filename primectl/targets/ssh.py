@@ -298,7 +298,10 @@ class SSHRollout:
                 drain = max((_drain_s(plan.service(n)) for b in steps for n in b), default=0)
                 if len(rollout.instances) == 1:
                     svc = plan.service(steps[0][0])
-                    out.append(f"{rollout.role}: single instance, no spare capacity: up to {svc.ready.timeout_s:g}s "
+                    why = ("no spare capacity" if svc.twin is None else
+                           "its command line changes, and there is room for its twin but not for a whole second "
+                           "generation (Dynamo's router rejects a twin whose model card differs from the running one)")
+                    out.append(f"{rollout.role}: single instance, {why}: up to {svc.ready.timeout_s:g}s "
                                f"without this role")
                     continue
                 if rollout.registered is not None and self._card_changes(steps[0]):
@@ -321,7 +324,10 @@ class SSHRollout:
         that change and have a surge twin each (a new generation starts beside the old one); and per role, the
         batches the other running instances that change restart in."""
         changing = {ch.service for ch in self.changes if ch.action == "change"} & set(wave)
-        surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None]
+        # A twin in the running generation's namespace must carry the same model card as the workers there:
+        # only a plan with room for a whole generation (each worker in one) surges a new command line.
+        surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None
+                 and (self.plan.service(n).generation is not None or not self._card_changes([n]))]
         rolls = []
         in_batches: set[str] = set(surge)
         for rollout in self.plan.rollouts:
