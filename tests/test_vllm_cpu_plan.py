@@ -52,11 +52,19 @@ def test_cpu_workers_run_dynamo_vllm_through_the_named_bridge_on_their_own_core(
 def test_caches_and_temp_files_stay_under_the_workdir(plan: Plan) -> None:
     workdir = plan.host("local").workdir
     for s in (*plan.workers(), plan.service("frontend")):
-        for key in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "VLLM_CACHE_ROOT"):
+        for key in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
             if key in s.env:
                 assert s.env[key].startswith(workdir + "/"), (s.name, key)
                 assert s.env[key] in s.dirs, "the run script creates it"
     assert "TMPDIR" in plan.service("decode-0").env and "HOME" in plan.service("frontend").env
+
+
+def test_every_worker_and_its_twin_share_one_compile_cache(plan: Plan) -> None:
+    """The C++ that torch compiles on a worker's first request is reused by the other workers of the host, a
+    restarted one and a surge twin (each has a TMPDIR of its own, where inductor would keep it otherwise)."""
+    caches = {s.env["TORCHINDUCTOR_CACHE_DIR"] for w in plan.workers() for s in (w, w.twin) if s is not None}
+    assert len(caches) == 1 and len({s.env["TMPDIR"] for s in plan.workers()}) == len(plan.workers())
+    assert plan.service("decode-0").twin is not None
 
 
 def test_the_bundle_ships_both_bridges_and_the_generated_model(plan: Plan) -> None:

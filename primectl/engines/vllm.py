@@ -278,6 +278,9 @@ class VllmEngine:
             "XDG_CACHE_HOME": f"{scratch}/cache",
             "VLLM_CACHE_ROOT": f"{scratch}/vllm-cache",
             "TMPDIR": f"{scratch}/tmp",
+            # torch.compile'd helpers still compile C++ on the first request (~20 s on 2 cores) even in eager
+            # mode; one cache per host lets every other worker, a restarted one and a surge twin reuse the result
+            "TORCHINDUCTOR_CACHE_DIR": f"{host.workdir}/data/compile-cache/torchinductor",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             # bridges/sitecustomize.py loads WORKER_BRIDGES: NIXL's progress thread polls every 1 ms instead of
@@ -376,7 +379,7 @@ class VllmEngine:
         dirs: list[str] = []
         if cpu:
             env.update(self._cpu_env(ctx, slot, spec))
-            dirs = [env["HOME"], env["XDG_CACHE_HOME"], env["VLLM_CACHE_ROOT"], env["TMPDIR"]]
+            dirs = [env["HOME"], env["XDG_CACHE_HOME"], env["VLLM_CACHE_ROOT"], env["TMPDIR"], env["TORCHINDUCTOR_CACHE_DIR"]]
         else:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in slot.gpus)
         env.update({

@@ -94,6 +94,12 @@ def test_smoke_passes_every_check_on_real_vllm_workers(demo: VllmDemo, tmp_path:
     disagg = checks["disaggregation: prefill and decode workers both served"]["evidence"]
     assert "0 failed" in disagg and "local_compute 0" in disagg and " 0 NIXL transfer" not in disagg
     assert 'failures="0"' in junit
+    # the C++ torch compiled for the sampler on the first request is in the host's one cache, not per worker
+    cache = demo.workdir / "data" / "compile-cache" / "torchinductor"
+    assert any(cache.rglob("*.so")), f"no compiled kernel under {cache}"
+    # (torch keeps only its precompiled header under each worker's TMPDIR, whatever the cache dir says)
+    own = [p.name for p in (demo.workdir / "data").glob("*/tmp/torchinductor_*/*")]
+    assert set(own) <= {"precompiled_headers"}, f"a worker compiled into its own TMPDIR: {own}"
 
 
 def test_status_shows_nixl_transfers_and_the_kv_cache_vllm_allocated(demo: VllmDemo) -> None:
