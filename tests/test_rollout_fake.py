@@ -142,6 +142,20 @@ def test_a_decode_argument_change_starts_a_new_generation_beside_the_old_one_the
     assert any("surge: starting" in line for line in env.said)
 
 
+def test_diff_says_what_a_new_generation_can_lose_behind_one_frontend_and_not_behind_a_balancer(env: Env) -> None:
+    """Dynamo answers 503 (retryable) while its prefill router for a new generation activates: one frontend passes
+    it to the client, a balancer resends it."""
+    env.up(env.plan())
+    _, steps = diff(env.plan(decode={"max_num_seqs": 32}), env.options.connection, env.said.append)
+    [line] = [d for d in next(s for s in steps if s.step == "waves").details if d.startswith("surge")]
+    assert "a few requests answered 503 (retryable)" in line and "`frontend.replicas: 2`" in line, line
+    balanced = {"frontend": {"host": "h1", "replicas": 2}}
+    env.up(env.plan(**balanced))
+    _, steps = diff(env.plan(**balanced, decode={"max_num_seqs": 32}), env.options.connection, env.said.append)
+    [line] = [d for d in next(s for s in steps if s.step == "waves").details if d.startswith("surge")]
+    assert line.endswith("expected loss 0"), line
+
+
 def test_a_kv_contract_change_rolls_prefill_and_decode_as_one_new_generation(env: Env) -> None:
     """An old prefill must never hand KV to a new decode: a new block size moves both roles to a new namespace,
     and the old generation serves until the new one is registered."""

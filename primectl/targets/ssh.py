@@ -288,12 +288,13 @@ class SSHRollout:
                                f"this {svc.role} (it restarts in place)"
                                + ("; `frontend.replicas: 2` puts a balancer in front" if svc.role == "frontend" else ""))
             if surge:
+                new_generation = self._new_generation(surge)
                 kind = ("new generation (its own Dynamo namespace: the router never mixes the two)"
-                        if self._new_generation(surge) else "same generation")
+                        if new_generation else "same generation")
                 out.append(f"surge, {kind}: twins {', '.join(n + '-surge' for n in surge)} start beside the running "
                            f"ones and register; then {', '.join(surge)} drain (up to "
                            f"{max(_drain_s(plan.service(n)) for n in surge):g}s) "
-                           "and restart; then the twins drain and stop; expected loss 0")
+                           f"and restart; then the twins drain and stop; {self._surge_loss(new_generation)}")
             for rollout, steps in rolls:
                 drain = max((_drain_s(plan.service(n)) for b in steps for n in b), default=0)
                 if len(rollout.instances) == 1:
@@ -318,6 +319,18 @@ class SSHRollout:
                            + ("; every instance at once: the role is out until they are ready" if together
                               else "; expected loss 0"))
         return out
+
+    def _surge_loss(self, new_generation: bool) -> str:
+        """What clients can lose while a surge runs: nothing, except when a new generation with prefill workers
+        comes up behind one frontend and no balancer resends Dynamo's retryable 503s."""
+        plan = self.plan
+        disaggregated = any(s.role == "prefill" for s in plan.services)
+        balanced = any(s.role == "balancer" for s in plan.services)
+        if new_generation and disaggregated and not balanced:
+            return ("expected loss: 0, or a few requests answered 503 (retryable) in the instant the new generation's "
+                    "decode workers register before the frontend's prefill router for it has activated; "
+                    "`frontend.replicas: 2` puts a balancer in front that resends them")
+        return "expected loss 0"
 
     def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
         """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers
