@@ -323,10 +323,8 @@ class SSHRollout:
     def _surge_loss(self, new_generation: bool) -> str:
         """What clients can lose while a surge runs: nothing, except when a new generation with prefill workers
         comes up behind one frontend and no balancer resends Dynamo's retryable 503s."""
-        plan = self.plan
-        disaggregated = any(s.role == "prefill" for s in plan.services)
-        balanced = any(s.role == "balancer" for s in plan.services)
-        if new_generation and disaggregated and not balanced:
+        balanced = any(s.role == "balancer" for s in self.plan.services)
+        if new_generation and self.plan.workers("prefill") and not balanced:
             return ("expected loss: 0, or a few requests answered 503 (retryable) in the instant the new generation's "
                     "decode workers register before the frontend's prefill router for it has activated; "
                     "`frontend.replicas: 2` puts a balancer in front that resends them")
