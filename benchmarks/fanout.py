@@ -45,6 +45,7 @@ from tests.integration.sshhosts import (  # noqa: E402
     kill_leftovers,
     netns_problem,
     start_hosts,
+    stop_on_sigterm,
 )
 
 FAKE_PYTHON = str(REPO / "tests" / "fakes" / "fake_python")
@@ -161,6 +162,7 @@ def main() -> int:
     if problem:
         print(f"fanout: refusing to start sshd: {problem}", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     sizes = [int(s) for s in opts.sizes.split(",")]
     biggest = max(sizes)
 

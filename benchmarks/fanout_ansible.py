@@ -86,6 +86,7 @@ from tests.integration.sshhosts import (  # noqa: E402
     netns_problem,
     pid_alive,
     start_hosts,
+    stop_on_sigterm,
     wait_gone,
 )
 
@@ -315,6 +316,7 @@ def main() -> int:
     if problem:
         print(f"fanout_ansible: refusing to start sshd: {problem}", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     version = subprocess.run([str(bindir / "ansible-playbook"), "--version"], capture_output=True, text=True
                              ).stdout.split("\n", 1)[0].strip()
     n = opts.hosts

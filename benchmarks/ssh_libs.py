@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.integration.sshhosts import kill_leftovers, netns_problem, start_hosts  # noqa: E402
+from tests.integration.sshhosts import kill_leftovers, netns_problem, start_hosts, stop_on_sigterm  # noqa: E402
 
 
 def cpu() -> float:
@@ -180,6 +180,7 @@ def main() -> int:
     if problem:
         print(f"ssh_libs: refusing to start sshd: {problem}", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     libs: list[tuple[str, Callable[..., Any], bool]] = [("paramiko", paramiko_one, False), ("fabric", fabric_one, False),
                                                          ("openssh", openssh_one, False),
                                                          ("ssh-x25519", openssh_curve, False),

@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,6 +55,12 @@ def foreign_links() -> list[str]:
         if name != "lo" and name not in SESSION_LINKS and master not in SESSION_LINKS:
             foreign.append(name)
     return foreign
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM (`timeout`, a CI runner giving up) into SystemExit, so the `finally` that stops the sshd hosts
+    runs; by default it ends the process at once and the hosts outlive it."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def netns_problem(run_hint: str = RUN_HINT) -> str | None:
