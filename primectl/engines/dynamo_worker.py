@@ -21,3 +21,9 @@ DYNAMO_WORKER_MANAGED: dict[str, str] = {
     "--reasoning-parser": "tool_calling.reasoning_parser",
     "--structured-outputs-config": "tool_calling.structured_backend",
 }
+
+
+def listed_as(addr: str, tcp_rpc_port: int) -> str:
+    """What the Dynamo frontend's /health `instances` show for a worker on the TCP request plane: each of its
+    endpoints' transport, `"<addr>:<DYN_TCP_RPC_PORT>/<instance>/<namespace>/<component>/<endpoint>"`."""
+    return f'"{addr}:{tcp_rpc_port}/'

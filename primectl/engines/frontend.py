@@ -83,3 +83,9 @@ def registered_probe(ctx: PlanContext, endpoint: str, namespace: str, role: str,
     return Probe(kind="http", url=f"{endpoint}/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready",
                  json_path=f"namespaces.{namespace}.worker_types.{role}.workers", json_expect=count,
                  timeout_s=timeout_s)
+
+
+def worker_listing_url(endpoint: str) -> str:
+    """Where the frontend lists the worker instances its discovery holds: /health's `instances`, each with the
+    transport a worker's `listed_as` names."""
+    return f"{endpoint}/health"

@@ -18,7 +18,7 @@ from primectl.engines.base import (
     dynamo_pins,
     options,
 )
-from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as
 from primectl.errors import Finding
 from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
 from primectl.recipe.capacity import kv_bytes_per_token, parse_parallel
@@ -144,4 +144,5 @@ class MockerEngine:
             depends_on=depends_on,
             ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
             metrics_url=f"{system}/metrics",
+            listed_as=listed_as(addr, slot.ports["tcp_rpc"]),
         )

@@ -24,7 +24,7 @@ from primectl.engines.base import (
     dynamo_pins,
     pins_of,
 )
-from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as
 from primectl.engines.mooncake import store_config
 from primectl.engines.vllm_compat import VllmPins, check_vllm_pins
 from primectl.errors import Finding
@@ -428,4 +428,5 @@ class VllmEngine:
                         timeout_s=spec.startup_timeout_s or (CPU_STARTUP_TIMEOUT_S if cpu else GPU_STARTUP_TIMEOUT_S)),
             metrics_url=metrics,
             stop_timeout_s=60,
+            listed_as=None if nodes is not None and nodes.headless else listed_as(addr, slot.ports["tcp_rpc"]),
         )

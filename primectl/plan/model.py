@@ -184,6 +184,9 @@ class Service(Frozen):
                                  "it while it restarts (None: its host has no room for two).")
     reload: Reload | None = Field(None, description="How it takes a change of its files alone in place (None: it "
                                   "restarts).")
+    listed_as: str | None = Field(
+        None, description="Workers: the text the frontend's worker listing shows for this one (its request-plane "
+        "address), so `status` and `up` tell a running worker the frontend lost (None: not checked).")
 
     def hashes(self) -> dict[str, Any]:
         """From one dump of the service: `hash`, of what changes how the process runs (argv, env, files,
@@ -415,6 +418,8 @@ class Plan(Frozen):
     services: list[Service]
     gate: Probe = Field(..., description="The deployment is up when this passes.")
     endpoint: str
+    worker_listing_url: str | None = Field(
+        None, description="Where the frontend lists the workers it routes to (compared with each worker's listed_as).")
     serving: Serving
     capacity: Capacity
     secret_names: list[str] = Field(default_factory=list, description="Env names filled from secrets at apply time (values never planned).")

@@ -16,7 +16,7 @@ from primectl.deploy.protocol import Layout
 from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
 from primectl.engines.etcd import etcd_service
-from primectl.engines.frontend import frontend_service, registered_probe
+from primectl.engines.frontend import frontend_service, registered_probe, worker_listing_url
 from primectl.engines.haproxy import balancer_service, replica_drain
 from primectl.engines.mooncake import master_service
 from primectl.errors import Finding, PlanError, Problem, RecipeError
@@ -218,7 +218,8 @@ def build_plan(recipe: Recipe) -> Plan:
         hardware=HardwareFacts(profile=recipe.hardware.profile, gpu=hw.gpu, sm=hw.sm, gpus_per_host=hw.gpus_per_host,
                                hosts_per_nvlink_domain=hw.hosts_per_nvlink_domain),
         hosts=hosts, head=fe_host, slots=placement.slots, services=services, gate=gate,
-        endpoint=endpoint, serving=serving, capacity=capacity(recipe, arch, hw, hosts, placement),
+        endpoint=endpoint, worker_listing_url=worker_listing_url(endpoint), serving=serving,
+        capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
         known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,
     )

@@ -190,6 +190,10 @@ def status(plan: Plan, client: SlurmClient) -> StatusReport:
     if running:
         ok, detail = probe_once(bound.gate.model_dump(mode="json"))  # type: ignore[arg-type]
         gate = {"ok": ok, "detail": detail}
+    if running:
+        from primectl.checks.registration import mark_unlisted
+
+        rows = mark_unlisted(bound, rows)
     report = StatusReport(plan.name, rows, gate, bound.gate.url or "")
     report.notes = status_notes(client, files, plan, job, view, state)
     if running:

@@ -131,7 +131,8 @@ class SSHRollout:
         unlock(self.cluster)
 
     def diff(self, secrets: str | None, *, detail: bool = False) -> list[Change]:
-        self.changes = compute_changes(self.bundles, self.cluster.views, self._script_diff if detail else None)
+        self.changes = self._relisted(compute_changes(self.bundles, self.cluster.views,
+                                                      self._script_diff if detail else None))
         if secrets is not None:
             self.secrets_hash = secrets_hash(self.plan.name, secrets)
             self.stale_secrets = [h for h in self.hosts if self.cluster.state(h).get("secrets_hash") != self.secrets_hash]
@@ -139,6 +140,29 @@ class SSHRollout:
             if self.stale_secrets and not pending(self.changes) and recorded:
                 self.cluster.say("secrets changed: running services keep the values they started with until they restart")
         return self.changes
+
+    def _relisted(self, changes: list[Change]) -> list[Change]:
+        """Workers that run and pass their own probe but that the frontend lost: `restart` instead of `keep`
+        (restarted, they register again)."""
+        from primectl.checks.registration import LOST, unlisted
+
+        plan = self.plan
+        kept = [c.service for c in changes if c.action == "keep" and plan.service(c.service).listed_as]
+        lost = unlisted(plan, kept) if kept else None
+        if not lost:
+            return changes
+        by_host: dict[str, list[str]] = {}
+        for n in lost:
+            by_host.setdefault(plan.service(n).host, []).append(n)
+
+        def probe(h: str) -> Any:
+            return self.cluster.client(h).probe(
+                [{"name": n, "probe": plan.service(n).ready.model_dump(mode="json")} for n in by_host[h]])
+
+        ready = {n for h, res in parallel(probe, by_host).items() if isinstance(res, dict)
+                 for n in by_host[h] if res.get(n, {}).get("ok")}
+        return [Change(c.host, c.service, "restart", f"running, but {LOST}") if c.service in ready else c
+                for c in changes]
 
     def _script_diff(self, host: str, service: str) -> str:
         """The service's run script: the host's recorded release against the new bundle."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from primectl.checks.registration import mark_unlisted
 from primectl.deploy.cluster import Cluster
 from primectl.deploy.fanout import parallel
 from primectl.deploy.status import ServiceStatus, StatusReport
@@ -37,6 +38,7 @@ def collect_status(cluster: Cluster) -> StatusReport:
         ))
         if svc.host == plan.head and isinstance(res, dict):
             gate = res.get("gate", gate)
+    rows = mark_unlisted(plan, rows)
     report = StatusReport(plan.name, rows, gate, plan.gate.url or "")
     from primectl.checks.workers import worker_sections
 

@@ -219,6 +219,47 @@ def test_smoke_passes_on_the_healthy_demo(demo: Demo, tmp_path: Path) -> None:
     assert 'failures="0"' in junit and junit.count("<testcase") == len(doc["checks"])
 
 
+def test_a_worker_the_frontend_lost_is_named_by_status_and_restarted_by_up(demo: Demo, tmp_path: Path) -> None:
+    """A worker stalled past Dynamo's file-store TTL (10 s: a busy disk, a paused VM; here SIGSTOP) loses its
+    discovery entry to the other processes, and once it runs again it never writes it back: it answers its own
+    /health while the frontend routes nothing to it. `status` must name it, `diff` plan its restart, `up` do it."""
+    demo.restore()
+    pid = demo.pid("prefill-0")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 45
+        while _gate(demo.url) == 200:
+            assert time.monotonic() < deadline, "the frontend still lists a worker stopped for 45 s"
+            time.sleep(0.5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(4)  # running again, past a keep-alive round (ttl/3): still gone
+    assert _gate(demo.url) == 503
+    status = _cmd("status", demo.recipe, "-o", "json")
+    assert status.returncode == 1, status.stdout
+    rows = {r["service"]: r for r in json.loads(status.stdout)["services"]}
+    lost = rows["prefill-0"]
+    assert lost["running"] and not lost["ready"] and lost["pid"] == pid, lost
+    assert "the frontend does not list it: its discovery registration is gone" in lost["detail"], lost
+    assert all(r["healthy"] for name, r in rows.items() if name != "prefill-0"), rows
+    r, doc, _ = demo.smoke(tmp_path)
+    listed = _check(doc, "workers: the frontend lists every prefill and decode worker")
+    assert r.returncode == 1 and listed["result"] == "fail", _failures(doc)
+    assert listed["evidence"].startswith("prefill-0: the frontend does not list it"), listed
+    diff = _cmd("diff", demo.recipe)
+    assert diff.returncode == 3, diff.stdout + diff.stderr
+    line = next(ln for ln in diff.stdout.splitlines() if " prefill-0 " in ln)
+    assert "restart" in line and "the frontend does not list it" in line, diff.stdout
+    assert "1 to change" in diff.stdout, diff.stdout
+    up = _cmd("up", demo.recipe, "--no-smoke")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert demo.pid("prefill-0") != pid and not _alive(pid)
+    assert _gate(demo.url) == 200
+    assert _cmd("status", demo.recipe).returncode == 0
+    again = _cmd("diff", demo.recipe)
+    assert again.returncode == 0 and "no changes" in again.stdout, again.stdout
+
+
 def test_smoke_fails_when_the_prefill_worker_dies(demo: Demo, tmp_path: Path) -> None:
     demo.restore()
     demo.kill("prefill-0")
