@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # CI keeps a testcase's history by its name: renaming one of these is a visible change, made here on purpose.
 SMOKE_IDS = [
-    "ready.gate", "workers.metrics", "ready.models", "chat.warmup", "chat.basic", "chat.stream", "completions.basic",
-    "prompt.over_budget", "prompt.over_context", "disagg.both_served", "session.affinity", "errors.unknown_model",
+    "ready.gate", "workers.metrics", "workers.listed", "ready.models", "chat.warmup", "chat.basic", "chat.stream",
+    "completions.basic", "prompt.over_budget", "prompt.over_context", "disagg.both_served", "session.affinity", "errors.unknown_model",
     "errors.malformed_json", "errors.malformed_tool", "tools.auto", "tools.required", "tools.none", "tools.named",
     "tools.nested_ref", "tools.special_chars", "tools.undeclared", "tools.end_tag",
 ]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from primectl.checks import toolcheck, workers
+from primectl.checks import registration, toolcheck, workers
 from primectl.checks.report import Case, Status, junit_xml, tally
 from primectl.errors import DeployError
 from primectl.output import print_table
@@ -414,6 +414,19 @@ class Runner:
         prefill, decode = workers.request_counters(self.plan)
         return f"prefill {', '.join(sorted(prefill)) or 'none'}; decode {', '.join(sorted(decode)) or 'none'}"
 
+    def workers_listed(self) -> str:
+        if self.plan is None:
+            raise CheckNA("needs a recipe (each worker's request-plane address)")
+        names = [s.name for s in self.plan.workers() if s.listed_as]
+        if not names:
+            raise CheckNA("plan has no worker the frontend's listing names")
+        lost = registration.unlisted(self.plan, names)
+        if lost is None:
+            raise CheckFailed(f"cannot read the frontend's worker listing {self.plan.worker_listing_url}")
+        if lost:
+            raise CheckFailed(f"{', '.join(lost)}: {registration.LOST} (`primectl up` restarts it)")
+        return f"{', '.join(names)} listed at {self.plan.worker_listing_url}"
+
     def disaggregation(self) -> str:
         self._need_plan()
 
@@ -584,6 +597,8 @@ def smoke_checks(r: Runner) -> list[SmokeCheck]:
         # whether the gate passed or not, which workers answer on their metrics port says where to look
         SmokeCheck("workers.metrics", "workers: every prefill and decode worker answers on its metrics port",
                    r.workers_reachable, after_halt=True),
+        SmokeCheck("workers.listed", "workers: the frontend lists every prefill and decode worker", r.workers_listed,
+                   after_halt=True),
         SmokeCheck("ready.models", f"ready: /v1/models lists {model}", r.models_list),
         SmokeCheck("chat.warmup", "warm-up: the first request is answered", r.warm_up),
         SmokeCheck("chat.basic", "chat: non-streaming", r.chat_unary),
