@@ -78,6 +78,23 @@ def test_missing_metrics_are_invalid() -> None:
     assert not summary(hit=None)["valid"]
 
 
+def test_responses_aiperf_read_whole_are_named_as_the_reason_tok_s_per_user_is_missing() -> None:
+    # what a busy CI machine produced against demo-vllm: every streamed response in one chunk, ITL 0, no token rate
+    records = [{"output_sequence_length": 16, "http_req_chunks_received": 1, "error": None} for _ in range(10)]
+    records.append({"output_sequence_length": 1, "http_req_chunks_received": 1, "error": None})  # one token: no ITL
+    assert sm.streaming(records) == {"responses": 10, "read_whole": 10}
+    doc = copy.deepcopy(AIPERF)
+    del doc["output_token_throughput_per_user"]
+    s = {"aiperf": {"exit_code": 0}, "figures": sm.figures_from_aiperf(doc, 3), "prefix_cache": {"hit_rate": 0.5},
+         "streaming": sm.streaming(records)}
+    reasons = sm.finish(s)["invalid_reasons"]
+    assert not s["valid"] and len(reasons) == 1, reasons
+    assert reasons[0].startswith("tok_s_per_user unmeasured: AIPerf read each of the 10 streamed responses whole")
+    # with some responses streamed in several chunks the metric is simply missing, as before
+    s["streaming"] = sm.streaming(records[:9] + [{"output_sequence_length": 16, "http_req_chunks_received": 5}])
+    assert sm.finish(s)["invalid_reasons"] == ["missing metrics: tok_s_per_user"]
+
+
 def test_no_export_or_failed_aiperf_is_invalid() -> None:
     assert summary({})["invalid_reasons"][0].startswith("no AIPerf results")
     s = summary(code=1)

@@ -233,6 +233,7 @@ def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Pa
         "figures": figures,
         "prefix_cache": cache,
         "sessions": session_checks(records),
+        "streaming": sm.streaming(records),
         "aiperf": {"version": ap.aiperf_version(exe) or doc.get("aiperf_version"), "executable": exe,
                    "argv": run.argv, "exit_code": code, "wall_s": round(wall, 1),
                    "env": {k: v for k, v in run.env.items() if k.startswith(("AIPERF_", "HF_HUB"))}},
@@ -243,6 +244,10 @@ def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Pa
     if summary["sessions"]["repeated_requests"]:
         warnings.append(f"AIPerf replayed {summary['sessions']['repeated_requests']} request(s) a second time "
                         "(the workload ran out; use more --sessions): cache hits are inflated")
+    stream = summary["streaming"]
+    if 0 < stream["read_whole"] < stream["responses"] and 2 * stream["read_whole"] >= stream["responses"]:
+        warnings.append(f"AIPerf read {stream['read_whole']} of {stream['responses']} streamed responses whole (one "
+                        "chunk): ITL and tok/s per user come from the others only")
     summary["warnings"] = warnings
     sm.finish(summary, opts.max_error_rate)
     if plots:

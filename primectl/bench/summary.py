@@ -127,6 +127,13 @@ def figures_from_aiperf(doc: dict[str, Any], gpu_slots: int) -> dict[str, float 
     return fig
 
 
+def streaming(records: list[dict[str, Any]]) -> dict[str, int]:
+    """How AIPerf received the streamed responses of more than one token: how many, and how many it read whole
+    (in one chunk: their inter-token latency reads 0 and they time no token rate)."""
+    many = [r for r in records if not r.get("error") and (r.get("output_sequence_length") or 0) > 1]
+    return {"responses": len(many), "read_whole": sum(1 for r in many if r.get("http_req_chunks_received") == 1)}
+
+
 def gate(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> list[str]:
     """Why a summary is INVALID (empty list = valid): no output, too many errors, missing metrics."""
     reasons: list[str] = []
@@ -149,6 +156,13 @@ def gate(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
         reasons.append(f"error rate {rate:.2%} above the {max_error_rate:.2%} threshold "
                        f"({fig.get('requests_failed'):g} of {completed:g} requests failed)")
     missing = [k for k in REQUIRED_FIGURES if fig.get(k) is None]
+    whole = (summary.get("streaming") or {}).get("read_whole", 0)
+    streamed = (summary.get("streaming") or {}).get("responses", 0)
+    if "tok_s_per_user" in missing and streamed and whole == streamed:
+        missing.remove("tok_s_per_user")
+        reasons.append(f"tok_s_per_user unmeasured: AIPerf read each of the {streamed} streamed responses whole "
+                       "(one chunk), so it could not time their tokens apart; the machine running AIPerf fell "
+                       "behind the stream (it is busy) or the responses are too short")
     if missing:
         reasons.append("missing metrics: " + ", ".join(missing))
     if (summary.get("prefix_cache") or {}).get("hit_rate") is None:

@@ -74,10 +74,11 @@ PRESETS: dict[str, WorkloadSpec] = {
     "agentic-demo": WorkloadSpec(
         name="agentic-demo", initial_tokens=2_048, shared_prefix_tokens=512, turn_tokens=300, turns=6,
         output_tokens=32, think_time_ms=100, cold_tokens=4_096, cold_share=0.1, sessions_per_slot=12),
-    # A real engine on CPU with a 2K-context model (demo-vllm): every prompt stays well inside the context.
+    # A real engine on CPU with a 2K-context model (demo-vllm): every prompt stays well inside the context. 48
+    # output tokens, not 16: a busy client that reads 16 quick tokens in one chunk can time none of them apart.
     "agentic-tiny": WorkloadSpec(
         name="agentic-tiny", initial_tokens=256, shared_prefix_tokens=128, turn_tokens=64, turns=4,
-        output_tokens=16, think_time_ms=200, cold_tokens=512, cold_share=0.1, sessions_per_slot=4),
+        output_tokens=48, think_time_ms=200, cold_tokens=512, cold_share=0.1, sessions_per_slot=4),
 }
 
 
