@@ -35,8 +35,7 @@ def pipeline_once() -> tuple[float, int, int]:
     start = time.perf_counter()
     loaded = load_recipe(RECIPE)
     plan = build_plan(loaded.recipe)
-    bundles = render_plan(plan, generate_model=bool(loaded.recipe.model.generate),
-                          max_context=loaded.recipe.model.max_context or 32768)
+    bundles = render_plan(plan)
     elapsed = time.perf_counter() - start
     return elapsed, len(plan.services), sum(len(b.files) for b in bundles.values())
 
