@@ -152,6 +152,7 @@ class ProbeSpec(TypedDict, total=False):
     url: str | None
     json_path: str | None
     json_expect: Any
+    expect_text: str | None  # http: also require the answer to contain this text (else: TEXT_MISSING ...)
     host: str | None
     port: int | None
     command: list[str] | None
@@ -583,6 +584,10 @@ def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
             f"{seen}, {spec.get('timeout_s', 30):g}s)")
 
 
+TEXT_MISSING = "the answer lacks "
+"""How an http probe with `expect_text` says the text was not there (the URL answered as expected otherwise)."""
+
+
 def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
     """Run one readiness probe once: (passed, what it saw). Command probes get `release` for RELEASE_MARK."""
     kind = p["kind"]
@@ -595,9 +600,13 @@ def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
             try:
                 with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
                     status = resp.status
-                    body = resp.read(1 << 20) if p.get("json_path") else b""
+                    body = resp.read(8 << 20) if p.get("json_path") or p.get("expect_text") else b""
             except urllib.error.HTTPError as exc:
                 status = exc.code
+            if status == p.get("expect_status", 200) and p.get("expect_text"):
+                text = str(p["expect_text"])
+                found = text.encode() in body
+                return found, (f"HTTP {status}, lists {text}" if found else f"HTTP {status}, {TEXT_MISSING}{text}")
             if status == p.get("expect_status", 200) and p.get("json_path"):
                 seen = json_at(body, str(p["json_path"]))
                 return seen == p.get("json_expect"), f"{p['json_path']} = {seen!r} (want {p.get('json_expect')!r})"

@@ -148,7 +148,7 @@ class SSHRollout:
 
         plan = self.plan
         kept = [c.service for c in changes if c.action == "keep" and plan.service(c.service).listed_as]
-        lost = unlisted(plan, kept) if kept else None
+        lost = unlisted(plan, kept, self.cluster.client(plan.head).probe) if kept else []
         if not lost:
             return changes
         by_host: dict[str, list[str]] = {}

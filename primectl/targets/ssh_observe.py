@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from primectl.checks.registration import mark_unlisted
+from primectl.checks.registration import listing_probes, mark_unlisted
 from primectl.deploy.cluster import Cluster
 from primectl.deploy.fanout import parallel
 from primectl.deploy.status import ServiceStatus, StatusReport
@@ -20,6 +20,7 @@ def collect_status(cluster: Cluster) -> StatusReport:
         probes = [{"name": s.name, "probe": s.ready.model_dump(mode="json")} for s in plan.services_on(h)]
         if plan.head == h:
             probes.append({"name": "gate", "probe": plan.gate.model_dump(mode="json")})
+            probes += listing_probes(plan, [w.name for w in plan.workers()])
         return cluster.client(h).probe(probes)
 
     results = parallel(probe, list(cluster.views))
@@ -38,7 +39,8 @@ def collect_status(cluster: Cluster) -> StatusReport:
         ))
         if svc.host == plan.head and isinstance(res, dict):
             gate = res.get("gate", gate)
-    rows = mark_unlisted(plan, rows)
+    head = results.get(plan.head)
+    rows = mark_unlisted(rows, head if isinstance(head, dict) else {})
     report = StatusReport(plan.name, rows, gate, plan.gate.url or "")
     from primectl.checks.workers import worker_sections
 
