@@ -114,6 +114,21 @@ def test_a_dead_service_is_restarted_and_nothing_else(env: Env) -> None:
     assert env.world.starts[before:] == [("h3", "decode-1")]
 
 
+def test_a_running_worker_the_frontend_lost_is_restarted_by_up_and_diff_says_why(env: Env) -> None:
+    plan = env.plan()
+    env.up(plan)
+    env.world.unlisted.add("decode-1")  # its discovery entry expired while it was stalled; it runs on, unlisted
+    lines, _ = diff(plan, env.options.connection, env.said.append)
+    changes = {c.service: c for c in lines}
+    assert changes["decode-1"].action == "restart"
+    assert changes["decode-1"].reason == "running, but the frontend does not list it: its discovery registration is gone"
+    assert {n for n, c in changes.items() if c.action != "keep"} == {"decode-1"}
+    before = len(env.world.starts)
+    env.up(plan)
+    assert env.world.starts[before:] == [("h3", "decode-1")] and not env.world.unlisted
+    assert all(c.action == "keep" for c in diff(plan, env.options.connection, env.said.append)[0])
+
+
 def test_a_decode_env_change_keeps_the_generation_and_restarts_only_the_decoders_beside_twins(env: Env) -> None:
     env.up(env.plan())
     before = len(env.world.starts)

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from primectl.deploy import agent
-from primectl.deploy.protocol import Layout, Liveness, ProbeSpec, Progress, ServiceRef, Supervisor, mark_start
+from primectl.deploy.protocol import (
+    TEXT_MISSING,
+    Layout,
+    Liveness,
+    ProbeSpec,
+    Progress,
+    ServiceRef,
+    Supervisor,
+    mark_start,
+)
 from primectl.deploy.transport import HostUnreachable, OnProgress, progress_line
 from primectl.plan.model import HostPlan
 
@@ -46,6 +55,7 @@ class FakeWorld:
     drains: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) drained before it stopped
     reloads: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) reloaded in place
     namespaces: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, service) -> its DYN_NAMESPACE
+    unlisted: set[str] = field(default_factory=set)  # running workers the frontend lost (until they start again)
     calls: list[tuple[str, str]] = field(default_factory=list)  # every (host, op)
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,6 +98,7 @@ class FakeSupervisor(Supervisor):
         fault = self.world.faults.get(name)
         with self.world._lock:
             self.world.starts.append((self.host, name))
+            self.world.unlisted.discard(name)  # started again, it registers again
         if fault == "interrupt-at-start":
             del self.world.faults[name]  # the operator presses Ctrl-C once; the rollback then proceeds
             raise KeyboardInterrupt
@@ -139,6 +150,11 @@ class FakeTransport:
     def _probe(self, name: str, probe: ProbeSpec, workdir: str) -> tuple[bool, str]:
         if name == "gate":
             return self.world.gate_ready, "fake gate " + ("ready" if self.world.gate_ready else "not ready")
+        if probe.get("expect_text"):  # "<worker> listed": the frontend lists a running worker it has not lost
+            worker = name.removesuffix(" listed")
+            if any(key[1] == worker for key in self.world.running) and worker not in self.world.unlisted:
+                return True, f"fake listing holds {probe['expect_text']}"
+            return False, f"fake HTTP 200, {TEXT_MISSING}{probe['expect_text']}"
         if probe.get("json_path"):  # "<role> registered": the router counts the role's running instances
             role = name.split(" ")[0]
             namespace = str(probe["json_path"]).split(".")[1]  # namespaces.<ns>.worker_types.<role>.workers

