@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from primectl.plan.model import RELEASE, Plan
+from primectl.plan.model import PID, RELEASE, Plan
 from primectl.planner.build import build_plan
 from primectl.planner.load import load_recipe
 from primectl.render.bundle import render_plan, secrets_path, write_bundles
@@ -42,11 +43,12 @@ def hostile(marker: Path) -> dict[str, str]:
     }
 
 
+# A worker's listing watch (started beside it, `--pid` its pid) dumps to <out>.watch, the process itself to <out>.
 DUMPER = """\
 #!{python}
 import json, os, sys
-with open({out!r}, "w") as f:
-    json.dump({{"argv0": sys.argv[0], "argv": sys.argv[1:], "env": dict(os.environ)}}, f)
+with open({out!r} + (".watch" if "--pid" in sys.argv else ""), "w") as f:
+    json.dump({{"argv0": sys.argv[0], "argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid()}}, f)
 """
 
 
@@ -87,6 +89,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def run_script(script: Path, dump: Path, home: Path) -> dict[str, Any]:
     dump.unlink(missing_ok=True)
+    Path(f"{dump}.watch").unlink(missing_ok=True)
     proc = subprocess.run(
         ["/bin/bash", str(script)], cwd=home, capture_output=True, text=True, timeout=20,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"},
@@ -118,6 +121,17 @@ def test_hostile_values_reach_the_process_byte_exact_and_inject_nothing(setup: d
         for key, value in svc.env.items():
             assert got["env"][key] == value.replace(RELEASE, str(release)), f"{svc.name}: {key}"
         assert got["env"]["API_KEY"] == setup["values"]["SINGLE"] + setup["values"]["NEWLINE"]
+        if svc.watch:  # started beside the process in the background, with the pid it became
+            watch = Path(f"{setup['dump']}.watch")
+            deadline = time.monotonic() + 10
+            while not watch.exists() or not watch.read_text().endswith("}"):
+                assert time.monotonic() < deadline, f"{svc.name}: its watch never ran"
+                time.sleep(0.05)
+            seen = json.loads(watch.read_text())
+            want = [a.replace(RELEASE, str(release)).replace(PID, str(got["pid"])) for a in svc.watch]
+            assert [seen["argv0"], *seen["argv"]] == want, svc.name
+            assert seen["env"]["PRIMECTL_WATCH_OF"] == f"primectl-hostile-{svc.name}"
+            assert "PRIMECTL_WATCH_OF" not in got["env"]
         ran.append(svc.name)
         assert not setup["marker"].exists(), f"{svc.name}'s run script executed an injected command"
 

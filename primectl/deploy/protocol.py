@@ -365,6 +365,26 @@ def kill_session(pid: int, timeout: float) -> None:
     kill_session_members(pid)
 
 
+WATCH_ENV = "PRIMECTL_WATCH_OF"
+"""Set (to the service's unit name) on the watch a run script starts beside its service, and on nothing else."""
+
+
+def end_watches(unit: str) -> list[int]:
+    """SIGTERM the watches started beside `unit`'s service (found by WATCH_ENV in their environment)."""
+    mark = f"{WATCH_ENV}={unit}".encode()
+    ended = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        os.kill(int(entry), signal.SIGTERM)
+                        ended.append(int(entry))
+            except (OSError, ProcessLookupError):
+                pass
+    return ended
+
+
 def kill_session_members(sid: int) -> list[int]:
     """SIGKILL every process still in session `sid` (children that left the group, or that outlived a leader
     that died: Linux never hands out a pid still in use as a session id, so they are ours)."""
@@ -671,6 +691,7 @@ class Supervisor:
         pid = live.get("pid")
         if not live.get("alive") or pid is None:
             return False
+        end_watches(svc.get("unit", svc["name"]))  # a service that drains must not be ended by its own watch
         if spec.get("how") == "balancer":
             self.drained[svc["name"]] = drain_from_balancer(spec)
         else:

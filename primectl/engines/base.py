@@ -170,6 +170,9 @@ class PlanContext:
     tier: Tier | None
     etcd_endpoint: str | None
     discovery_dir: str | None
+    # Whether the target starts a service's `watch` beside it (SSH's run scripts do; a scheduler or an operator
+    # restarts what fails its own way).
+    watches: bool = False
 
     def python(self, host: str) -> str:
         """The Python interpreter of the host runtime."""

@@ -18,7 +18,7 @@ from primectl.engines.base import (
     dynamo_pins,
     options,
 )
-from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_listing_watch
 from primectl.errors import Finding
 from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
 from primectl.recipe.capacity import kv_bytes_per_token, parse_parallel
@@ -137,7 +137,7 @@ class MockerEngine:
         # The mocker publishes KV events on the event plane itself (no --zmq-kv-events-ports).
         ports = {k: slot.ports[k] for k in ("system", "tcp_rpc")}
         system = f"http://{addr}:{slot.ports['system']}"
-        return Service(
+        return with_listing_watch(ctx, Service(
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
             gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=slot.data_parallel,
             argv=argv, env=env, ports=ports, listens=sorted(ports.values()),
@@ -145,4 +145,4 @@ class MockerEngine:
             ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
             metrics_url=f"{system}/metrics",
             listed_as=listed_as(addr, slot.ports["tcp_rpc"]),
-        )
+        ))

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 # Stands for the absolute path of the release directory a service runs from;
 # the renderer turns it into a shell variable so paths stay quoted.
 RELEASE = "@release@"
+PID = "@pid@"  # in a service's `watch`: the service's own pid (the run script's, which it becomes)
 # A target that binds hosts at run time (a scheduler) plans each host's address as node_marker(host)
 # and the job's id as JOB; both are replaced by their values once the job runs (argv, env, files, probes).
 JOB = "@job@"
@@ -44,6 +45,9 @@ RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "
 EXPECT_FIELDS = ("role", "group", "slot", "ports", "depends_on", "ready", "metrics_url", "stop_timeout_s", "drain",
                  "generation")
 OPTIONAL_EXPECT_FIELDS = ("reload",)
+# Fields that change how a process runs but that most services leave unset: they count only where set, so a
+# service recorded before they existed still matches.
+OPTIONAL_RUN_FIELDS = ("watch",)
 
 
 def _hash(value: Any) -> str:
@@ -184,6 +188,9 @@ class Service(Frozen):
                                  "it while it restarts (None: its host has no room for two).")
     reload: Reload | None = Field(None, description="How it takes a change of its files alone in place (None: it "
                                   "restarts).")
+    watch: list[str] = Field(default_factory=list, description=(
+        "A command started beside the process, in its session (PID: its pid), that ends it when it should not run "
+        "on: a worker the frontend lost. Stopped first when the process drains."))
     listed_as: str | None = Field(
         None, description="Workers: the text the frontend's worker listing shows for this one (its request-plane "
         "address), so `status` and `up` tell a running worker the frontend lost (None: not checked).")
@@ -195,8 +202,13 @@ class Service(Frozen):
         doc = self.model_dump(mode="json")
         # a field most services leave unset counts only where set: state recorded before it existed still matches
         expect = EXPECT_FIELDS + tuple(k for k in OPTIONAL_EXPECT_FIELDS if doc[k] is not None)
-        return {"hash": _hash({k: doc[k] for k in RUN_FIELDS}), "expect_hash": _hash({k: doc[k] for k in expect}),
-                "fields": {k: _hash(doc[k]) for k in (*RUN_FIELDS, *expect)}}
+        run = self.run_fields()
+        return {"hash": _hash({k: doc[k] for k in run}), "expect_hash": _hash({k: doc[k] for k in expect}),
+                "fields": {k: _hash(doc[k]) for k in (*run, *expect)}}
+
+    def run_fields(self) -> tuple[str, ...]:
+        """The fields whose change restarts this service: RUN_FIELDS, and those of OPTIONAL_RUN_FIELDS it sets."""
+        return RUN_FIELDS + tuple(k for k in OPTIONAL_RUN_FIELDS if getattr(self, k))
 
 
 class Runtime(Frozen):

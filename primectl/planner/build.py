@@ -153,6 +153,7 @@ def build_plan(recipe: Recipe) -> Plan:
             posixpath.join(by_name[fe_host].workdir, "discovery", recipe.dynamo_namespace)
             if recipe.control_plane.discovery == "file" else None
         ),
+        watches=bool(getattr(target, "watches", False)),
     )
     placement = place_workers(recipe, hw, hosts)
     if placement.findings:

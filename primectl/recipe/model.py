@@ -275,6 +275,10 @@ class ControlPlane(Strict):
     discovery: Literal["etcd", "file"] = "etcd"
     etcd_host: str | None = Field(None, description="Host that runs etcd; default: the frontend host.")
     etcd_lease_ttl_s: int | None = Field(None, gt=0, description="ETCD_LEASE_TTL for worker registrations.")
+    lost_worker_grace_s: int = Field(30, ge=0, description=(
+        "discovery: file: how long a running worker the frontend no longer lists (its entry expired while the "
+        "process was stalled, and Dynamo's file store never writes it back) may run on before it ends itself, so "
+        "that its supervisor or `up` starts it again; 0: never (status still names it)."))
     request_plane: Literal["tcp"] = "tcp"
     event_plane: Literal["zmq"] = "zmq"
 

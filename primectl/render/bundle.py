@@ -20,9 +20,9 @@ from pathlib import Path
 
 import jinja2
 
-from primectl.deploy.protocol import Layout
+from primectl.deploy.protocol import WATCH_ENV, Layout
 from primectl.deploy.protocol import unit_name as protocol_unit_name
-from primectl.plan.model import EXPECT_FIELDS, RELEASE, RUN_FIELDS, HostPlan, Plan, Service
+from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
 
 MANIFEST = "manifest.json"
@@ -85,9 +85,13 @@ def template(name: str) -> jinja2.Template:
 
 
 def shell_word(value: str) -> str:
-    """Quote one word for bash; the release marker becomes "${release_dir}"."""
+    """Quote one word for bash; the release marker becomes "${release_dir}", the pid marker "$$"."""
+    return '"$$"'.join(_release_word(p) for p in value.split(PID)) or "''"
+
+
+def _release_word(value: str) -> str:
     parts = value.split(RELEASE)
-    return '"${release_dir}"'.join(shlex.quote(p) if p else "" for p in parts) or "''"
+    return '"${release_dir}"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
 def _argv_lines(argv: list[str]) -> list[str]:
@@ -130,7 +134,7 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
     script = env.get_template("run.sh.j2").render(
         plan=plan, service=svc, unit=unit, secrets_file=shlex.quote(secrets_path(plan, host)),
         env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())], dirs=[shell_word(d) for d in svc.dirs],
-        argv=_argv_lines(svc.argv),
+        argv=_argv_lines(svc.argv), watch=" ".join(shell_word(w) for w in svc.watch), watch_env=WATCH_ENV,
     )
     after = [protocol_unit_name(plan.name, d) + ".service" for d in svc.depends_on
              if plan.service(d).role in UNIT_AFTER_ROLES and plan.service(d).host == svc.host]
@@ -188,7 +192,7 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
             modes[spec.path] = spec.mode
         services[svc.name] = {
             **svc.hashes(),
-            "run_fields": list(RUN_FIELDS), "expect_fields": list(EXPECT_FIELDS),
+            "run_fields": list(svc.run_fields()), "expect_fields": list(EXPECT_FIELDS),
             "component": svc.component, "role": svc.role,
             "unit": unit_name(plan, svc), "files": sorted(own),
             "files_hash": hash_files({p: files[p] for p in own}),

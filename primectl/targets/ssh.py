@@ -691,6 +691,7 @@ class SSHTarget:
 
     name = "ssh"
     surges = True
+    watches = True  # its run scripts start a service's `watch` beside it
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
         """The recipe names real hosts: planned as written."""

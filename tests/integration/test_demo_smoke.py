@@ -41,6 +41,7 @@ PORTS = {
     "bootstrap": 31030, "kv_events": 31040, "mooncake_rpc": 31050, "mooncake_metadata": 31051,
     "mooncake_metrics": 31052, "nixl_side_channel": 31060, "dp_rpc": 31070,
 }
+LOST_GRACE_S = 45
 HINT = ("run inside a loopback-only network namespace: unshare --net -- sh -c 'ip link set lo up && "
         "PRIMECTL_RUNTIME_PYTHON=... .venv/bin/pytest tests/integration/test_demo_smoke.py -q'")
 
@@ -169,6 +170,8 @@ def demo_up(tmp: Path, doc: dict[str, Any], name: str, port: int, ports: dict[st
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """The demo recipe, up (no smoke), in its own workdir and ports; `down` and no leftovers afterwards."""
     doc = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
+    # room for status, smoke and diff to see a lost worker before its listing watch ends it (30 s by default)
+    doc["control_plane"]["lost_worker_grace_s"] = LOST_GRACE_S
     with demo_up(tmp_path_factory.mktemp("demo-smoke"), doc, "smoke-demo", FRONTEND_PORT, PORTS,
                  "PRIMECTL_RUNTIME_PYTHON", up_timeout=600) as (recipe, workdir):
         yield Demo(recipe, workdir)
@@ -219,10 +222,12 @@ def test_smoke_passes_on_the_healthy_demo(demo: Demo, tmp_path: Path) -> None:
     assert 'failures="0"' in junit and junit.count("<testcase") == len(doc["checks"])
 
 
-def test_a_worker_the_frontend_lost_is_named_by_status_and_restarted_by_up(demo: Demo, tmp_path: Path) -> None:
+def test_a_worker_the_frontend_lost_is_named_then_ends_itself_and_up_brings_it_back(demo: Demo, tmp_path: Path) -> None:
     """A worker stalled past Dynamo's file-store TTL (10 s: a busy disk, a paused VM; here SIGSTOP) loses its
     discovery entry to the other processes, and once it runs again it never writes it back: it answers its own
-    /health while the frontend routes nothing to it. `status` must name it, `diff` plan its restart, `up` do it."""
+    /health while the frontend routes nothing to it. `status` and `smoke` must name it and `diff` plan its
+    restart; within control_plane.lost_worker_grace_s its listing watch ends it, as etcd's lease loss would,
+    and `up` starts it again."""
     demo.restore()
     pid = demo.pid("prefill-0")
     os.kill(pid, signal.SIGSTOP)
@@ -231,6 +236,7 @@ def test_a_worker_the_frontend_lost_is_named_by_status_and_restarted_by_up(demo:
         while _gate(demo.url) == 200:
             assert time.monotonic() < deadline, "the frontend still lists a worker stopped for 45 s"
             time.sleep(0.5)
+        dropped = time.monotonic()
     finally:
         os.kill(pid, signal.SIGCONT)
     time.sleep(4)  # running again, past a keep-alive round (ttl/3): still gone
@@ -251,9 +257,20 @@ def test_a_worker_the_frontend_lost_is_named_by_status_and_restarted_by_up(demo:
     line = next(ln for ln in diff.stdout.splitlines() if " prefill-0 " in ln)
     assert "restart" in line and "the frontend does not list it" in line, diff.stdout
     assert "1 to change" in diff.stdout, diff.stdout
+    assert time.monotonic() - dropped < LOST_GRACE_S, "too slow to see the lost worker before its watch acts"
+    # its listing watch ends it (SIGKILL: a failure, which systemd restarts), grace after it saw it unlisted
+    deadline = dropped + LOST_GRACE_S + 30
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"prefill-0 (pid {pid}) still runs, unlisted, {LOST_GRACE_S}s on"
+        time.sleep(0.5)
+    log = (demo.workdir / "logs" / "prefill-0.log").read_text()
+    assert "primectl listing_watch: the frontend" in log and f"ending pid {pid} so that it starts again" in log
+    status = _cmd("status", demo.recipe, "-o", "json")
+    row = next(r for r in json.loads(status.stdout)["services"] if r["service"] == "prefill-0")
+    assert status.returncode == 1 and not row["running"], row
     up = _cmd("up", demo.recipe, "--no-smoke")
     assert up.returncode == 0, up.stdout + up.stderr
-    assert demo.pid("prefill-0") != pid and not _alive(pid)
+    assert demo.pid("prefill-0") != pid
     assert _gate(demo.url) == 200
     assert _cmd("status", demo.recipe).returncode == 0
     again = _cmd("diff", demo.recipe)
