@@ -92,8 +92,8 @@ def up(plan: Plan, options: UpOptions, say: Say) -> UpResult:
             lines = run.diff(secrets, detail=True)
             return UpResult(lines, steps=run.describe(preflight=options.preflight, smoke=options.smoke),
                             seconds=time.monotonic() - t0)
-        run.lock(break_lock=options.break_lock)
-        try:
+        try:  # the lock taken inside: a Ctrl-C while the head host takes it still releases it
+            run.lock(break_lock=options.break_lock)
             return _locked(run, options, secrets, say, t0)
         finally:
             run.unlock()

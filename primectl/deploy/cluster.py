@@ -206,6 +206,9 @@ def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
     token = uuid.uuid4().hex
     owner = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "command": command,
              "started": time.time(), "expires": time.time() + LOCK_TTL_S, "token": token}
+    # Ours before the head host is even asked: a Ctrl-C while it takes the lock must still release it (releasing
+    # with a token that holds nothing is a no-op).
+    cluster.lock_token = token
     r = cluster.client(head).lock(owner, force=break_lock)
     for _ in range(20):  # a lock without its owner file is being taken or released this instant: ask again
         if r.get("ok") or (r.get("owner") or {}).get("token"):
@@ -213,12 +216,12 @@ def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
         time.sleep(0.1)
         r = cluster.client(head).lock(owner, force=break_lock)
     if not r.get("ok"):
+        cluster.lock_token = None
         o = r.get("owner") or {}
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(o.get("started", 0)))
         stale = " (expired: break it with --break-lock)" if r.get("stale") else ""
         raise DeployError(f"deployment {cluster.plan.name} is locked by {o.get('user')}@{o.get('host')} "
                           f"pid {o.get('pid')} running `{o.get('command')}` since {started}{stale}; nothing was changed")
-    cluster.lock_token = token
 
 
 def unlock(cluster: Cluster) -> None:

@@ -56,6 +56,7 @@ class FakeWorld:
     reloads: list[tuple[str, str]] = field(default_factory=list)  # every (host, service) reloaded in place
     namespaces: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, service) -> its DYN_NAMESPACE
     unlisted: set[str] = field(default_factory=set)  # running workers the frontend lost (until they start again)
+    interrupt_after: set[str] = field(default_factory=set)  # agent ops answered, then Ctrl-C before the answer arrives
     calls: list[tuple[str, str]] = field(default_factory=list)  # every (host, op)
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -192,8 +193,12 @@ class FakeTransport:
         def emit(progress: Progress) -> None:  # as the transports hand progress lines on (JSON-decoded)
             progress_line(json.loads(json.dumps(progress)), on_progress)
 
-        return agent.dispatch(op, args, supervisor=supervisor, prober=self._probe,
-                              emit=emit if on_progress is not None else None)
+        result = agent.dispatch(op, args, supervisor=supervisor, prober=self._probe,
+                                emit=emit if on_progress is not None else None)
+        if op in self.world.interrupt_after:
+            self.world.interrupt_after.discard(op)
+            raise KeyboardInterrupt  # the host did it; the operator's Ctrl-C came before its answer
+        return result
 
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         """Run a shell command on this machine (the fake host's files are local)."""

@@ -734,8 +734,8 @@ class SSHTarget:
         """Take one service out of routing and let its in-flight work finish, then stop it (`restart`: start it
         again, wait until it is ready and back in the router's count, beside a surge twin where it has one)."""
         with target_apply(plan, options, say) as run:
-            run.lock(break_lock=break_lock)
             try:
+                run.lock(break_lock=break_lock)
                 run.diff(None)
                 change = next((c for c in run.changes if c.service == service), None)
                 if change is None or change.action in ("add", "remove"):
