@@ -43,6 +43,13 @@ def listing_probes(plan: Plan, names: Iterable[str]) -> list[dict[str, Any]]:
             for n in names if plan.service(n).listed_as]
 
 
+def run_here(probes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Run listing probes on this machine, in the shape a host agent's `probe` answers: name -> {ok, detail}."""
+    from primectl.deploy.protocol import run_probe
+
+    return {p["name"]: dict(zip(("ok", "detail"), run_probe(p["probe"], ""), strict=True)) for p in probes}
+
+
 def missing(results: Mapping[str, Mapping[str, Any]], names: Iterable[str]) -> list[str]:
     """Those of `names` whose listing probe read the listing and did not find them (not: could not read it)."""
     return [n for n in names if TEXT_MISSING in str((results.get(n + SUFFIX) or {}).get("detail", ""))]

@@ -420,10 +420,7 @@ class Runner:
         names = [s.name for s in self.plan.workers() if s.listed_as]
         if not names:
             raise CheckNA("plan has no worker the frontend's listing names")
-        from primectl.deploy.protocol import run_probe
-
-        probes = registration.listing_probes(self.plan, names)
-        results = {p["name"]: dict(zip(("ok", "detail"), run_probe(p["probe"], ""), strict=True)) for p in probes}
+        results = registration.run_here(registration.listing_probes(self.plan, names))
         if not any(r["ok"] for r in results.values()) and not registration.missing(results, names):
             detail = next(iter(results.values()))["detail"]
             raise CheckFailed(f"cannot read the frontend's worker listing {self.plan.worker_listing_url}: {detail}")

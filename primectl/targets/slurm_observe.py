@@ -191,11 +191,9 @@ def status(plan: Plan, client: SlurmClient) -> StatusReport:
         ok, detail = probe_once(bound.gate.model_dump(mode="json"))  # type: ignore[arg-type]
         gate = {"ok": ok, "detail": detail}
     if running:
-        from primectl.checks.registration import listing_probes, mark_unlisted
+        from primectl.checks.registration import listing_probes, mark_unlisted, run_here
 
-        listed = {p["name"]: dict(zip(("ok", "detail"), probe_once(p["probe"]), strict=True))
-                  for p in listing_probes(bound, [w.name for w in bound.workers()])}
-        rows = mark_unlisted(rows, listed)
+        rows = mark_unlisted(rows, run_here(listing_probes(bound, [w.name for w in bound.workers()])))
     report = StatusReport(plan.name, rows, gate, bound.gate.url or "")
     report.notes = status_notes(client, files, plan, job, view, state)
     if running:
