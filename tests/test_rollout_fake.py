@@ -142,13 +142,19 @@ def test_a_decode_env_change_keeps_the_generation_and_restarts_only_the_decoders
 
 def test_a_decode_argument_change_starts_a_new_generation_beside_the_old_one_then_retires_the_twins(env: Env) -> None:
     env.up(env.plan())
-    before = len(env.world.starts)
+    before, drained = len(env.world.starts), len(env.world.drains)
     changed = env.plan(decode={"max_num_seqs": 32})
     env.up(changed)
     starts = [s for _, s in env.world.starts[before:]]
     twins = ["prefill-0-surge", "decode-0-surge", "decode-1-surge"]
-    # twins of every worker first (the new generation), then the workers in place, never the frontend or etcd
-    assert sorted(starts[:3]) == sorted(twins) and sorted(starts[3:]) == ["decode-0", "decode-1", "prefill-0"]
+    # twins of every worker first (the new generation, its prefill before its decode: the frontend routes to a
+    # generation once its decode workers register), then the workers in place, never the frontend or etcd
+    assert starts[0] == "prefill-0-surge" and sorted(starts[1:3]) == ["decode-0-surge", "decode-1-surge"]
+    # the old decode workers drain and restart before the old prefill worker they route through
+    assert sorted(starts[3:5]) == ["decode-0", "decode-1"] and starts[5:] == ["prefill-0"]
+    drains = [s for _, s in env.world.drains[drained:]]
+    assert drains.index("decode-0") < drains.index("prefill-0") and drains.index("decode-1") < drains.index("prefill-0")
+    assert drains.index("decode-0-surge") < drains.index("prefill-0-surge"), drains
     assert not any(env.world.is_running(h, t) for h in HOSTS for t in twins), "the twins were left running"
     generation = changed.service("decode-0").generation
     assert generation and generation != env.plan().service("decode-0").generation

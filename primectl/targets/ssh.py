@@ -315,8 +315,11 @@ class SSHRollout:
                 new_generation = self._new_generation(surge)
                 kind = ("new generation (its own Dynamo namespace: the router never mixes the two)"
                         if new_generation else "same generation")
-                out.append(f"surge, {kind}: twins {', '.join(n + '-surge' for n in surge)} start beside the running "
-                           f"ones and register; then {', '.join(surge)} drain (up to "
+                stages = self._stages(surge)
+                order = "; ".join(", ".join(n + "-surge" for n in stage) for stage in stages)
+                out.append(f"surge, {kind}: twins {order} start beside the running ones and register"
+                           + (" (prefill first)" if len(stages) > 1 else "")
+                           + f"; then {'; '.join(', '.join(stage) for stage in reversed(stages))} drain (up to "
                            f"{max(_drain_s(plan.service(n)) for n in surge):g}s) "
                            f"and restart; then the twins drain and stop; {self._surge_loss(new_generation)}")
             for rollout, steps in rolls:
@@ -349,9 +352,9 @@ class SSHRollout:
         comes up behind one frontend and no balancer resends Dynamo's retryable 503s."""
         balanced = any(s.role == "balancer" for s in self.plan.services)
         if new_generation and self.plan.workers("prefill") and not balanced:
-            return ("expected loss: 0, or a few requests answered 503 (retryable) in the instant the new generation's "
-                    "decode workers register before the frontend's prefill router for it has activated; "
-                    "`frontend.replicas: 2` puts a balancer in front that resends them")
+            return ("expected loss: 0, or a few requests answered 503 (retryable) in the instant (~30 ms here) between "
+                    "the new generation's decode workers registering and the frontend's prefill router for it "
+                    "activating; `frontend.replicas: 2` puts a balancer in front that resends them")
         return "expected loss 0"
 
     def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
@@ -412,18 +415,34 @@ class SSHRollout:
         then the twins drain and stop. A new generation registers in a namespace of its own, so the router
         never mixes workers whose model cards differ."""
         plan, c = self.plan, self.cluster
+        stages = self._stages(names)
         twins = [plan.service(n).twin for n in names]
-        c.say(f"surge: starting {', '.join(t.name for t in twins if t)} beside {', '.join(names)}")
-        self.twins += [t.name for t in twins if t]
-        self._start_services([t for t in twins if t is not None])
         extra = {r.role: sum(1 for n in names if plan.service(n).role == r.role) for r in plan.rollouts}
-        self._wait_roles(names, extra, fresh=True)
-        c.say(f"surge: draining and replacing {', '.join(names)}")
-        self._start_now(names)
-        self._wait_roles(names, extra, fresh=False)
+        for i, stage in enumerate(stages):
+            c.say(f"surge: starting {', '.join(n + '-surge' for n in stage)} beside {', '.join(stage)}"
+                  + (" (prefill first: its router is active before the generation takes requests)"
+                     if len(stages) > 1 and i == 0 else ""))
+            self.twins += [t.name for n in stage if (t := plan.service(n).twin)]
+            self._start_services([t for n in stage if (t := plan.service(n).twin) is not None])
+            self._wait_roles(stage, extra, fresh=True)
+        for stage in reversed(stages):
+            c.say(f"surge: draining and replacing {', '.join(stage)}")
+            self._start_now(stage)
+            self._wait_roles(stage, extra, fresh=False)
         c.say(f"surge: draining {', '.join(t.name for t in twins if t)}")
         self._stop_twins()
         self._wait_roles(names, {}, fresh=False)
+
+    def _stages(self, names: list[str]) -> list[list[str]]:
+        """The order a surge starts its twins in (and drains the old instances in, reversed). A new generation
+        with prefill workers starts their twins first: Dynamo 1.6.1's frontend routes to a generation as soon
+        as its decode workers register, and rejects what it sends there while that generation's prefill router
+        is still activating. Its old prefill workers drain last, once no decode worker of theirs is routed to."""
+        prefill = [n for n in names if self.plan.service(n).role == "prefill"]
+        rest = [n for n in names if n not in prefill]
+        if not self._new_generation(names) or not prefill or not rest:
+            return [names]
+        return [prefill, rest]
 
     def _wait_roles(self, names: list[str], twins: dict[str, int], *, fresh: bool) -> None:
         """Until the router counts each role of `names` as planned plus its twins still up (`fresh`: only the twins
@@ -476,13 +495,20 @@ class SSHRollout:
         """Drain and stop every surge twin this `up` started (systemd: and forget their units)."""
         plan, c = self.plan, self.cluster
         twins = [svc.twin for svc in plan.services if svc.twin and svc.twin.name in self.twins]
-        by_host: dict[str, list[ServiceRef]] = {}
-        for t in twins:
-            by_host.setdefault(t.host, []).append(_service_ref(plan, t))
-        for h, r in parallel(lambda h: c.client(h).stop(by_host[h], remove_units=True), by_host).items():
-            if isinstance(r, BaseException):
-                c.say(f"WARNING: could not stop the surge twins on {h}: {r}")
+        # decode twins before prefill twins: a prefill worker leaves only once nothing routes through it
+        for prefill in (False, True):
+            by_host: dict[str, list[ServiceRef]] = {}
+            for t in twins:
+                if (t.role == "prefill") == prefill:
+                    by_host.setdefault(t.host, []).append(_service_ref(plan, t))
+            for h, r in parallel(partial(self._stop_on, by_host), by_host).items():
+                if isinstance(r, BaseException):
+                    c.say(f"WARNING: could not stop the surge twins on {h}: {r}")
         self.twins = []
+
+    def _stop_on(self, by_host: dict[str, list[ServiceRef]], h: str) -> Any:
+        """Drain and stop the twins on host `h`, and forget their units."""
+        return self.cluster.client(h).stop(by_host[h], remove_units=True)
 
     def _wait_registered(self, rollout: RoleRollout, count: int | None = None) -> None:
         """Until the router counts every instance of the role again (the batch just started has registered),

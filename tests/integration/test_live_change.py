@@ -118,7 +118,8 @@ def test_a_decode_argument_change_starts_a_new_generation_and_loses_no_request(l
     assert diff.returncode == 3 and "surge, new generation" in diff.stdout and "expected loss 0" in diff.stdout, diff.stdout
     report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
     assert_lost_only_to_the_prefill_race(report, out)
-    assert "surge: starting prefill-0-surge, prefill-1-surge, decode-0-surge, decode-1-surge" in out
+    assert "surge: starting prefill-0-surge, prefill-1-surge beside prefill-0, prefill-1 (prefill first" in out, out
+    assert "surge: starting decode-0-surge, decode-1-surge beside decode-0, decode-1" in out, out
     now = live.ready()["namespaces"]
     (generation,) = now  # only the new generation is left registered
     assert generation not in before and now[generation]["worker_types"]["decode"]["workers"] == 2

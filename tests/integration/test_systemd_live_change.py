@@ -242,7 +242,8 @@ def test_a_decode_argument_change_surges_a_new_generation_of_units_and_loses_no_
     diff = dep.cli("diff")
     assert diff.returncode == 3 and "surge, new generation" in diff.stdout, diff.stdout
     _, out = under_load(live, prefill_races=True)
-    assert "surge: starting prefill-0-surge, decode-0-surge, decode-1-surge" in out, out
+    assert "surge: starting prefill-0-surge beside prefill-0 (prefill first" in out, out
+    assert "surge: starting decode-0-surge, decode-1-surge beside decode-0, decode-1" in out, out
 
     after = dep.units()
     for svc in ("prefill-0", "decode-0", "decode-1"):
