@@ -78,7 +78,7 @@ PRESETS: dict[str, WorkloadSpec] = {
     # output tokens, not 16: a busy client that reads 16 quick tokens in one chunk can time none of them apart.
     "agentic-tiny": WorkloadSpec(
         name="agentic-tiny", initial_tokens=256, shared_prefix_tokens=128, turn_tokens=64, turns=4,
-        output_tokens=48, think_time_ms=200, cold_tokens=512, cold_share=0.1, sessions_per_slot=4),
+        output_tokens=128, think_time_ms=200, cold_tokens=512, cold_share=0.1, sessions_per_slot=4),
 }
 
 
