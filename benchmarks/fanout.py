@@ -216,14 +216,27 @@ def main() -> int:
                         print(f"  machine CPU busy during this up: {busy:.2f}s of {secs * cores:.2f}s ({cores} cores x wall); "
                               f"the controller (primectl) used {controller:.2f}s of it, the simulated hosts the rest")
                     if rep == opts.repeat - 1 and (n >= 18 or last):
-                        for _ in range(opts.repeat):
-                            c0 = resource.getrusage(resource.RUSAGE_SELF)
-                            s, r = timed(partial(up, plan, options, quiet))
+                        for i in range(opts.repeat):
+                            profiled = opts.profile and i == opts.repeat - 1
+                            profile.calls.clear()
+                            undo = profile.install() if profiled else None
+                            profile.t0 = time.perf_counter()
+                            busy0, c0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF)
+                            try:
+                                s, r = timed(partial(up, plan, options, quiet))
+                            finally:
+                                if undo:
+                                    undo()
+                            busy = cpu_busy_s() - busy0
                             c1 = resource.getrusage(resource.RUSAGE_SELF)
                             assert not r.started, r
                             noop.setdefault(n, []).append(s)
                             cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
                             print(f"  zero-change up on {n:2} host(s): {s:.3f}s; controller CPU {cpu:.2f}s")
+                            if profiled:
+                                print(profile.report(s))
+                                print(f"  machine CPU busy during this up: {busy:.2f}s of {s * (os.cpu_count() or 1):.2f}s; "
+                                      f"the controller used {cpu:.2f}s of it, the simulated hosts the rest")
                     SSHTarget().down(plan, options.connection, quiet, purge=True, break_lock=False)
                 results[n] = min(times)
         finally:

@@ -45,9 +45,10 @@ def listing_probes(plan: Plan, names: Iterable[str]) -> list[dict[str, Any]]:
 
 def run_here(probes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Run listing probes on this machine, in the shape a host agent's `probe` answers: name -> {ok, detail}."""
-    from primectl.deploy.protocol import run_probe
+    from primectl.deploy.protocol import Answers, run_probe
 
-    return {p["name"]: dict(zip(("ok", "detail"), run_probe(p["probe"], ""), strict=True)) for p in probes}
+    answers: Answers = {}  # every worker's probe reads the same listing: fetch it once
+    return {p["name"]: dict(zip(("ok", "detail"), run_probe(p["probe"], "", answers), strict=True)) for p in probes}
 
 
 def missing(results: Mapping[str, Mapping[str, Any]], names: Iterable[str]) -> list[str]:

@@ -14,16 +14,10 @@ probe saw and its log's last line, at least every `progress_s` seconds.
 
 from __future__ import annotations  # agent-source: drop
 
-import base64
-import io
 import json
 import os
 import re
-import shutil
-import socket
-import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -33,6 +27,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     CODE_TIMEOUT,
     KEEP_RELEASES,
     SUPERVISORS,
+    Answers,
     InspectResult,
     InstallProgress,
     Layout,
@@ -82,11 +77,11 @@ class Host:
     def liveness(self, name: str, unit: str) -> Liveness:
         return self.supervisor.liveness(name, unit)
 
-    def probe(self, name: str, probe: ProbeSpec) -> tuple[bool, str]:
-        """Run the readiness probe of `name` once."""
+    def probe(self, name: str, probe: ProbeSpec, answers: Answers | None = None) -> tuple[bool, str]:
+        """Run the readiness probe of `name` once (http probes of one batch share `answers`)."""
         if self._prober is not None:
             return self._prober(name, probe, self.layout.workdir)
-        return probe_once(probe, self.layout.workdir)
+        return probe_once(probe, self.layout.workdir, answers)
 
 
 Op = Callable[[Host], Result]
@@ -118,9 +113,11 @@ def op_inspect(h: Host) -> InspectResult:
 
 
 def _taken(address: str, ports: list[int]) -> list[int]:
+    import _socket  # the C module: what socket.socket() wraps, without the import cost of socket.py's enums
+
     taken = []
     for port in ports:
-        s = socket.socket()
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
         s.settimeout(0.3)
         try:
             if s.connect_ex((address, port)) == 0:
@@ -132,6 +129,8 @@ def _taken(address: str, ports: list[int]) -> list[int]:
 
 def op_lock(h: Host) -> LockResult:
     """Take the cluster lock, or say who holds it; `force` breaks a lock."""
+    import shutil
+
     lay = h.layout
     os.makedirs(lay.workdir, exist_ok=True)
     if h.args.get("force"):
@@ -147,6 +146,8 @@ def op_lock(h: Host) -> LockResult:
 
 def op_unlock(h: Host) -> LockResult:
     """Release the lock if `token` holds it (or unconditionally with `force`)."""
+    import shutil
+
     owner = read_json(h.layout.lock_owner) or {}
     if h.args.get("force") or owner.get("token") == h.args.get("token"):
         shutil.rmtree(h.layout.lock, ignore_errors=True)
@@ -157,6 +158,8 @@ def op_unlock(h: Host) -> LockResult:
 def op_stage(h: Host) -> Result:
     """Unpack a bundle into releases/<revision> (atomic rename; idempotent): the uploaded archive, or the one
     the request carries (`tar_b64`: small bundles travel in the request, with no upload of their own)."""
+    import shutil
+
     lay, revision = h.layout, h.args["revision"]
     rel = lay.release(revision)
     archive = lay.incoming(revision)
@@ -168,6 +171,10 @@ def op_stage(h: Host) -> Result:
     tmp = f"{rel}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    import base64
+    import io
+    import tarfile
+
     source = {"fileobj": io.BytesIO(base64.b64decode(inline))} if inline is not None else {"name": archive}
     with tarfile.open(**source) as tar:
         if hasattr(tarfile, "data_filter"):
@@ -188,6 +195,8 @@ def op_stage(h: Host) -> Result:
 
 def _share_model(lay: Layout, rel: str) -> None:
     """A generated model that names a shared copy gets one under models/ (once: the name is its content's)."""
+    import shutil
+
     mark = os.path.join(rel, "model", ".primectl-shared-name")
     if not os.path.exists(mark):
         return
@@ -289,9 +298,9 @@ def op_stop(h: Host) -> StopResult:
     return {"ok": True, "stopped": stopped, "drained": h.supervisor.drained}
 
 
-def probe_once(p: ProbeSpec, workdir: str = "") -> tuple[bool, str]:
+def probe_once(p: ProbeSpec, workdir: str = "", answers: Answers | None = None) -> tuple[bool, str]:
     """Run one probe against the host's current release: (passed, what it saw)."""
-    return run_probe(p, os.path.realpath(os.path.join(workdir, "current")))
+    return run_probe(p, os.path.realpath(os.path.join(workdir, "current")), answers)
 
 
 def last_log_line(path: str) -> str:
@@ -398,15 +407,17 @@ def op_wait(h: Host) -> StartResult:
 
 def op_probe(h: Host) -> ProbeResult:
     """Run each probe once (for `status`)."""
-    results = {}
+    results, answers = {}, cast(Answers, {})
     for w in h.args["probes"]:
-        ok, detail = h.probe(w["name"], w["probe"])
+        ok, detail = h.probe(w["name"], w["probe"], answers)
         results[w["name"]] = {"ok": ok, "detail": detail}
     return {"ok": True, "results": results}
 
 
 def op_write_state(h: Host) -> Result:
     """Record what runs here, then drop releases nothing refers to (keeping the last few)."""
+    import shutil
+
     lay, state = h.layout, h.args["state"]
     write_atomic(lay.state, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     keep = {state.get("revision"), state.get("previous_revision")}
@@ -468,6 +479,8 @@ def op_tail(h: Host) -> TailResult:
 def op_purge(h: Host) -> Result:
     """Remove everything primectl put under the workdir (this agent's cached source too: it runs from memory now,
     and the next connection uploads it again)."""
+    import shutil
+
     for sub in (*Layout.PURGED, AGENT_DIR):
         path = h.layout.path(sub)
         if os.path.islink(path) or os.path.isfile(path):
@@ -480,6 +493,8 @@ def op_purge(h: Host) -> Result:
 def op_spawn(h: Host) -> SpawnResult:
     """Start a helper process in its own session (preflight probes): argv, cwd, log; its pid."""
     os.makedirs(h.args["cwd"], exist_ok=True)
+    import subprocess
+
     with open(h.args["log"], "ab") as log:
         proc = subprocess.Popen(h.args["argv"], cwd=h.args["cwd"], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

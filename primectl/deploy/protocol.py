@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    import subprocess
+
+# shutil, socket and subprocess are imported where they are used: a host agent starts for every connection, and
+# most operations (inspect on a process-supervised host, lock, write_state) need none of them.
 
 STATE_SCHEMA = 2
 KEEP_RELEASES = 5
@@ -471,6 +474,8 @@ def drain_by_signal(pid: int, drain: DrainSpec, alive: Any = None) -> Drained:
 
 def balancer_command(sock_path: str, command: str) -> str:
     """One command on a load balancer's admin socket (HAProxy's runtime API); its answer."""
+    import socket
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(sock_path)
@@ -563,6 +568,8 @@ def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
     otherwise when the process is still the same one after the signal."""
     if spec.get("check"):
         # a master given a bad configuration keeps its old worker and only logs it: refuse before the signal
+        import subprocess
+
         r = subprocess.run(spec["check"], capture_output=True, text=True)
         if r.returncode != 0:
             detail = " ".join((r.stderr or r.stdout).split())[-600:]
@@ -608,21 +615,34 @@ TEXT_MISSING = "the answer lacks "
 """How an http probe with `expect_text` says the text was not there (the URL answered as expected otherwise)."""
 
 
-def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
-    """Run one readiness probe once: (passed, what it saw). Command probes get `release` for RELEASE_MARK."""
+Answers = dict[str, tuple[int, bytes]]
+"""HTTP answers by URL, shared by the probes of one batch: each URL is fetched once per batch."""
+
+
+def http_get(url: str, answers: Answers | None) -> tuple[int, bytes]:
+    """Status and body (at most 8 MiB) of a GET; from `answers` when this batch already fetched `url`."""
+    if answers is not None and url in answers:
+        return answers[url]
+    import urllib.error  # here, not at the top: it is a third of the agent's start-up time
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            got = resp.status, resp.read(8 << 20)
+    except urllib.error.HTTPError as exc:
+        got = exc.code, b""
+    if answers is not None:
+        answers[url] = got
+    return got
+
+
+def run_probe(p: ProbeSpec, release: str, answers: Answers | None = None) -> tuple[bool, str]:
+    """Run one readiness probe once: (passed, what it saw). Command probes get `release` for RELEASE_MARK;
+    http probes in one batch share `answers` (the listing probes of every worker read one URL)."""
     kind = p["kind"]
     try:
         if kind == "http":
-            import urllib.error  # here, not at the top: it is a third of the agent's start-up time
-            import urllib.request
-
-            body = b""
-            try:
-                with urllib.request.urlopen(str(p["url"]), timeout=3) as resp:
-                    status = resp.status
-                    body = resp.read(8 << 20) if p.get("json_path") or p.get("expect_text") else b""
-            except urllib.error.HTTPError as exc:
-                status = exc.code
+            status, body = http_get(str(p["url"]), answers)
             if status == p.get("expect_status", 200) and p.get("expect_text"):
                 text = str(p["expect_text"])
                 found = text.encode() in body
@@ -632,14 +652,21 @@ def run_probe(p: ProbeSpec, release: str) -> tuple[bool, str]:
                 return seen == p.get("json_expect"), f"{p['json_path']} = {seen!r} (want {p.get('json_expect')!r})"
             return status == p.get("expect_status", 200), f"HTTP {status}"
         if kind == "tcp":
+            import socket
+
             with socket.create_connection((str(p["host"]), int(p["port"] or 0)), timeout=3):
                 return True, f"tcp {p['host']}:{p['port']} open"
+        import subprocess
+
         command = [c.replace(RELEASE_MARK, release) for c in p.get("command") or []]
-        r = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        try:
+            r = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired as exc:
+            return False, f"{kind} probe: {exc}"
         text = r.stdout if r.returncode == 0 and r.stdout.strip() else r.stderr or r.stdout
         last = text.strip().splitlines()[-1:] or [""]
         return r.returncode == 0, f"exit {r.returncode}: {last[0][:120]}"
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         return False, f"{kind} probe: {exc}"
 
 
@@ -764,6 +791,8 @@ class ProcessSupervisor(Supervisor):
         self.stop(svc, remove=False)
         os.makedirs(self.layout.path("run"), exist_ok=True)
         mark_start(self.layout, name)
+        import subprocess
+
         with open(self.layout.log(name), "ab") as log:
             proc = subprocess.Popen(
                 ["/bin/bash", self.layout.script(name)], stdin=subprocess.DEVNULL, stdout=log,
@@ -821,6 +850,8 @@ class SystemdSupervisor(Supervisor):
 
     @staticmethod
     def _ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        import subprocess
+
         return subprocess.run(["systemctl", *args], capture_output=True, text=True)
 
     @staticmethod
@@ -845,6 +876,8 @@ class SystemdSupervisor(Supervisor):
         return {"alive": alive, "pid": pid if alive else None, "state": state, "restarts": restarts}
 
     def prepare(self, services: list[ServiceRef]) -> str | None:
+        import shutil
+
         if not services:
             return None
         for svc in services:
@@ -896,6 +929,8 @@ class SystemdSupervisor(Supervisor):
         return was
 
     def journal(self, unit: str, lines: int) -> str:
+        import subprocess
+
         r = subprocess.run(["journalctl", "-u", f"{unit}.service", "-n", str(lines), "--no-pager", "-o", "short-iso"],
                            capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
