@@ -96,7 +96,9 @@ def _plan(path: Path) -> Plan:
 
 def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.deploy.keeper import persist_s
 
+    persist_s()  # a bad PRIMECTL_KEEP_CONNECTIONS is refused before any host is reached
     return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
 
 
@@ -336,6 +338,18 @@ def unlock(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
         _say(f"lock of {p.name} on {where} removed")
 
     _guard(body)
+
+
+@app.command()
+def disconnect() -> None:
+    """Stop the connection keeper (PRIMECTL_KEEP_CONNECTIONS): close the SSH connections it holds for the next command."""
+    from primectl.deploy.keeper import keeper_pid, stop_keeper
+
+    pid = keeper_pid()
+    if stop_keeper():
+        print(f"stopped the connection keeper (pid {pid}); the next command connects again")
+    else:
+        print("no connection keeper runs")
 
 
 @app.command()

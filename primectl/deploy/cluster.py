@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from primectl.deploy import keeper
 from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.fanout import parallel
 from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
-from primectl.deploy.transport import HostUnreachable, Transport, connect
+from primectl.deploy.transport import HostUnreachable, Transport, connect, known_hosts_path
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan
 
@@ -43,6 +44,9 @@ class ConnectionPolicy:
         """Open a transport to `host` (HostUnreachable when it cannot be reached)."""
         if self.connector is not None:
             return self.connector(host)
+        if host.connection == "ssh" and (idle := keeper.persist_s()):
+            return keeper.KeptTransport(host, known_hosts=known_hosts_path(self.known_hosts),
+                                        accept_new_host_keys=self.accept_new_host_keys, path=keeper.ensure(idle))
         return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys)
 
 

@@ -398,6 +398,11 @@ class SSHTransport:
                 self._close_agent()
                 raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
 
+    def alive(self) -> bool:
+        """Whether the SSH connection is still up (a kept one is checked before each command reuses it)."""
+        t = self._conn.client.get_transport()
+        return t is not None and t.is_active() and (self._agent is None or not self._agent[0].closed)
+
     def _start_agent(self, timeout: float | None) -> tuple[Any, Any, Any]:
         """Open the session the agent serves on (uploading its source once per host and version)."""
         chan = self._conn.client.get_transport().open_session()
@@ -465,9 +470,18 @@ def _sftp_makedirs(sftp: Any, path: str) -> None:
         sftp.mkdir(d)
 
 
+def connect_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool) -> SSHTransport:
+    """A direct SSH connection of this process."""
+    return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+
+
 def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
     """Open the right transport for a host."""
     if host.connection == "local":
         return LocalTransport(host)
-    path = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
-    return SSHTransport(host, known_hosts=path, accept_new_host_keys=accept_new_host_keys)
+    return connect_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
+
+
+def known_hosts_path(known_hosts: str | None) -> str:
+    """The known_hosts file a policy names, or the user's own."""
+    return os.path.expanduser(known_hosts or "~/.ssh/known_hosts")

@@ -1,0 +1,354 @@
+"""Connections kept between commands: OpenSSH's ControlPersist, for primectl's host agents.
+
+With `PRIMECTL_KEEP_CONNECTIONS=<seconds>` set, a command does not open its own SSH connections. It asks a
+keeper, a background process of the same user, to run each agent operation. The keeper holds one SSH
+connection and one running agent per host, and reuses them for the next command. A zero-change `up` or a
+`status` then costs each host one JSON round trip on a channel that is already open: no SSH handshake and no
+Python start-up there. The keeper exits once no command has used it for that many seconds, and
+`primectl disconnect` stops it at once.
+
+Trust is unchanged. A host's key is checked when its connection opens, with the known_hosts file and
+host-key policy of the command that opened it. A command with another file or policy gets a connection of
+its own, since the key of a kept connection includes both. The socket lives in a directory only its user
+can enter, and the keeper serves only peers with its own uid (SO_PEERCRED). A keeper serves one agent
+version: its socket is named after the agent's hash (and the network namespace), so an upgraded primectl
+starts a keeper of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, agent_hash, connect_ssh
+from primectl.errors import DeployError, Refused
+from primectl.plan.model import HostPlan
+
+ENV = "PRIMECTL_KEEP_CONNECTIONS"
+
+
+def persist_s() -> float:
+    """How long a keeper outlives its last command (`PRIMECTL_KEEP_CONNECTIONS`); 0: no keeper."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise Refused(f"{ENV}={raw!r}: give the seconds a keeper outlives its last command (0 or unset: "
+                      "none)") from None
+    return max(0.0, value)
+
+
+def run_dir() -> str:
+    """The user's private directory for keeper sockets (created 0700)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "primectl")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def socket_path() -> str:
+    """The socket of the keeper for this agent version and network namespace (a keeper reaches hosts from the
+    namespace it started in: a command in another one must not use its connections)."""
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = 0
+    return os.path.join(run_dir(), f"keeper-{agent_hash()[:12]}-{netns}.sock")
+
+
+_DIR_FDS: dict[str, int] = {}
+
+
+def _reachable(path: str) -> str:
+    """`path` as bind() and connect() can take it: a Unix socket's path has at most 107 bytes, so a longer one is
+    named through an open descriptor of its directory (/proc/self/fd/N/name)."""
+    if len(path.encode()) < 100:
+        return path
+    directory, name = os.path.split(path)
+    fd = _DIR_FDS.get(directory)
+    if fd is None:
+        fd = _DIR_FDS[directory] = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{name}"
+
+
+def _key(host: HostPlan, known_hosts: str, accept_new: bool) -> str:
+    return json.dumps([host.address, host.port, host.user, host.identity_file, host.workdir, known_hosts, accept_new])
+
+
+class Keeper:
+    """The background process: kept connections by key, and when it last served."""
+
+    def __init__(self, idle_s: float):
+        self.idle_s = idle_s
+        self.conns: dict[str, SSHTransport] = {}
+        self.lock = threading.Lock()
+        self.opening: dict[str, threading.Lock] = {}
+        self.busy = 0
+        self.last = time.monotonic()
+
+    def transport(self, req: dict[str, Any]) -> SSHTransport:
+        """The kept connection for this request's host and policy, opened (or opened again) when needed."""
+        host = HostPlan.model_validate(req["host"])
+        key = _key(host, req["known_hosts"], req["accept_new"])
+        with self.lock:
+            gate = self.opening.setdefault(key, threading.Lock())
+        with gate:
+            t = self.conns.get(key)
+            if t is not None and t.alive():
+                return t
+            if t is not None:
+                t.close()
+            t = connect_ssh(host, known_hosts=req["known_hosts"], accept_new_host_keys=req["accept_new"])
+            self.conns[key] = t
+            return t
+
+    def handle(self, conn: socket.socket) -> None:
+        """One request from a command: an agent operation, answered with its progress lines and result."""
+        with self.lock:
+            self.busy += 1
+        try:
+            with conn, conn.makefile("rwb") as f:
+                line = f.readline()
+                if not line:
+                    return
+                req = json.loads(line)
+                if req.get("kind") == "stop":
+                    f.write(b'{"ok": true}\n')
+                    f.flush()
+                    self.stop()
+                    return
+                if req.get("kind") == "open":
+                    try:
+                        self.transport(req)
+                        f.write(b'{"result": {"ok": true}}\n')
+                    except HostUnreachable as exc:
+                        f.write(json.dumps({"unreachable": str(exc)}).encode() + b"\n")
+                    f.flush()
+                    return
+
+                def progress(p: Any) -> None:
+                    f.write(json.dumps({"progress_of": p}).encode() + b"\n")
+                    f.flush()
+
+                try:
+                    result = self.transport(req).agent(req["op"], req["args"], req.get("timeout"), progress)
+                    answer: dict[str, Any] = {"result": result}
+                except HostUnreachable as exc:
+                    self.conns.pop(_key(HostPlan.model_validate(req["host"]), req["known_hosts"], req["accept_new"]),
+                                   None)
+                    answer = {"unreachable": str(exc)}
+                except Exception as exc:  # a bug here must not take the other commands' connections down
+                    answer = {"unreachable": f"primectl keeper: {type(exc).__name__}: {exc}"}
+                f.write(json.dumps(answer).encode() + b"\n")
+                f.flush()
+        except (OSError, ValueError):
+            pass  # the command went away (Ctrl-C): the operation on the host finished or timed out on its own
+        finally:
+            with self.lock:
+                self.busy -= 1
+                self.last = time.monotonic()
+
+    def stop(self) -> None:
+        """Close every kept connection and exit."""
+        for t in list(self.conns.values()):
+            with contextlib.suppress(Exception):
+                t.close()
+        os._exit(0)
+
+    def idle_watch(self, path: str) -> None:
+        """Exit once no command has used the keeper for `idle_s` (or its socket was removed or replaced)."""
+        ino = os.stat(path).st_ino
+        while True:
+            time.sleep(min(1.0, self.idle_s / 4))
+            with self.lock:
+                idle = not self.busy and time.monotonic() - self.last > self.idle_s
+            try:
+                gone = os.stat(path).st_ino != ino
+            except OSError:
+                gone = True
+            if idle or gone:
+                if not gone:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                self.stop()
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def serve(path: str, idle_s: float) -> None:
+    """Listen on `path` and serve commands until idle for `idle_s`."""
+    keeper = Keeper(idle_s)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.{os.getpid()}"
+    listener.bind(_reachable(tmp))
+    os.chmod(tmp, 0o600)
+    listener.listen(256)
+    os.replace(tmp, path)  # only now can a command reach it: never a half-made socket at `path`
+    threading.Thread(target=keeper.idle_watch, args=(path,), daemon=True).start()
+    while True:
+        conn, _ = listener.accept()
+        if _peer_uid(conn) != os.getuid():
+            conn.close()
+            continue
+        threading.Thread(target=keeper.handle, args=(conn,), daemon=True).start()
+
+
+def _dial(path: str) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(_reachable(path))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+_START_LOCK = threading.Lock()
+
+
+def ensure(idle_s: float) -> str:
+    """The socket of a running keeper, started now (detached, in its own session) if there is none."""
+    path = socket_path()
+    with _START_LOCK:
+        s = _dial(path)
+        if s is not None:
+            s.close()
+            return path
+        with open(os.path.join(run_dir(), "keeper.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time, across commands
+            s = _dial(path)
+            if s is not None:
+                s.close()
+                return path
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a keeper that died left it
+            log = open(os.path.join(run_dir(), "keeper.log"), "ab")
+            subprocess.Popen([sys.executable, "-m", "primectl.deploy.keeper", "--socket", path, "--idle", str(idle_s)],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
+            log.close()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                s = _dial(path)
+                if s is not None:
+                    s.close()
+                    return path
+                time.sleep(0.02)
+    raise DeployError(f"the connection keeper did not start (see {os.path.join(run_dir(), 'keeper.log')}); "
+                      f"unset {ENV} to connect directly")
+
+
+def stop_keeper() -> bool:
+    """Stop this version's keeper, closing its connections; whether one ran."""
+    s = _dial(socket_path())
+    if s is None:
+        return False
+    with s, s.makefile("rwb") as f:
+        f.write(b'{"kind": "stop"}\n')
+        f.flush()
+        f.readline()
+    return True
+
+
+def keeper_pid() -> int | None:
+    """The pid of this version's keeper, if one runs (read from the socket's peer credentials)."""
+    s = _dial(socket_path())
+    if s is None:
+        return None
+    with s:
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", creds)[0])
+
+
+class KeptTransport:
+    """A command's view of a kept connection: agent operations go through the keeper; `run` and `put` (rare:
+    provisioning, big bundles) open a direct connection of their own the first time one is needed."""
+
+    def __init__(self, host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool, path: str):
+        self.host = host
+        self._known_hosts, self._accept_new = known_hosts, accept_new_host_keys
+        self._req: dict[str, Any] = {"host": host.model_dump(mode="json"), "known_hosts": known_hosts,
+                                     "accept_new": accept_new_host_keys}
+        self._path = path
+        self._direct: SSHTransport | None = None
+        self._ask({"kind": "open"}, None)  # connect now: an unreachable host fails here, as a direct one does
+
+    def _own(self) -> SSHTransport:
+        if self._direct is None:
+            self._direct = connect_ssh(self.host, known_hosts=self._known_hosts,
+                                       accept_new_host_keys=self._accept_new)
+        return self._direct
+
+    def agent(self, op: str, args: dict[str, Any], timeout: float | None,
+              on_progress: OnProgress | None = None) -> dict[str, Any]:
+        """Run one agent operation on the kept connection."""
+        try:
+            return self._ask({"op": op, "args": args, "timeout": timeout}, on_progress, timeout)
+        except TimeoutError:
+            return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s (kept connection)"}
+
+    def _ask(self, request: dict[str, Any], on_progress: OnProgress | None, timeout: float | None = 60
+             ) -> dict[str, Any]:
+        s = _dial(self._path)
+        if s is None:
+            raise HostUnreachable(f"{self.host.name}: the connection keeper went away; run the command again")
+        s.settimeout(None if timeout is None else timeout + 30)  # the keeper answers a timed-out agent itself first
+        with s, s.makefile("rwb") as f:
+            f.write(json.dumps(self._req | request).encode() + b"\n")
+            f.flush()
+            while True:
+                line = f.readline()
+                if not line:
+                    raise HostUnreachable(f"{self.host.name}: the connection keeper closed the request")
+                msg = json.loads(line)
+                if "progress_of" in msg:
+                    if on_progress is not None:
+                        with contextlib.suppress(Exception):
+                            on_progress(msg["progress_of"])
+                    continue
+                if "unreachable" in msg:
+                    raise HostUnreachable(msg["unreachable"])
+                return dict(msg["result"])
+
+    def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        """A shell command, on a direct connection."""
+        return self._own().run(command, timeout=timeout, stream=stream)
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        """Upload a file, on a direct connection."""
+        self._own().put(data, path, mode)
+
+    def close(self) -> None:
+        """Close the direct connection, if one was opened; the kept one stays for the next command."""
+        if self._direct is not None:
+            self._direct.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m primectl.deploy.keeper --socket PATH --idle SECONDS`: what `ensure` starts."""
+    ap = argparse.ArgumentParser(description="primectl's connection keeper (started by primectl itself)")
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--idle", type=float, required=True)
+    opts = ap.parse_args(argv)
+    serve(opts.socket, opts.idle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

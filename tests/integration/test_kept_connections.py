@@ -1,0 +1,101 @@
+"""PRIMECTL_KEEP_CONNECTIONS on real sshd hosts: one SSH connection and one host agent per host serve several
+commands, `disconnect` ends them, and a keeper or link that died is replaced without the operator noticing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import PRIMECTL, Deployment
+from tests.integration.sshhosts import pid_alive
+
+
+def _agents(dep: Deployment) -> dict[str, set[int]]:
+    """Per host, the pids of host agents serving a connection (`serve`) for this deployment's workdir."""
+    out: dict[str, set[int]] = {h: set() for h in dep.hosts}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[-2:] != [b"serve", b""] or not pid_alive(int(entry)):
+            continue
+        for h in dep.hosts:
+            if str(dep.workdir(h) / "agent").encode() in argv:
+                out[h].add(int(entry))
+    return out
+
+
+def _keeper() -> int | None:
+    """The keeper's pid, as its socket's peer credentials give it (None: none runs)."""
+    from primectl.deploy.keeper import keeper_pid
+
+    return keeper_pid()
+
+
+def _disconnect(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`primectl disconnect`, the way an operator runs it."""
+    return subprocess.run([PRIMECTL, "disconnect"], capture_output=True, text=True, timeout=60, env=os.environ | env)
+
+
+def test_kept_connections_serve_later_commands_and_disconnect_ends_them_fake_engine(
+        deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = deployment
+    env = {"PRIMECTL_KEEP_CONNECTIONS": "120", "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])  # where this test looks for the keeper too
+    try:
+        dep.up_ok(env=env)
+        keeper = _keeper()
+        assert keeper is not None and pid_alive(keeper), "no connection keeper after `up`"
+        agents = _agents(dep)
+        assert all(len(p) == 1 for p in agents.values()), agents  # one agent per host, still serving
+        r = dep.cli("status", "-o", "json", env=env)
+        code, doc = r.returncode, json.loads(r.stdout)
+        assert code == 0 and doc["healthy"], r.stdout + r.stderr
+        diff = dep.cli("diff", env=env)
+        assert diff.returncode == 0 and "no changes" in diff.stdout, diff.stdout + diff.stderr
+        assert _agents(dep) == agents, "a later command connected again instead of using the kept connection"
+        assert _keeper() == keeper
+
+        # a host's link that dropped (its sessions killed) is opened again by the next command
+        (h2_agent,) = agents["h2"]
+        os.kill(h2_agent, signal.SIGKILL)
+        r = dep.cli("status", "-o", "json", env=env)
+        assert r.returncode == 0 and json.loads(r.stdout)["healthy"], r.stdout + r.stderr
+        now = _agents(dep)
+        assert now["h1"] == agents["h1"] and now["h2"] and now["h2"] != agents["h2"], (agents, now)
+
+        # a keeper that died is replaced by the next command
+        os.kill(keeper, signal.SIGKILL)
+        r = dep.cli("status", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        second = _keeper()
+        assert second is not None and second != keeper
+
+        off = _disconnect(env)
+        assert off.returncode == 0 and f"stopped the connection keeper (pid {second})" in off.stdout, off.stdout
+        deadline = time.monotonic() + 10
+        while pid_alive(second) or any(_agents(dep).values()):
+            assert time.monotonic() < deadline, f"keeper or agents still run after `disconnect`: {_agents(dep)}"
+            time.sleep(0.05)
+        again = _disconnect(env)
+        assert again.returncode == 0 and "no connection keeper runs" in again.stdout, again.stdout
+    finally:
+        pid = _keeper()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_bad_keep_connections_value_is_refused_before_any_host_is_touched(deployment: Deployment,
+                                                                             tmp_path: Path) -> None:
+    env = {"PRIMECTL_KEEP_CONNECTIONS": "soon", "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    r = deployment.up(env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "PRIMECTL_KEEP_CONNECTIONS='soon'" in r.stderr + r.stdout
+    assert not deployment.workdir("h1").exists(), "a host was changed despite the bad setting"
