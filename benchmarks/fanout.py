@@ -116,6 +116,23 @@ def controller_s(usage: resource.struct_rusage, keeper: float) -> float:
     return (now.ru_utime - usage.ru_utime) + (now.ru_stime - usage.ru_stime) + keeper_cpu_s() - keeper
 
 
+def measured_up(up: Callable[[], Any], profile: StepTimer | None) -> tuple[float, Any, float, float]:
+    """One `up`: its wall time, its result, the controller's CPU and the machine's busy CPU (with a `profile`,
+    each operation's timings are recorded there)."""
+    undo = None
+    if profile is not None:
+        profile.calls.clear()
+        undo = profile.install()
+        profile.t0 = time.perf_counter()
+    busy0, self0, keep0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF), keeper_cpu_s()
+    try:
+        secs, res = timed(up)
+    finally:
+        if undo:
+            undo()
+    return secs, res, controller_s(self0, keep0), cpu_busy_s() - busy0
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
@@ -219,17 +236,8 @@ def main() -> int:
                                         smoke=False)
                     last = n == biggest and rep == opts.repeat - 1
                     profiled = opts.profile and rep == opts.repeat - 1
-                    profile.calls.clear()
-                    undo = profile.install() if profiled else None
-                    profile.t0 = time.perf_counter()
-                    busy0, self0, keep0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF), keeper_cpu_s()
-                    try:
-                        secs, res = timed(partial(up, plan, options, quiet))
-                    finally:
-                        if undo:
-                            undo()
-                    busy = cpu_busy_s() - busy0
-                    controller = controller_s(self0, keep0)
+                    secs, res, controller, busy = measured_up(partial(up, plan, options, quiet),
+                                                              profile if profiled else None)
                     assert len(res.started) == len(plan.services), res
                     times.append(secs)
                     cpu_ms[n] = min(cpu_ms.get(n, float("inf")), controller / n * 1000)
@@ -243,17 +251,8 @@ def main() -> int:
                     if rep == opts.repeat - 1 and (n >= 18 or last):
                         for i in range(opts.repeat):
                             profiled = opts.profile and i == opts.repeat - 1
-                            profile.calls.clear()
-                            undo = profile.install() if profiled else None
-                            profile.t0 = time.perf_counter()
-                            busy0, c0, keep0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF), keeper_cpu_s()
-                            try:
-                                s, r = timed(partial(up, plan, options, quiet))
-                            finally:
-                                if undo:
-                                    undo()
-                            busy = cpu_busy_s() - busy0
-                            cpu = controller_s(c0, keep0)
+                            s, r, cpu, busy = measured_up(partial(up, plan, options, quiet),
+                                                          profile if profiled else None)
                             assert not r.started, r
                             noop.setdefault(n, []).append(s)
                             print(f"  zero-change up on {n:2} host(s): {s:.3f}s; controller CPU {cpu:.2f}s")

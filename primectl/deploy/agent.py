@@ -158,7 +158,10 @@ def op_unlock(h: Host) -> LockResult:
 def op_stage(h: Host) -> Result:
     """Unpack a bundle into releases/<revision> (atomic rename; idempotent): the uploaded archive, or the one
     the request carries (`tar_b64`: small bundles travel in the request, with no upload of their own)."""
+    import base64
+    import io
     import shutil
+    import tarfile
 
     lay, revision = h.layout, h.args["revision"]
     rel = lay.release(revision)
@@ -171,10 +174,6 @@ def op_stage(h: Host) -> Result:
     tmp = f"{rel}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    import base64
-    import io
-    import tarfile
-
     source = {"fileobj": io.BytesIO(base64.b64decode(inline))} if inline is not None else {"name": archive}
     with tarfile.open(**source) as tar:
         if hasattr(tarfile, "data_filter"):
@@ -407,7 +406,8 @@ def op_wait(h: Host) -> StartResult:
 
 def op_probe(h: Host) -> ProbeResult:
     """Run each probe once (for `status`)."""
-    results, answers = {}, cast(Answers, {})
+    results = {}
+    answers: Answers = {}
     for w in h.args["probes"]:
         ok, detail = h.probe(w["name"], w["probe"], answers)
         results[w["name"]] = {"ok": ok, "detail": detail}
@@ -492,9 +492,9 @@ def op_purge(h: Host) -> Result:
 
 def op_spawn(h: Host) -> SpawnResult:
     """Start a helper process in its own session (preflight probes): argv, cwd, log; its pid."""
-    os.makedirs(h.args["cwd"], exist_ok=True)
     import subprocess
 
+    os.makedirs(h.args["cwd"], exist_ok=True)
     with open(h.args["log"], "ab") as log:
         proc = subprocess.Popen(h.args["argv"], cwd=h.args["cwd"], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

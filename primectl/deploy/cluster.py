@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from primectl.deploy import keeper
 from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.fanout import parallel
 from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
@@ -44,6 +43,8 @@ class ConnectionPolicy:
         """Open a transport to `host` (HostUnreachable when it cannot be reached)."""
         if self.connector is not None:
             return self.connector(host)
+        from primectl.deploy import keeper  # here: most commands never start one
+
         if host.connection == "ssh" and (idle := keeper.persist_s()):
             return keeper.KeptTransport(host, known_hosts=known_hosts_path(self.known_hosts),
                                         accept_new_host_keys=self.accept_new_host_keys, path=keeper.ensure(idle))

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, agent_hash, connect_ssh
+from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, agent_hash
 from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan
 
@@ -99,10 +99,8 @@ class Keeper:
         self.busy = 0
         self.last = time.monotonic()
 
-    def transport(self, req: dict[str, Any]) -> SSHTransport:
-        """The kept connection for this request's host and policy, opened (or opened again) when needed."""
-        host = HostPlan.model_validate(req["host"])
-        key = _key(host, req["known_hosts"], req["accept_new"])
+    def transport(self, key: str, host: HostPlan, req: dict[str, Any]) -> SSHTransport:
+        """The kept connection for `key`, opened (or opened again) when needed."""
         with self.lock:
             gate = self.opening.setdefault(key, threading.Lock())
         with gate:
@@ -111,12 +109,30 @@ class Keeper:
                 return t
             if t is not None:
                 t.close()
-            t = connect_ssh(host, known_hosts=req["known_hosts"], accept_new_host_keys=req["accept_new"])
-            self.conns[key] = t
+            t = self.conns[key] = SSHTransport(host, known_hosts=req["known_hosts"],
+                                               accept_new_host_keys=req["accept_new"])
             return t
 
+    def answer(self, req: dict[str, Any], progress: OnProgress) -> dict[str, Any]:
+        """What one request gets: `open` connects, anything else runs an agent operation."""
+        host = HostPlan.model_validate(req["host"])
+        key = _key(host, req["known_hosts"], req["accept_new"])
+        try:
+            t = self.transport(key, host, req)
+            if req.get("kind") == "open":
+                return {"result": {"ok": True}}
+            return {"result": t.agent(req["op"], req["args"], req.get("timeout"), progress)}
+        except HostUnreachable as exc:
+            # a link that looks up but does not answer: the next command connects again
+            if (dead := self.conns.pop(key, None)) is not None:
+                with contextlib.suppress(Exception):
+                    dead.close()
+            return {"unreachable": str(exc)}
+        except Exception as exc:  # a bug here must not take the other commands' connections down
+            return {"unreachable": f"primectl keeper: {type(exc).__name__}: {exc}"}
+
     def handle(self, conn: socket.socket) -> None:
-        """One request from a command: an agent operation, answered with its progress lines and result."""
+        """One request from a command, answered with its progress lines and result."""
         with self.lock:
             self.busy += 1
         try:
@@ -130,29 +146,12 @@ class Keeper:
                     f.flush()
                     self.stop()
                     return
-                if req.get("kind") == "open":
-                    try:
-                        self.transport(req)
-                        f.write(b'{"result": {"ok": true}}\n')
-                    except HostUnreachable as exc:
-                        f.write(json.dumps({"unreachable": str(exc)}).encode() + b"\n")
-                    f.flush()
-                    return
 
                 def progress(p: Any) -> None:
                     f.write(json.dumps({"progress_of": p}).encode() + b"\n")
                     f.flush()
 
-                try:
-                    result = self.transport(req).agent(req["op"], req["args"], req.get("timeout"), progress)
-                    answer: dict[str, Any] = {"result": result}
-                except HostUnreachable as exc:
-                    self.conns.pop(_key(HostPlan.model_validate(req["host"]), req["known_hosts"], req["accept_new"]),
-                                   None)
-                    answer = {"unreachable": str(exc)}
-                except Exception as exc:  # a bug here must not take the other commands' connections down
-                    answer = {"unreachable": f"primectl keeper: {type(exc).__name__}: {exc}"}
-                f.write(json.dumps(answer).encode() + b"\n")
+                f.write(json.dumps(self.answer(req, progress)).encode() + b"\n")
                 f.flush()
         except (OSError, ValueError):
             pass  # the command went away (Ctrl-C): the operation on the host finished or timed out on its own
@@ -220,35 +219,43 @@ def _dial(path: str) -> socket.socket | None:
 
 
 _START_LOCK = threading.Lock()
+_FOUND: set[str] = set()  # keepers this process has reached: a command asks once, not once per host
+
+
+def _listening(path: str) -> bool:
+    s = _dial(path)
+    if s is None:
+        return False
+    s.close()
+    return True
 
 
 def ensure(idle_s: float) -> str:
     """The socket of a running keeper, started now (detached, in its own session) if there is none."""
     path = socket_path()
     with _START_LOCK:
-        s = _dial(path)
-        if s is not None:
-            s.close()
-            return path
-        with open(os.path.join(run_dir(), "keeper.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time, across commands
-            s = _dial(path)
-            if s is not None:
-                s.close()
-                return path
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # a keeper that died left it
-            log = open(os.path.join(run_dir(), "keeper.log"), "ab")
-            subprocess.Popen([sys.executable, "-m", "primectl.deploy.keeper", "--socket", path, "--idle", str(idle_s)],
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
-            log.close()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                s = _dial(path)
-                if s is not None:
-                    s.close()
-                    return path
-                time.sleep(0.02)
+        if path not in _FOUND and not _listening(path):
+            _start(path, idle_s)
+        _FOUND.add(path)
+    return path
+
+
+def _start(path: str, idle_s: float) -> None:
+    with open(os.path.join(run_dir(), "keeper.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time, across commands
+        if _listening(path):
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a keeper that died left it
+        log = open(os.path.join(run_dir(), "keeper.log"), "ab")
+        subprocess.Popen([sys.executable, "-m", "primectl.deploy.keeper", "--socket", path, "--idle", str(idle_s)],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
+        log.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if _listening(path):
+                return
+            time.sleep(0.02)
     raise DeployError(f"the connection keeper did not start (see {os.path.join(run_dir(), 'keeper.log')}); "
                       f"unset {ENV} to connect directly")
 
@@ -290,8 +297,8 @@ class KeptTransport:
 
     def _own(self) -> SSHTransport:
         if self._direct is None:
-            self._direct = connect_ssh(self.host, known_hosts=self._known_hosts,
-                                       accept_new_host_keys=self._accept_new)
+            self._direct = SSHTransport(self.host, known_hosts=self._known_hosts,
+                                        accept_new_host_keys=self._accept_new)
         return self._direct
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
@@ -306,6 +313,7 @@ class KeptTransport:
              ) -> dict[str, Any]:
         s = _dial(self._path)
         if s is None:
+            _FOUND.discard(self._path)  # the next connection this process opens starts a keeper again
             raise HostUnreachable(f"{self.host.name}: the connection keeper went away; run the command again")
         s.settimeout(None if timeout is None else timeout + 30)  # the keeper answers a timed-out agent itself first
         with s, s.makefile("rwb") as f:

@@ -787,12 +787,12 @@ class ProcessSupervisor(Supervisor):
         return {"alive": pid is not None, "pid": pid, "state": "running" if pid else "stopped"}
 
     def start(self, svc: ServiceRef) -> tuple[int | None, str | None]:
+        import subprocess
+
         name = svc["name"]
         self.stop(svc, remove=False)
         os.makedirs(self.layout.path("run"), exist_ok=True)
         mark_start(self.layout, name)
-        import subprocess
-
         with open(self.layout.log(name), "ab") as log:
             proc = subprocess.Popen(
                 ["/bin/bash", self.layout.script(name)], stdin=subprocess.DEVNULL, stdout=log,

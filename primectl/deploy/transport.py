@@ -470,16 +470,11 @@ def _sftp_makedirs(sftp: Any, path: str) -> None:
         sftp.mkdir(d)
 
 
-def connect_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool) -> SSHTransport:
-    """A direct SSH connection of this process."""
-    return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
-
-
 def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
     """Open the right transport for a host."""
     if host.connection == "local":
         return LocalTransport(host)
-    return connect_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
+    return SSHTransport(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
 
 
 def known_hosts_path(known_hosts: str | None) -> str:

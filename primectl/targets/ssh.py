@@ -422,8 +422,9 @@ class SSHRollout:
             c.say(f"surge: starting {', '.join(n + '-surge' for n in stage)} beside {', '.join(stage)}"
                   + (" (prefill first: its router is active before the generation takes requests)"
                      if len(stages) > 1 and i == 0 else ""))
-            self.twins += [t.name for n in stage if (t := plan.service(n).twin)]
-            self._start_services([t for n in stage if (t := plan.service(n).twin) is not None])
+            started = [t for n in stage if (t := plan.service(n).twin) is not None]
+            self.twins += [t.name for t in started]
+            self._start_services(started)
             self._wait_roles(stage, extra, fresh=True)
         for stage in reversed(stages):
             c.say(f"surge: draining and replacing {', '.join(stage)}")
