@@ -61,6 +61,7 @@ sys.path.insert(0, str(REPO))
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters  # noqa: E402
 from primectl.deploy.protocol import Layout, unit_name  # noqa: E402
+from tests.integration.generation_races import race_causes  # noqa: E402
 from tests.integration.nspawnhosts import (  # noqa: E402
     NspawnHosts,
     nspawn_problem,
@@ -68,7 +69,6 @@ from tests.integration.nspawnhosts import (  # noqa: E402
     start_nspawn_hosts,
 )
 from tests.integration.sshhosts import netns_problem  # noqa: E402
-from tests.integration.test_systemd_live_change import prefill_race_causes  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 # After a kill -9 the load runs at least this long: past the file store's TTL (10 s), so every request the router
@@ -323,7 +323,7 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Na
     if where.frontend_log and report.lost:
         with where.frontend_log.open("rb") as f:
             f.seek(log_at)
-            row["frontend_503s"] = prefill_race_causes(f.read().decode(errors="replace"))
+            row["frontend_5xx"] = race_causes(f.read().decode(errors="replace"))
     if s.action == "kill-decode":
         row["kill"] = kill_findings(before, where.counters(), report, t0)
         primectl("up", str(recipe))  # put decode-0 back for the next scenario (not counted)

@@ -164,12 +164,14 @@ def test_a_decode_argument_change_starts_a_new_generation_beside_the_old_one_the
 
 
 def test_diff_says_what_a_new_generation_can_lose_behind_one_frontend_and_not_behind_a_balancer(env: Env) -> None:
-    """Dynamo answers 503 (retryable) while its prefill router for a new generation activates: one frontend passes
-    it to the client, a balancer resends it."""
+    """Dynamo answers 503 (retryable) while its prefill router for a new generation activates, and 500 when it picks
+    the old generation as its last decode worker leaves: one frontend passes them to the client, a balancer resends
+    them."""
     env.up(env.plan())
     _, steps = diff(env.plan(decode={"max_num_seqs": 32}), env.options.connection, env.said.append)
     [line] = [d for d in next(s for s in steps if s.step == "waves").details if d.startswith("surge")]
-    assert "a few requests answered 503 (retryable)" in line and "`frontend.replicas: 2`" in line, line
+    assert "503 (retryable)" in line and "500 if the frontend picks the old generation" in line, line
+    assert "`frontend.replicas: 2`" in line, line
     balanced = {"frontend": {"host": "h1", "replicas": 2}}
     env.up(env.plan(**balanced))
     _, steps = diff(env.plan(**balanced, decode={"max_num_seqs": 32}), env.options.connection, env.said.append)

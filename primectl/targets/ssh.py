@@ -348,14 +348,17 @@ class SSHRollout:
         return out
 
     def _surge_loss(self, new_generation: bool) -> str:
-        """What clients can lose while a surge runs: nothing, except when a new generation with prefill workers
-        comes up behind one frontend and no balancer resends Dynamo's retryable 503s."""
+        """What clients can lose while a surge runs: nothing, except when a new generation comes up behind one
+        frontend and no balancer resends the 5xx Dynamo answers in its few-millisecond races."""
         balanced = any(s.role == "balancer" for s in self.plan.services)
-        if new_generation and self.plan.workers("prefill") and not balanced:
-            return ("expected loss: 0, or a few requests answered 503 (retryable) in the instant (~30 ms here) between "
-                    "the new generation's decode workers registering and the frontend's prefill router for it "
-                    "activating; `frontend.replicas: 2` puts a balancer in front that resends them")
-        return "expected loss 0"
+        if not new_generation or balanced:
+            return "expected loss 0"
+        races = ["500 if the frontend picks the old generation just as its last decode worker leaves (~5 ms)"]
+        if self.plan.workers("prefill"):
+            races.insert(0, "503 (retryable) in the instant (~30 ms here) between the new generation's decode workers "
+                            "registering and the frontend's prefill router for it activating")
+        return ("expected loss: 0, or a few requests answered before their first byte with "
+                + "; or ".join(races) + ". `frontend.replicas: 2` puts a balancer in front that resends them")
 
     def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
         """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers

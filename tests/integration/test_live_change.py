@@ -25,6 +25,7 @@ from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deploym
 from primectl.deploy.protocol import Layout, balancer_servers, starttime
 
 from .conftest import PRIMECTL, REPO
+from .generation_races import ANSWERS
 from .test_demo_smoke import _cmd, demo_up
 
 pytestmark = pytest.mark.integration
@@ -97,17 +98,12 @@ def assert_nothing_lost(report: LoadReport, out: str) -> None:
     assert not report.lost, f"{len(report.lost)} of {len(report.outcomes)} requests lost: {report.seen()}\n{out}"
 
 
-# The one loss Dynamo 1.6.1 still allows when a prefill worker leaves (README, "What a change can still lose"):
-# a request its router had already sent to the worker as it left discovery fails as a remote prefill, which
-# the frontend does not migrate, and comes back as this 503.
-PREFILL_RACE = "HTTP 503: Error code: 503 - Service temporarily unavailable"
-
-
-def assert_lost_only_to_the_prefill_race(report: LoadReport, out: str) -> None:
+def assert_lost_only_to_generation_races(report: LoadReport, out: str) -> None:
+    """Nothing lost but at most 2 requests answered 503/500 before any byte: Dynamo 1.6.1's generation races."""
     assert report.served > 0, "the clients got nothing served at all"
-    other = [o for o in report.lost if o.detail != PREFILL_RACE]
+    other = [o for o in report.lost if o.detail not in ANSWERS or o.tokens]
     assert not other, f"{len(other)} of {len(report.outcomes)} requests lost: {report.seen()}\n{out}"
-    assert len(report.lost) <= 2, f"{len(report.lost)} requests lost to the prefill race: {report.seen()}"
+    assert len(report.lost) <= 2, f"{len(report.lost)} requests lost to the generation races: {report.seen()}"
 
 
 def test_a_decode_argument_change_starts_a_new_generation_and_loses_no_request(live: Live) -> None:
@@ -117,7 +113,7 @@ def test_a_decode_argument_change_starts_a_new_generation_and_loses_no_request(l
     diff = _cmd("diff", str(live.recipe))
     assert diff.returncode == 3 and "surge, new generation" in diff.stdout and "expected loss 0" in diff.stdout, diff.stdout
     report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
-    assert_lost_only_to_the_prefill_race(report, out)
+    assert_lost_only_to_generation_races(report, out)
     assert "surge: starting prefill-0-surge, prefill-1-surge beside prefill-0, prefill-1 (prefill first" in out, out
     assert "surge: starting decode-0-surge, decode-1-surge beside decode-0, decode-1" in out, out
     now = live.ready()["namespaces"]

@@ -37,6 +37,7 @@ from primectl.bench.liveload import LiveLoad, LoadReport
 
 from . import conftest
 from .conftest import REPO, deep_merge, nspawn_runtime
+from .generation_races import ANSWERS, RACES, race_causes
 from .nspawnhosts import NspawnHosts
 from .test_systemd_hosts import SystemdDeployment
 
@@ -50,31 +51,8 @@ PORTS = {
 }
 CLIENTS = 3
 LOAD_S = 3.0  # load before and after each change
-# The frontend's own account of an HTTP 503 it sent in a generation change, by the line that names the cause: two
-# races in Dynamo 1.6.1's prefill routing that primectl's rollout does not close yet (README, "What a change can
-# still lose"). Measured here: in about half the runs of the decode change, one or two requests, never more.
-PREFILL_RACES = {
-    # The new generation's decode twin registered and took a request while the frontend's prefill router for
-    # that generation's namespace was still activating; the migration's 3 retries fail the same way at once.
-    "new generation's prefill router still activating": "is still activating",
-    # The router had picked an old prefill worker as it left discovery at its drain's SIGTERM.
-    "old prefill worker left discovery": "Remote prefill failed, failing request",
-}
-PREFILL_503 = "HTTP 503: Error code: 503 - Service temporarily unavailable"
 # What systemd logs when it had to SIGKILL a unit itself (its stop timeout ran out): a drain never gets there.
 SYSTEMD_TIMEOUT_KILL = ("timed out. Killing", "Killing process")
-
-
-def prefill_race_causes(frontend_log: str) -> dict[str, int]:
-    """How many 503s the frontend sent, and how many of each known prefill race its log shows, in `frontend_log`."""
-    out = {"503 sent": frontend_log.count("http response sent status=503")}
-    for cause, needle in PREFILL_RACES.items():
-        if needle == "is still activating":  # one line per retry: count the requests whose retries ran out
-            out[cause] = sum("migration retries exhausted" in line and "worker_unavailable" in line
-                             for line in frontend_log.splitlines())
-        else:
-            out[cause] = frontend_log.count(needle)
-    return out
 
 
 def flat_recipe(path: Path) -> dict[str, Any]:
@@ -175,11 +153,11 @@ def systemd_live(nspawn_hosts: NspawnHosts, tmp_path_factory: pytest.TempPathFac
         assert not left, f"units left behind after `down --purge`: {left}"
 
 
-def under_load(live: SystemdLive, *, prefill_races: bool = False) -> tuple[LoadReport, str]:
+def under_load(live: SystemdLive, *, generation_races: bool = False) -> tuple[LoadReport, str]:
     """`up` of the recipe as written while CLIENTS stream chat requests; what they saw, what `up` printed.
 
-    Nothing may be lost; with `prefill_races` (a change that replaces prefill workers and starts a generation),
-    except at most 2 HTTP 503s, each of which the frontend's log explains as one of the PREFILL_RACES."""
+    Nothing may be lost; with `generation_races` (a change that starts a new generation), except at most 2
+    requests answered 503 or 500 before any byte, each of which the frontend's log explains as one of RACES."""
     live.mark()
     load = LiveLoad(live.endpoint, "demo", clients=CLIENTS, deadline_s=600)
     with load:
@@ -192,20 +170,20 @@ def under_load(live: SystemdLive, *, prefill_races: bool = False) -> tuple[LoadR
     assert r.returncode == 0, f"up failed:\n{out}"
     report = load.report
     assert report.served > 0, "the clients got nothing served at all"
-    causes = prefill_race_causes(live.frontend_log())
-    print(f"served {report.served}, lost {len(report.lost)}; the frontend's 503s: {causes}")
+    causes = race_causes(live.frontend_log())
+    print(f"served {report.served}, lost {len(report.lost)}; the frontend's 5xx: {causes}")
     wall = time.time() - time.monotonic()
     when = ", ".join(time.strftime("%H:%M:%S", time.gmtime(o.started + wall)) + f".{(o.started + wall) % 1:.3f}"[2:]
                      + f"Z +{o.ended - o.started:.3f}s" for o in report.lost)
     lost = f"{len(report.lost)} of {len(report.outcomes)} requests lost: {report.seen()} (started {when})"
     context = f"{lost}; frontend: {causes}\n{out}\n--- errors in the logs ---\n{live.errors()}"
-    if not prefill_races:
+    if not generation_races:
         assert not report.lost, context
     else:
-        assert all(o.detail == PREFILL_503 and o.tokens == 0 for o in report.lost), context
+        assert all(o.detail in ANSWERS and o.tokens == 0 for o in report.lost), context
         assert len(report.lost) <= 2, context
-        explained = sum(n for cause, n in causes.items() if cause in PREFILL_RACES)
-        assert causes["503 sent"] == len(report.lost) <= explained, context
+        explained = sum(n for cause, n in causes.items() if cause in RACES)
+        assert causes["503 sent"] + causes["500 sent"] == len(report.lost) <= explained, context
     return report, out
 
 
@@ -241,7 +219,7 @@ def test_a_decode_argument_change_surges_a_new_generation_of_units_and_loses_no_
     live.write()
     diff = dep.cli("diff")
     assert diff.returncode == 3 and "surge, new generation" in diff.stdout, diff.stdout
-    _, out = under_load(live, prefill_races=True)
+    _, out = under_load(live, generation_races=True)
     assert "surge: starting prefill-0-surge beside prefill-0 (prefill first" in out, out
     assert "surge: starting decode-0-surge, decode-1-surge beside decode-0, decode-1" in out, out
 
