@@ -31,7 +31,7 @@ AIPERF = {  # shape of AIPerf 0.13.0's profile_export_aiperf.json (values trimme
 def summary(doc=None, *, hit=0.8, code=0, gpus=3):
     doc = AIPERF if doc is None else doc
     s = {"aiperf": {"exit_code": code}, "figures": sm.figures_from_aiperf(doc, gpus) if doc else {},
-         "prefix_cache": {"hit_rate": hit}}
+         "prefix_cache": {"hit_rate": hit}, "errors": sm.errors(doc) if doc else []}
     return sm.finish(s)
 
 
@@ -67,6 +67,19 @@ def test_error_threshold(failed: int, valid: bool) -> None:
     if not valid:
         assert any("above the 1.00% threshold" in r for r in s["invalid_reasons"])
     assert sm.finish(copy.deepcopy(s), max_error_rate=0.5)["valid"]
+
+
+def test_an_invalid_error_rate_names_what_the_failed_requests_got() -> None:
+    doc = copy.deepcopy(AIPERF)
+    doc["completed_request_count"]["avg"] = 8.0
+    doc["request_count"]["avg"] = 5.0
+    doc["error_summary"] = [
+        {"error_details": {"code": 503, "type": "Service Unavailable", "message": "no server\n available"}, "count": 1},
+        {"error_details": {"code": 500, "type": "Internal Server Error", "message": "Failed to generate"}, "count": 2},
+    ]
+    (reason,) = [r for r in summary(doc)["invalid_reasons"] if r.startswith("error rate")]
+    assert reason.endswith("(3 of 8 requests failed: 2x 500 Internal Server Error: Failed to generate; "
+                           "1x 503 Service Unavailable: no server available)"), reason
 
 
 def test_missing_metrics_are_invalid() -> None:

@@ -234,6 +234,7 @@ def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Pa
         "prefix_cache": cache,
         "sessions": session_checks(records),
         "streaming": sm.streaming(records),
+        "errors": sm.errors(doc) if doc else [],
         "aiperf": {"version": ap.aiperf_version(exe) or doc.get("aiperf_version"), "executable": exe,
                    "argv": run.argv, "exit_code": code, "wall_s": round(wall, 1),
                    "env": {k: v for k, v in run.env.items() if k.startswith(("AIPERF_", "HF_HUB"))}},

@@ -127,6 +127,25 @@ def figures_from_aiperf(doc: dict[str, Any], gpu_slots: int) -> dict[str, float 
     return fig
 
 
+def errors(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the failed requests got, most frequent first: AIPerf's error_summary as count, code, type, message."""
+    out = []
+    for e in doc.get("error_summary") or []:
+        if isinstance(e, dict):
+            details = e.get("error_details")
+            d: dict[str, Any] = details if isinstance(details, dict) else {}
+            out.append({"count": int(e.get("count", 0)), "code": d.get("code"), "type": d.get("type"),
+                        "message": " ".join(str(d.get("message") or "").split())[:300]})
+    return sorted(out, key=lambda e: -e["count"])
+
+
+def _errors_text(summary: dict[str, Any]) -> str:
+    """The failed requests' errors in one line ('' when AIPerf named none)."""
+    kinds = summary.get("errors") or []
+    return "; ".join(f"{e['count']}x " + " ".join(str(p) for p in (e.get("code"), e.get("type")) if p)
+                     + (f": {e['message']}" if e.get("message") else "") for e in kinds[:3])
+
+
 def streaming(records: list[dict[str, Any]]) -> dict[str, int]:
     """How AIPerf received the streamed responses of more than one token: how many, and how many it read whole
     (in one chunk: their inter-token latency reads 0 and they time no token rate)."""
@@ -153,8 +172,10 @@ def gate(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     if rate is None:
         reasons.append("error rate unknown")
     elif rate > max_error_rate:
+        seen = _errors_text(summary)
         reasons.append(f"error rate {rate:.2%} above the {max_error_rate:.2%} threshold "
-                       f"({fig.get('requests_failed'):g} of {completed:g} requests failed)")
+                       f"({fig.get('requests_failed'):g} of {completed:g} requests failed"
+                       + (f": {seen})" if seen else ")"))
     missing = [k for k in REQUIRED_FIGURES if fig.get(k) is None]
     whole = (summary.get("streaming") or {}).get("read_whole", 0)
     streamed = (summary.get("streaming") or {}).get("responses", 0)
