@@ -102,17 +102,17 @@ def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
 
 
-def _ssh_only(plan: Plan, command: str) -> None:
-    """Commands that reach hosts over SSH themselves refuse other targets (which check and provision in `up`)."""
-    if plan.target.kind != "ssh":
-        raise DeployError(f"`primectl {command}` works on SSH hosts; target {plan.target.kind} checks and provisions "
-                          "in `primectl up` (and `up --dry-run` shows what it would do)")
-
-
 def _target(plan: Plan):  # type: ignore[no-untyped-def]
     from primectl.targets.base import get
 
     return get(plan.target.kind)
+
+
+def _host_commands(plan: Plan, command: str):  # type: ignore[no-untyped-def]
+    """The plan's target as the one that runs `command` on its machines (or its refusal)."""
+    from primectl.targets.base import host_commands
+
+    return host_commands(_target(plan), plan, command)
 
 
 def _live_plan(path: Path) -> Plan:
@@ -300,8 +300,8 @@ def _drain_or_restart(recipe: Path, service: str, *, restart: bool, accept_new_h
     def body() -> None:
         p = _plan(recipe)
         check_service_name(p, service, str(recipe))
-        _ssh_only(p, "restart" if restart else "drain")
-        _target(p).drain(p, service, _policy(p, accept_new_host_keys), _say, restart=restart, break_lock=break_lock)
+        _host_commands(p, "restart" if restart else "drain").drain(
+            p, service, _policy(p, accept_new_host_keys), _say, restart=restart, break_lock=break_lock)
 
     _guard(body)
 
@@ -361,13 +361,8 @@ def provision(
     """Install (or reuse) the pinned host runtime on every host; `up` does this first."""
 
     def body() -> None:
-        from primectl.deploy.cluster import opened
-        from primectl.deploy.provision import provision as do_provision
-
         p = _plan(recipe)
-        _ssh_only(p, "provision")
-        with opened(p, _policy(p, accept_new_host_keys), _say) as cluster:
-            do_provision(cluster, wheelhouse=wheelhouse, say=_say)
+        _host_commands(p, "provision").provision(p, _policy(p, accept_new_host_keys), _say, wheelhouse=wheelhouse)
 
     _guard(body)
 
@@ -377,13 +372,8 @@ def doctor(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> No
     """Installed runtime versions per host against the recipe's pins; exit 1 on drift."""
 
     def body() -> int:
-        from primectl.deploy.cluster import opened
-        from primectl.deploy.provision import doctor as do_doctor
-
         p = _plan(recipe)
-        _ssh_only(p, "doctor")
-        with opened(p, _policy(p, accept_new_host_keys), _say) as cluster:
-            lines, bad = do_doctor(cluster)
+        lines, bad = _host_commands(p, "doctor").doctor(p, _policy(p, accept_new_host_keys), _say)
         for line in lines:
             typer.echo(line)
         return EXIT_FAILURE if bad else 0
@@ -450,12 +440,11 @@ def preflight(
     def body() -> int:
         import json
 
-        from primectl.checks.preflight import preflight as do_preflight
         from primectl.checks.preflight import print_report
 
         p = _plan(recipe)
-        _ssh_only(p, "preflight")
-        report = do_preflight(p, _policy(p, accept_new_host_keys), _say, selftest=not no_selftest, fabric=not no_fabric)
+        report = _host_commands(p, "preflight").preflight(p, _policy(p, accept_new_host_keys), _say,
+                                                          selftest=not no_selftest, fabric=not no_fabric)
         if junit is not None:
             junit.write_text(report.to_junit(), encoding="utf-8")
         if output is Output.json:

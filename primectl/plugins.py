@@ -55,6 +55,8 @@ class Listed:
         s = self.supports
         if self.entry.kind == "target":
             parts = ["render, deploy" if s["deploy"] else "render only"]
+            if s.get("host_commands"):
+                parts.append("preflight, provision, doctor, drain")
             if s["surges"]:
                 parts.append("surge twins")
             return "; ".join(parts)
@@ -100,10 +102,11 @@ def _engine(name: str) -> dict[str, Any]:
 
 
 def _target(name: str) -> dict[str, Any]:
-    from primectl.targets.base import deploys, load
+    from primectl.targets.base import ReachesHosts, deploys, load
 
     target = load(name)
-    return {"render": True, "deploy": deploys(target), "surges": bool(target.surges)}
+    return {"render": True, "deploy": deploys(target), "host_commands": isinstance(target, ReachesHosts),
+            "surges": bool(target.surges)}
 
 
 def listing() -> list[Listed]:

@@ -333,6 +333,9 @@ def k8s_recipe(tmp_path: Path) -> Path:
     (["logs", "RECIPE", "decode-1"], "logs -l nvidia.com/dynamo-graph-deployment-name=demo,nvidia.com/dynamo-component=decode"),
     (["down"], "kubectl delete -f DIR"),
     (["unlock"], "primectl holds no lock"),
+    (["preflight"], "kubectl apply -f DIR"),
+    (["provision"], "kubectl apply -f DIR"),
+    (["drain", "RECIPE", "decode-1"], "primectl's surge, batches and drain do not apply there"),
 ])
 def test_commands_that_drive_a_cluster_refuse_naming_the_kubectl_command(cli, k8s_recipe, args, says):
     argv = [str(k8s_recipe) if a == "RECIPE" else a for a in args]

@@ -202,6 +202,8 @@ def test_plugins_lists_the_built_in_ones_and_what_each_supports(cli: Callable[..
     assert items["engine", "mocker"]["module"] == "primectl.engines.mocker"
     assert {n: items["target", n]["supports"]["deploy"] for n in ("ssh", "kubernetes", "slurm")} == {
         "ssh": True, "kubernetes": False, "slurm": True}
+    assert {n: items["target", n]["supports"]["host_commands"] for n in ("ssh", "kubernetes", "slurm")} == {
+        "ssh": True, "kubernetes": False, "slurm": False}
 
 
 # --- the two example plugins, installed ----------------------------------------------------------------
@@ -215,7 +217,7 @@ def test_plugins_lists_both_examples_with_their_distribution(plugins: Path) -> N
     assert (sglang["distribution"], sglang["version"], sglang["ref"]) == (*SGLANG, "primectl_sglang_mocker:SglangMockerEngine")
     assert (nomad["distribution"], nomad["version"], nomad["module"]) == (*NOMAD, "primectl_nomad_target")
     assert sglang["ok"] and sglang["supports"]["component"] == "dynamo-mocker-sglang"
-    assert nomad["supports"] == {"render": True, "deploy": False, "surges": False}
+    assert nomad["supports"] == {"render": True, "deploy": False, "host_commands": False, "surges": False}
     table = primectl("plugins", path=[plugins])
     assert table.exit_code == 0
     lines = {line.split("│")[2].strip(): line for line in table.stdout.splitlines() if line.count("│") > 3}

@@ -154,10 +154,12 @@ def test_render_refuses_an_unknown_target(cli: Callable[..., Any], tmp_path: Pat
     assert result.exit_code == 2 and "'slrum' is not a target (did you mean `slurm`?)" in result.stderr
 
 
-def test_ssh_only_commands_refuse_a_slurm_recipe(cli: Callable[..., Any]) -> None:
-    for command in ("preflight", "provision", "doctor"):
-        result = cli(command, "recipes/demo-slurm.yaml")
-        assert result.exit_code == 1 and "target slurm checks and provisions in `primectl up`" in result.stderr
+def test_host_commands_refuse_a_slurm_recipe(cli: Callable[..., Any]) -> None:
+    for args in (["preflight"], ["provision"], ["doctor"], ["drain", "decode-0"], ["restart", "decode-0"]):
+        result = cli(args[0], "recipes/demo-slurm.yaml", *args[1:])
+        assert result.exit_code == 1, (args, result.stderr)
+        assert f"`primectl {args[0]}` runs on targets that reach each host themselves; target slurm checks and " \
+               "provisions in `primectl up`" in " ".join(result.stderr.split()), (args, result.stderr)
 
 
 def test_logs_journal_on_a_slurm_recipe_says_the_step_output_is_the_log(cli: Callable[..., Any], tmp_path: Path) -> None:

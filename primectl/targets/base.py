@@ -194,6 +194,39 @@ class Deploys(Protocol):
         ...
 
 
+@runtime_checkable
+class ReachesHosts(Protocol):
+    """What a target that reaches each machine itself adds: the host commands `preflight`, `provision`, `doctor`,
+    `drain` and `restart`. A scheduler's or an operator's target checks, installs and replaces in `up` instead."""
+
+    def preflight(self, plan: Plan, options: Any, say: Say, *, selftest: bool, fabric: bool) -> Any:
+        """Check every machine (unreachable ones are reported, not fatal); a report with `ok`."""
+        ...
+
+    def provision(self, plan: Plan, options: Any, say: Say, *, wheelhouse: Path | None) -> None:
+        """Create or reuse the pinned runtime on every machine."""
+        ...
+
+    def doctor(self, plan: Plan, options: Any, say: Say) -> tuple[list[str], int]:
+        """Installed runtime versions per machine against the pins: report lines and how many drifted."""
+        ...
+
+    def drain(self, plan: Plan, service: str, options: Any, say: Say, *, restart: bool, break_lock: bool) -> None:
+        """Take one service out of routing, let its work finish, stop it (`restart`: and bring it back)."""
+        ...
+
+
+def host_commands(target: RenderTarget | Target, plan: Plan, command: str) -> ReachesHosts:
+    """The target as the one that runs `primectl <command>` on its machines, or the refusal that says where the
+    target does that instead (a render-only target: `primectl render`, exit 2)."""
+    if isinstance(target, ReachesHosts):
+        return target
+    if isinstance(target, RenderOnly):
+        raise target.refused(plan, command)
+    raise DeployError(f"`primectl {command}` runs on targets that reach each host themselves; target {plan.target.kind} "
+                      "checks and provisions in `primectl up` (and `up --dry-run` shows what it would do)")
+
+
 class Target(RenderTarget, Deploys, Protocol):
     """A target with both parts, as `get` hands every target out (a render-only one wrapped in RenderOnly)."""
 
@@ -272,15 +305,13 @@ def get(name: str) -> Target:
 
 def render_for_target(plan: Plan, out: Path) -> list[str]:
     """Write what the plan's target ships under `out` (`primectl render`); one line per thing written, for the operator."""
-    from primectl.render.bundle import render_plan, write_bundles  # jinja2: imported when rendering, not with this module
-
     kind = plan.target.kind
-    if kind == "ssh":
-        bundles = render_plan(plan)
-        written = write_bundles(bundles, out)
-        lines = [f"{out / host}: revision {b.revision}, {len(b.services)} services" for host, b in sorted(bundles.items())]
-        return [*lines, f"{len(written)} files written"]
     chosen = get(kind)
+    # A target may write what it renders its own way (ssh: one release directory per host, with its manifest).
+    write = getattr(chosen, "write_render", None)
+    if callable(write):
+        written: list[str] = write(plan, out)
+        return written
     files = chosen.render(plan)
     for rel, data in sorted(files.items()):
         path = out / rel

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 from primectl.checks.preflight_rules import ours_listening
@@ -735,6 +736,15 @@ class SSHTarget:
         """Per-host bundles as <host>/<path>."""
         return {f"{h}/{p}": data for h, b in render_plan(plan).items() for p, data in b.files.items()}
 
+    def write_render(self, plan: Plan, out: Path) -> list[str]:
+        """`primectl render`: each host's release under out/<host>; one line per host, then the count of files."""
+        from primectl.render.bundle import write_bundles
+
+        bundles = render_plan(plan)
+        written = write_bundles(bundles, out)
+        lines = [f"{out / host}: revision {b.revision}, {len(b.services)} services" for host, b in sorted(bundles.items())]
+        return [*lines, f"{len(written)} files written"]
+
     @contextmanager
     def apply(self, plan: Plan, options: Any, say: Say) -> Iterator[SSHRollout]:
         """Connect to every host (and the ones the recipe dropped) and inspect them."""
@@ -759,6 +769,26 @@ class SSHTarget:
         finally:
             t.close()
         return code
+
+    def preflight(self, plan: Plan, options: Any, say: Say, *, selftest: bool, fabric: bool) -> Any:
+        """Check every host over SSH (unreachable ones are reported, not fatal): the preflight Report."""
+        from primectl.checks.preflight import preflight
+
+        return preflight(plan, _policy(options), say, selftest=selftest, fabric=fabric)
+
+    def provision(self, plan: Plan, options: Any, say: Say, *, wheelhouse: Path | None) -> None:
+        """Create or reuse each host's runtime venv (offline from `wheelhouse` when given)."""
+        from primectl.deploy.provision import provision
+
+        with opened(plan, _policy(options), say) as cluster:
+            provision(cluster, wheelhouse=wheelhouse, say=say)
+
+    def doctor(self, plan: Plan, options: Any, say: Say) -> tuple[list[str], int]:
+        """Per host, the installed runtime's versions against the pins."""
+        from primectl.deploy.provision import doctor
+
+        with opened(plan, _policy(options), say) as cluster:
+            return doctor(cluster)
 
     def drain(self, plan: Plan, service: str, options: Any, say: Say, *, restart: bool, break_lock: bool) -> None:
         """Take one service out of routing and let its in-flight work finish, then stop it (`restart`: start it
