@@ -10,13 +10,25 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from primectl.deploy.protocol import ReloadSpec, balancer_servers, balancer_worker_pid, reload_in_place
+from primectl.deploy.protocol import (
+    DrainSpec,
+    ReloadSpec,
+    back_into_balancer,
+    balancer_server,
+    balancer_servers,
+    balancer_worker_pid,
+    drain_from_balancer,
+    reload_in_place,
+)
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 pytestmark = pytest.mark.skipif(not Path(HAPROXY).exists(), reason="haproxy is not installed (make system)")
@@ -28,17 +40,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(sock: Path, state: Path, port: int, servers: list[str], extra: str = "") -> str:
+def _config(sock: Path, state: Path, port: int, servers: list[str], extra: str = "", check: str = "") -> str:
     lines = [
         "global", f"    stats socket {sock} mode 600 level admin expose-fd listeners", f"    server-state-file {state}",
         "defaults", "    mode http", "    timeout connect 2s", "    timeout client 30s", "    timeout server 30s",
         "    load-server-state-from-file global",
         "frontend openai", f"    bind 127.0.0.1:{port}", "    default_backend frontends",
         "backend frontends",
-        *[f"    server {name} 127.0.0.1:{_free_port()}" for name in servers],
+        *(["    option httpchk GET /", "    default-server inter 100ms fall 1 rise 1"] if check else []),
+        *[f"    server {name} 127.0.0.1:{_free_port()}{check}" for name in servers],
         extra,
     ]
     return "\n".join(lines) + "\n"
+
+
+def _start(cfg: Path, sock: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while not sock.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert sock.exists(), "haproxy did not open its admin socket"
+    return proc
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture
@@ -47,23 +78,14 @@ def balancer(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, Re
     cfg, sock, state = tmp_path / "balancer.cfg", tmp_path / "balancer.sock", tmp_path / "balancer.state"
     port = _free_port()
     cfg.write_text(_config(sock, state, port, ["frontend-0"]))
-    proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = _start(cfg, sock)
     try:
-        deadline = time.time() + 10
-        while not sock.exists() and time.time() < deadline:
-            time.sleep(0.05)
-        assert sock.exists(), "haproxy did not open its admin socket"
         spec: ReloadSpec = {"signal": "SIGUSR2", "socket": str(sock), "backend": "frontends", "state_file": str(state),
                             "check": [HAPROXY, "-c", "-q", "-f", str(cfg)], "timeout_s": 10,
                             "servers": ["frontend-0", "frontend-1"]}
         yield proc, cfg, spec
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 def test_a_new_replica_set_is_taken_over_by_a_new_worker_of_the_same_master(balancer) -> None:  # type: ignore[no-untyped-def]
@@ -89,3 +111,31 @@ def test_a_configuration_that_does_not_load_is_refused_and_the_old_one_keeps_ser
     assert error and "does not load" in error and "still running the old one" in error, error
     assert balancer_worker_pid(sock) == worker and balancer_servers(sock, "frontends") == ["frontend-0"]
     assert proc.poll() is None
+
+
+def test_a_replica_back_on_a_new_port_is_health_checked_and_served_there(tmp_path: Path) -> None:
+    """`ports.frontend_replica` changed: the replica was drained, restarted on its new port, and comes back; the
+    balancer must reach it there, not at the port its configuration still names until its reload."""
+    cfg, sock, state = tmp_path / "balancer.cfg", tmp_path / "balancer.sock", tmp_path / "balancer.state"
+    port, new = _free_port(), _free_port()
+    cfg.write_text(_config(sock, state, port, ["frontend-0"], check=" check"))
+    replica = subprocess.Popen([sys.executable, "-m", "http.server", str(new), "--bind", "127.0.0.1"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    proc = _start(cfg, sock)
+    try:
+        drain: DrainSpec = {"how": "balancer", "socket": str(sock), "server": "frontends/frontend-0",
+                            "address": f"127.0.0.1:{new}", "timeout_s": 5}
+        assert drain_from_balancer(drain)["cut"] == 0
+        assert balancer_server(str(sock), "frontends/frontend-0")["addr"] != f"127.0.0.1:{new}"
+        assert back_into_balancer(drain, timeout=15) is None
+        row = balancer_server(str(sock), "frontends/frontend-0")
+        assert row["addr"] == f"127.0.0.1:{new}" and row["status"].startswith("UP"), row
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+            assert resp.status == 200, "the balancer did not serve through the moved replica"
+        # an address the balancer cannot take is an error that names the server, not a silent success
+        bad: DrainSpec = {**drain, "address": "not-an-address:1"}
+        error = back_into_balancer(bad, timeout=3)
+        assert error and "frontends/frontend-0" in error and "not-an-address:1" in error, error
+    finally:
+        _stop(proc)
+        _stop(replica)

@@ -340,6 +340,39 @@ def test_a_new_frontend_replica_is_added_to_the_balancer_by_a_reload_not_a_resta
     assert ("h1", "frontend-2") in env.world.drains and not env.world.is_running("h1", "frontend-2")
 
 
+def test_a_renamed_model_moves_the_balancer_check_while_both_generations_serve(env: Env) -> None:
+    two = {"host": "h1", "replicas": 2}
+    env.up(env.plan(frontend=two))
+    renamed = env.plan(frontend=two, model={**env.base["model"], "served_name": "demo2"})
+    _, steps = diff(renamed, env.options.connection, env.said.append)
+    waves = next(s for s in steps if s.step == "waves")
+    line = next(d for d in waves.details if d.startswith("balancer: reloads in place"))
+    assert "follows the served model's new name" in line and "clients must ask for 'demo2'" in line, line
+    env.said.clear()
+    env.up(renamed)
+    said = [line for line in env.said if line.startswith(("surge:", "reloaded", "rolling"))]
+    # the balancer takes the new name once the new generation has registered, before the old one drains, and
+    # before any replica comes back into its rotation (where the old name's check would call it down)
+    assert said.index("reloaded balancer on h1 in place") == said.index("surge: draining and replacing decode-0, decode-1") - 1, said
+    assert said.index("reloaded balancer on h1 in place") < said.index("rolling frontend 1/2: frontend-0 (drain, restart, ready)")
+    assert env.world.reloads == [("h1", "balancer")], "reloaded once, not again in its own wave"
+    lines, _ = diff(renamed, env.options.connection, env.said.append)
+    assert lines and all(c.action == "keep" for c in lines), lines
+
+
+def test_replicas_moved_to_new_ports_roll_and_diff_says_they_come_back_there(env: Env) -> None:
+    two = {"host": "h1", "replicas": 2}
+    env.up(env.plan(frontend=two))
+    moved = env.plan(frontend=two, ports={"frontend_replica": 8200})
+    assert [s.drain.address for s in moved.services if s.drain and s.drain.how == "balancer"] == [
+        "127.0.0.2:8200", "127.0.0.2:8201"]
+    _, steps = diff(moved, env.options.connection, env.said.append)
+    waves = next(s for s in steps if s.step == "waves")
+    assert any("back in the balancer at its new port; expected loss 0" in d for d in waves.details), waves.details
+    env.up(moved)
+    assert env.world.drains[-2:] == [("h1", "frontend-0"), ("h1", "frontend-1")], "each replica drains, one by one"
+
+
 def test_a_failed_up_after_a_balancer_reload_reloads_it_back(env: Env) -> None:
     two = {"host": "h1", "replicas": 2}
     env.up(env.plan(frontend=two))

@@ -125,6 +125,7 @@ class DrainSpec(TypedDict, total=False):
     inflight_metrics: list[str]
     socket: str | None
     server: str | None
+    address: str | None
     timeout_s: float
 
 
@@ -527,15 +528,31 @@ def drain_from_balancer(drain: DrainSpec) -> Drained:
     return {"seconds": round(time.time() - t0, 3), "cut": cut, "how": "balancer"}
 
 
+def repoint_in_balancer(sock_path: str, server: str, address: str, row: dict[str, str]) -> str | None:
+    """Point the balancer's server at `address` (host:port) when its `show stat` row says another one: a replica
+    that came back on a new port must not be health-checked, or routed to, at its old one (None: done)."""
+    if not address or row.get("addr") == address:
+        return None
+    host, _, port = address.rpartition(":")
+    answer = balancer_command(sock_path, f"set server {server} addr {host} port {port}").strip()
+    now = balancer_server(sock_path, server).get("addr")
+    return None if now == address else f"the balancer would not move {server} to {address}: {answer or 'no answer'}"
+
+
 def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
-    """Put the server back in rotation and wait until the balancer's health check calls it UP (None: done)."""
+    """Put the server back in rotation, at its planned address, and wait until the balancer's health check calls
+    it UP (None: done)."""
     sock_path, server = str(drain.get("socket")), str(drain.get("server"))
     deadline = time.time() + timeout
     status = "?"
     while time.time() < deadline:
         try:
-            if not balancer_server(sock_path, server):
+            row = balancer_server(sock_path, server)
+            if not row:
                 return None  # a new server, not in the balancer's configuration yet: the balancer's reload adds it
+            error = repoint_in_balancer(sock_path, server, str(drain.get("address") or ""), row)
+            if error:
+                return error
             balancer_command(sock_path, f"set server {server} state ready")
             status = balancer_server(sock_path, server).get("status", "?")
         except OSError as exc:

@@ -39,10 +39,11 @@ def state_file(ctx: PlanContext, host: str) -> str:
     return f"{ctx.hosts[host].workdir}/run/balancer.haproxy.state"
 
 
-def replica_drain(ctx: PlanContext, balancer_host: str, replica: str) -> Drain:
-    """How a frontend replica leaves rotation: the balancer stops sending it work and its streams finish."""
-    return Drain(how="balancer", socket=socket_path(ctx, balancer_host), server=f"{BACKEND}/{replica}",
-                 timeout_s=ctx.recipe.frontend.drain_timeout_s)
+def replica_drain(ctx: PlanContext, balancer_host: str, replica: Service) -> Drain:
+    """How a frontend replica leaves rotation: the balancer stops sending it work and its streams finish; when it
+    is back, the balancer reaches it at its (possibly new) address and port."""
+    return Drain(how="balancer", socket=socket_path(ctx, balancer_host), server=f"{BACKEND}/{replica.name}",
+                 address=f"{replica.address}:{replica.ports['http']}", timeout_s=ctx.recipe.frontend.drain_timeout_s)
 
 
 def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Service:
@@ -51,10 +52,10 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
 
     fe = ctx.recipe.frontend
     addr = ctx.hosts[host].address
+    check_uri = f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready"
     config = template("haproxy.cfg.j2").render(
         name="balancer", deployment=ctx.recipe.name, maxconn=MAXCONN, socket=socket_path(ctx, host),
-        state_file=state_file(ctx, host),
-        check_uri=f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready",
+        state_file=state_file(ctx, host), check_uri=check_uri,
         stream_timeout_s=600, address=addr, port=fe.port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"]} for r in replicas],
     )
@@ -66,7 +67,9 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
         argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config)],
         ports={"http": fe.port}, listens=[fe.port],
         depends_on=[r.name for r in replicas],
-        ready=Probe(kind="http", url=f"http://{addr}:{fe.port}/health", timeout_s=60),
+        # ready once the model is ready through it: a balancer whose check follows a renamed model then says when
+        # it has taken the new name (the rollout reloads it as soon as the new workers serve, see targets/ssh.py)
+        ready=Probe(kind="http", url=f"http://{addr}:{fe.port}{check_uri}", timeout_s=60),
         reload=Reload(signal="SIGUSR2", socket=socket_path(ctx, host), backend=BACKEND,
                       servers=[r.name for r in replicas], state_file=state_file(ctx, host),
                       check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),

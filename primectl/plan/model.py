@@ -48,6 +48,8 @@ OPTIONAL_EXPECT_FIELDS = ("reload",)
 # Fields that change how a process runs but that most services leave unset: they count only where set, so a
 # service recorded before they existed still matches.
 OPTIONAL_RUN_FIELDS = ("watch",)
+# Keys added later inside a field, counted the same way: only where set (`drain.address`: a balancer's replicas).
+OPTIONAL_KEYS = (("drain", "address"),)
 
 
 def _hash(value: Any) -> str:
@@ -88,6 +90,8 @@ class Drain(Frozen):
     inflight_metrics: list[str] = Field(default_factory=list, description="Gauges summed for its in-flight requests.")
     socket: str | None = Field(None, description="balancer: the load balancer's admin socket on the service's host.")
     server: str | None = Field(None, description="balancer: this service as backend/server.")
+    address: str | None = Field(None, description="balancer: the address:port the balancer reaches this service at "
+                                "once it is back (a replica that moved is re-pointed before it returns to rotation).")
     timeout_s: float = Field(..., description="In-flight work still running after this long is cut.")
 
 
@@ -200,6 +204,9 @@ class Service(Frozen):
         binding; a change restarts it); `expect_hash`, of what readiness and ordering expect of it (a change
         needs no restart); `fields`, a hash per field, so two definitions can say which fields differ."""
         doc = self.model_dump(mode="json")
+        for field, key in OPTIONAL_KEYS:
+            if isinstance(doc.get(field), dict) and doc[field].get(key) is None:
+                del doc[field][key]
         # a field most services leave unset counts only where set: state recorded before it existed still matches
         expect = EXPECT_FIELDS + tuple(k for k in OPTIONAL_EXPECT_FIELDS if doc[k] is not None)
         run = self.run_fields()

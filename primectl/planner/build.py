@@ -192,8 +192,9 @@ def build_plan(recipe: Recipe) -> Plan:
     if recipe.frontend.replicas == 1:
         services.append(frontend_service(ctx, fe_host, control + workers, namespace_prefix=prefix))
     else:
-        replicas = [frontend_service(ctx, fe_host, control + workers, replica=i, namespace_prefix=prefix).model_copy(
-            update={"drain": replica_drain(ctx, fe_host, f"frontend-{i}")}) for i in range(recipe.frontend.replicas)]
+        replicas = [r.model_copy(update={"drain": replica_drain(ctx, fe_host, r)}) for r in (
+            frontend_service(ctx, fe_host, control + workers, replica=i, namespace_prefix=prefix)
+            for i in range(recipe.frontend.replicas))]
         services += replicas
         services.append(balancer_service(ctx, fe_host, replicas))
 

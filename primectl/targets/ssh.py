@@ -305,7 +305,11 @@ class SSHRollout:
             for n in self.reloads(wave):
                 svc = plan.service(n)
                 out.append(f"{n}: reloads in place ({svc.reload.signal if svc.reload else ''}: only its files "
-                           "change); it keeps its sockets and finishes the connections it holds; expected loss 0")
+                           "change); it keeps its sockets and finishes the connections it holds; "
+                           + (f"its health check follows the served model's new name, so it reloads as soon as the "
+                              f"new workers have registered, before any replica rolls; clients must ask for "
+                              f"'{plan.served_model}': the old name answers 404 once its workers have drained"
+                              if n in self.check_moves() else "expected loss 0"))
             for n in at_once:
                 if n in running:
                     svc = plan.service(n)
@@ -343,7 +347,9 @@ class SSHRollout:
                 together = len(steps) == 1 and len(steps[0]) >= len([n for i in rollout.instances for n in i])
                 out.append(f"{rollout.role}: {len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
                            f"drain (up to {drain:g}s) -> restart -> ready"
-                           + (" -> registered with the router" if rollout.registered else " -> back in the balancer")
+                           + (" -> registered with the router" if rollout.registered else " -> back in the balancer"
+                              + (" at its new port" if any(self._field_changed(n, "listens") for b in steps for n in b)
+                                 else ""))
                            + ("; every instance at once: the role is out until they are ready" if together
                               else "; expected loss 0"))
         return out
@@ -385,6 +391,12 @@ class SSHRollout:
         reloads = set(self.reloads(wave))
         return [n for n in wave if n not in in_batches and n not in reloads], surge, rolls
 
+    def check_moves(self) -> list[str]:
+        """The reloading services whose readiness moves (a balancer whose health check follows a renamed model),
+        not yet reloaded. They reload as soon as the new configuration's workers have registered, while the old
+        name's still serve too: until then they would call every replica down, the ones that come back included."""
+        return [n for n in self.reloads(list(self.to_start)) if n not in self.reloaded and self._field_changed(n, "ready")]
+
     def reloads(self, wave: list[str]) -> list[str]:
         """The running services of a wave that take their change in place: only their files change, and they
         say how to re-read them (a balancer whose replica set changes)."""
@@ -400,10 +412,12 @@ class SSHRollout:
         at_once, surge, rolls = self.rolling(wave)
         if at_once:
             self._start_now(at_once)
-        if reloads := self.reloads(wave):
+        if reloads := [n for n in self.reloads(wave) if n not in self.reloaded]:
             self._reload_now(reloads)
         if surge:
             self._surge(surge)
+        if rolls and (early := self.check_moves()):
+            self._reload_now(early)  # before a replica comes back, or the balancer would never call it up
         for rollout, steps in rolls:
             for i, batch in enumerate(steps, 1):
                 if len(steps) > 1 or len(rollout.instances) > 1:
@@ -430,6 +444,8 @@ class SSHRollout:
             self.twins += [t.name for t in started]
             self._start_services(started)
             self._wait_roles(stage, extra, fresh=True)
+        if early := self.check_moves():
+            self._reload_now(early)  # both generations serve now: the only moment both names answer
         for stage in reversed(stages):
             c.say(f"surge: draining and replacing {', '.join(stage)}")
             self._start_now(stage)

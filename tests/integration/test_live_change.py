@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters
-from primectl.deploy.protocol import Layout, balancer_servers, starttime
+from primectl.deploy.protocol import Layout, balancer_servers, balancer_stat, starttime
 
 from .conftest import PRIMECTL, REPO
 from .generation_races import ANSWERS
@@ -153,6 +153,22 @@ def test_a_third_frontend_replica_joins_and_leaves_the_balancer_by_reloads_under
     assert balancer_servers(sock, "frontends") == ["frontend-0", "frontend-1"]
 
 
+def test_frontend_replicas_moved_to_new_ports_are_re_pointed_at_the_balancer_under_load(live: Live) -> None:
+    balancer = live.pid("balancer")
+    sock = str(live.workdir / "run" / "balancer.haproxy.sock")
+    live.doc["ports"]["frontend_replica"] = 32094
+    live.write()
+    diff = _cmd("diff", str(live.recipe))
+    assert diff.returncode == 3 and "back in the balancer at its new port; expected loss 0" in diff.stdout, diff.stdout
+    report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
+    assert_nothing_lost(report, out)
+    assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
+    rows = {r["svname"]: r for r in balancer_stat(sock) if r.get("pxname") == "frontends"}
+    assert rows["frontend-0"]["addr"] == "127.0.0.1:32094" and rows["frontend-1"]["addr"] == "127.0.0.1:32095", rows
+    assert all(rows[f"frontend-{i}"]["status"].startswith("UP") for i in (0, 1)), rows
+    assert _cmd("diff", str(live.recipe)).returncode == 0, "the balancer's reloaded configuration differs from the plan"
+
+
 def test_restart_of_one_decoder_loses_no_request(live: Live) -> None:
     old = live.pid("decode-1")
     report, out = under_load(live, "restart", str(live.recipe), "decode-1")
@@ -218,6 +234,28 @@ def test_kill_9_of_a_decode_worker_loses_no_request(live: Live) -> None:
         assert up.returncode == 0 and live.pid(worker) not in (None, pid), up.stdout + up.stderr
     # The kills hit requests in flight (else nothing above was tested): Dynamo moved them to the other decoder.
     assert sum(moved.values()) > 0, f"no request was migrated: {moved}"
+
+
+def test_a_renamed_model_is_served_through_the_balancer_by_the_new_name(live: Live) -> None:
+    """The balancer's health check names the model: it must follow a rename while both generations serve, or it
+    calls every replica down once the old name's workers drain, and no replica could come back into rotation."""
+    import time
+
+    balancer = live.pid("balancer")
+    live.doc["model"]["served_name"] = "demo-renamed"
+    live.write()
+    up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+    out = up.stdout + up.stderr
+    assert up.returncode == 0, out
+    said = [line for line in out.splitlines() if line.startswith(("surge: draining and replacing decode", "reloaded balancer"))]
+    assert said[0].startswith("reloaded balancer"), out  # the check moved before the old name's decoders drained
+    assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
+    rows = [r for r in balancer_stat(str(live.workdir / "run" / "balancer.haproxy.sock")) if r.get("pxname") == "frontends"]
+    assert all(r["status"].startswith("UP") for r in rows if r["svname"].startswith("frontend-")), rows
+    load = LiveLoad(f"http://127.0.0.1:{FRONTEND_PORT}", "demo-renamed", clients=2, deadline_s=60)
+    with load:
+        time.sleep(2)
+    assert_nothing_lost(load.report, out)
 
 
 def test_benchmark_script_counts_what_clients_lose() -> None:
