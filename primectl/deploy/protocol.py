@@ -647,7 +647,7 @@ def http_get(url: str, answers: Answers | None) -> tuple[int, bytes]:
         with urllib.request.urlopen(url, timeout=3) as resp:
             got = resp.status, resp.read(8 << 20)
     except urllib.error.HTTPError as exc:
-        got = exc.code, b""
+        got = exc.code, exc.read(8 << 20)  # a not-ready /ready still says what it counts
     if answers is not None:
         answers[url] = got
     return got
@@ -664,9 +664,9 @@ def run_probe(p: ProbeSpec, release: str, answers: Answers | None = None) -> tup
                 text = str(p["expect_text"])
                 found = text.encode() in body
                 return found, (f"HTTP {status}, lists {text}" if found else f"HTTP {status}, {TEXT_MISSING}{text}")
-            if status == p.get("expect_status", 200) and p.get("json_path"):
+            if p.get("json_path") and (status == p.get("expect_status", 200) or body):
                 seen = json_at(body, str(p["json_path"]))
-                return seen == p.get("json_expect"), f"{p['json_path']} = {seen!r} (want {p.get('json_expect')!r})"
+                return seen == p.get("json_expect"), f"HTTP {status}, {p['json_path']} = {seen!r} (want {p.get('json_expect')!r})"
             return status == p.get("expect_status", 200), f"HTTP {status}"
         if kind == "tcp":
             import socket

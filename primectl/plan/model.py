@@ -72,7 +72,9 @@ class Probe(Frozen):
     port: int | None = None
     command: list[str] | None = None
     expect_status: int = 200
-    json_path: str | None = Field(None, description="http: also require the JSON answer's value at this dotted path ...")
+    json_path: str | None = Field(None, description="http: also require the JSON answer's value at this dotted path "
+                                  "(judged whatever the status, when the answer has a body: a model that is not "
+                                  "ready yet still counts its workers) ...")
     json_expect: Any = Field(None, description="... to equal this.")
     timeout_s: float = Field(60, description="Give up after this long.")
     interval_s: float = Field(
