@@ -344,3 +344,14 @@ def slurm(slurm_cluster: slurmcluster.SlurmCluster) -> Iterator[slurmcluster.Slu
     yield slurm_cluster
     left = slurm_cluster.clean_up()
     assert not left, f"jobs or step processes left behind: {left}"
+
+
+def log_errors(workdir: Path, limit: int = 12) -> str:
+    """The last error lines of a deployment's service logs (what a failed assertion shows beside primectl's own
+    output, so a CI failure names what the workers said)."""
+    seen = []
+    for log in sorted((workdir / "logs").glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(word in line for word in ("ERROR", "Error", "error:", "Traceback", "Rejected", "panicked")):
+                seen.append(f"{log.name}: {line[-300:]}")
+    return "\n--- error lines in the deployment's logs ---\n" + ("\n".join(seen[-limit:]) or "(none)")

@@ -23,6 +23,8 @@ import yaml
 
 from primectl.bench.aiperf import AIPerfMissing, find_aiperf
 
+from .conftest import log_errors
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +96,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_bench_writes_a_valid_summary_and_plots(demo: Path, tmp_path: Path) -> None:
     r = cli("bench", demo, "--duration", "5", "--concurrency", "3", "--runs-dir", tmp_path, "-o", "json")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr + log_errors(demo.parent / "wd")
     s = json.loads(r.stdout)
     run = Path(s["run_dir"])
     assert s["valid"] and s["status"] == "VALID" and run.parent == tmp_path
@@ -141,7 +143,7 @@ def test_bench_writes_a_valid_summary_and_plots(demo: Path, tmp_path: Path) -> N
 def test_sla_search_finds_a_knee(demo: Path, tmp_path: Path) -> None:
     r = cli("bench", demo, "--duration", "3", "--concurrency", "2", "--max-runs", "2",
             "--sla", "ttft_p90_ms<=60000", "--runs-dir", tmp_path, "-o", "json")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr + log_errors(demo.parent / "wd")
     rep = json.loads(r.stdout)
     assert rep["knee"] == 2 and rep["resolved"] and rep["runs"] == 2
     assert [p["concurrency"] for p in rep["probes"]] == [1, 2] and all(p["passed"] for p in rep["probes"])
@@ -154,7 +156,7 @@ def test_ab_demo_vs_variant_writes_the_report(demo: Path, tmp_path: Path) -> Non
     variant = demo.with_name("demo-variant.yaml")
     r = cli("ab", demo, variant, "--repeat", "1", "--duration", "3", "--concurrency", "2", "--runs-dir", tmp_path,
             timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr + log_errors(demo.parent / "wd")
     (ab_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("-ab")]
     report = (ab_dir / "report.md").read_text()
     assert "| tok_s_per_user |" in report and "unknown (needs --repeat >= 2)" in report
@@ -227,7 +229,7 @@ def test_sweep_interrupted_by_ctrl_c_then_resumed_writes_every_file(demo: Path, 
         assert resp.status == 200  # Ctrl-C left a deployment serving
 
     r = cli("sweep", "--resume", root, timeout=400)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr + log_errors(demo.parent / "wd")
     state = json.loads((root / "sweep.json").read_text())
     assert state["status"] == "done"
     assert {vid: len(res["repeats"]) for vid, res in state["results"].items()} == {"v01": 1, "v02": 1}

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from .conftest import log_errors
 from .test_demo_smoke import Demo, _alive, _cmd, demo_up
 
 pytestmark = pytest.mark.integration
@@ -133,7 +134,7 @@ def test_chat_streams_an_answer(demo: VllmDemo) -> None:
 def test_a_short_bench_run_is_valid(demo: VllmDemo, tmp_path: Path) -> None:
     r = _cmd("bench", demo.recipe, "--duration", "15", "--concurrency", "2", "--runs-dir", tmp_path, "-o", "json",
              timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + log_errors(demo.workdir)
     summary = json.loads(r.stdout)
     assert summary["valid"] and summary["workload"]["preset"] == "agentic-tiny"
     assert summary["figures"]["tok_s_per_user"] > 0 and summary["figures"]["error_rate"] == 0
