@@ -148,3 +148,19 @@ def test_inspect_user_trace(tmp_path) -> None:
     bad.write_text("not json\n")
     with pytest.raises(ValueError, match="not JSON"):
         inspect_trace(bad)
+
+
+def test_the_tiny_models_workload_asks_for_its_whole_answer_and_the_others_do_not(tmp_path) -> None:
+    from pathlib import Path
+
+    from primectl.bench.aiperf import Tokenizer, profile_argv
+
+    def argv(name: str) -> list[str]:
+        return profile_argv("aiperf", model="demo", url="http://127.0.0.1:8000", tokenizer=Tokenizer("t", None),
+                            concurrency=2, duration_s=5, input_file=Path("in.jsonl"), artifacts=tmp_path, seed=1,
+                            block_size=64, user_trace=False, ignore_eos=PRESETS[name].ignore_eos).argv
+
+    # a random-weight model stops at a random end-of-sequence, and an answer stopped at its first token is empty
+    tiny = argv("agentic-tiny")
+    assert "ignore_eos:true" in tiny and tiny[tiny.index("ignore_eos:true") - 1] == "--extra-inputs", tiny
+    assert all("ignore_eos:true" not in argv(n) for n in ("agentic", "agentic-demo"))

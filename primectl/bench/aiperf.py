@@ -144,7 +144,7 @@ class AIPerfRun:
 
 def profile_argv(exe: str, *, model: str, url: str, tokenizer: Tokenizer, concurrency: int, duration_s: float,
                  input_file: Path, artifacts: Path, seed: int, block_size: int | None, user_trace: bool,
-                 grace_s: float = 30.0) -> AIPerfRun:
+                 grace_s: float = 30.0, ignore_eos: bool = False) -> AIPerfRun:
     """The `aiperf profile` command for one run against `url` (the frontend's base URL)."""
     argv = [
         exe, "profile", "-m", model, "--url", url, "--endpoint-type", "chat", "--streaming",
@@ -156,6 +156,8 @@ def profile_argv(exe: str, *, model: str, url: str, tokenizer: Tokenizer, concur
     ]
     if block_size:
         argv += ["--isl-block-size", str(block_size)]
+    if ignore_eos:  # every answer as long as the workload says (OpenAI-compatible servers' extension)
+        argv += ["--extra-inputs", "ignore_eos:true"]
     if user_trace:
         # A recorded trace with timestamps would switch AIPerf to its fixed schedule; we load by concurrency.
         argv.append("--no-fixed-schedule")

@@ -200,7 +200,7 @@ def run_bench(plan: Plan, opts: BenchOptions, *, recipe: str = "", runs_root: Pa
     run = ap.profile_argv(exe, model=plan.served_model, url=plan.endpoint, tokenizer=tok,
                           concurrency=opts.concurrency, duration_s=opts.duration_s, input_file=input_file,
                           artifacts=artifacts, seed=opts.seed, block_size=block if spec else None,
-                          user_trace=spec is None, grace_s=opts.grace_s)
+                          user_trace=spec is None, grace_s=opts.grace_s, ignore_eos=bool(spec and spec.ignore_eos))
     before, err_before = scrape(metrics_url)
     (run_dir / "metrics-before.txt").write_text(before)
     say(f"bench {plan.name}: {workload_doc.get('preset', 'trace')} workload, concurrency {opts.concurrency}, "

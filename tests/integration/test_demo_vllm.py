@@ -138,6 +138,15 @@ def test_a_short_bench_run_is_valid(demo: VllmDemo, tmp_path: Path) -> None:
     summary = json.loads(r.stdout)
     assert summary["valid"] and summary["workload"]["preset"] == "agentic-tiny"
     assert summary["figures"]["tok_s_per_user"] > 0 and summary["figures"]["error_rate"] == 0
+    # every answer is as long as the workload asked: the random-weight model's end-of-sequence is ignored
+    run = Path(summary["run_dir"])
+    asked: dict[str, list[int]] = {}
+    for line in (run / "input.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        asked.setdefault(row["session_id"], []).append(row["output_length"])
+    got = [(json.loads(line)["metadata"], json.loads(line)["metrics"]["output_sequence_length"]["value"])
+           for line in (run / "aiperf" / "profile_export.jsonl").read_text().splitlines()]
+    assert got and all(n == asked[m["conversation_id"]][m["turn_index"]] for m, n in got), got
 
 
 def _engine_cores(pid: int) -> set[int]:
