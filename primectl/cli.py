@@ -21,6 +21,7 @@ from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployEr
 if TYPE_CHECKING:
     from primectl.deploy.cluster import ConnectionPolicy
     from primectl.plan.model import Plan
+    from primectl.targets.base import ReachesHosts
 
 app = typer.Typer(
     help="Deploy disaggregated LLM serving (Dynamo + vLLM/mocker + NIXL + Mooncake) from a recipe.",
@@ -108,7 +109,7 @@ def _target(plan: Plan):  # type: ignore[no-untyped-def]
     return get(plan.target.kind)
 
 
-def _host_commands(plan: Plan, command: str):  # type: ignore[no-untyped-def]
+def _host_commands(plan: Plan, command: str) -> ReachesHosts:
     """The plan's target as the one that runs `command` on its machines (or its refusal)."""
     from primectl.targets.base import host_commands
 

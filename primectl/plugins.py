@@ -56,7 +56,7 @@ class Listed:
         if self.entry.kind == "target":
             parts = ["render, deploy" if s["deploy"] else "render only"]
             if s.get("host_commands"):
-                parts.append("preflight, provision, doctor, drain")
+                parts.append("preflight, provision, doctor, drain, restart")
             if s["surges"]:
                 parts.append("surge twins")
             return "; ".join(parts)

@@ -132,6 +132,8 @@ def test_a_replica_back_on_a_new_port_is_health_checked_and_served_there(tmp_pat
         assert row["addr"] == f"127.0.0.1:{new}" and row["status"].startswith("UP"), row
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
             assert resp.status == 200, "the balancer did not serve through the moved replica"
+        # a host named by name is resolved as the balancer's configuration was: the same server, nothing to move
+        assert back_into_balancer({**drain, "address": f"localhost:{new}"}, timeout=5) is None
         # an address the balancer cannot take is an error that names the server, not a silent success
         bad: DrainSpec = {**drain, "address": "not-an-address:1"}
         error = back_into_balancer(bad, timeout=3)

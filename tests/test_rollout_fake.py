@@ -347,7 +347,7 @@ def test_a_renamed_model_moves_the_balancer_check_while_both_generations_serve(e
     _, steps = diff(renamed, env.options.connection, env.said.append)
     waves = next(s for s in steps if s.step == "waves")
     line = next(d for d in waves.details if d.startswith("balancer: reloads in place"))
-    assert "follows the served model's new name" in line and "clients must ask for 'demo2'" in line, line
+    assert "the served model is renamed ('demo' -> 'demo2')" in line and "clients must ask for 'demo2'" in line, line
     env.said.clear()
     env.up(renamed)
     said = [line for line in env.said if line.startswith(("surge:", "reloaded", "rolling"))]
@@ -360,6 +360,32 @@ def test_a_renamed_model_moves_the_balancer_check_while_both_generations_serve(e
     assert lines and all(c.action == "keep" for c in lines), lines
 
 
+def test_a_renamed_model_without_room_for_a_generation_moves_the_balancer_check_before_the_replicas_roll(env: Env) -> None:
+    two = {"host": "h1", "replicas": 2}
+    env.up(_gpu(env, frontend=two))
+    env.said.clear()
+    env.up(_gpu(env, frontend=two, model={**env.base["model"], "served_name": "demo2"}))
+    said = env.said
+    workers = said.index("rolling decode 1/1: decode-0, decode-1 (drain, restart, ready, registered)")
+    reload = said.index("reloaded balancer on h1 in place")
+    # not before the workers serve the new name (the balancer would call every replica down), not after a replica
+    # came back (the old name's check would never call it up)
+    assert workers < reload < said.index("rolling frontend 1/2: frontend-0 (drain, restart, ready)"), said
+    assert env.world.reloads == [("h1", "balancer")]
+
+
+def test_a_balancer_recorded_before_its_health_check_named_the_model_is_not_called_a_rename(env: Env) -> None:
+    two = {"host": "h1", "replicas": 2}
+    env.up(env.plan(frontend=two))
+    state = env.tmp / "h1" / "state.json"
+    doc = json.loads(state.read_text())
+    doc["services"]["balancer"]["ready"]["url"] = "http://127.0.0.2:8000/health"  # as an older primectl recorded it
+    state.write_text(json.dumps(doc))
+    _, steps = diff(env.plan(frontend={**two, "replicas": 3}), env.options.connection, env.said.append)
+    line = next(d for d in next(s for s in steps if s.step == "waves").details if d.startswith("balancer:"))
+    assert "its health check moves to the model's readiness" in line and "renamed" not in line, line
+
+
 def test_replicas_moved_to_new_ports_roll_and_diff_says_they_come_back_there(env: Env) -> None:
     two = {"host": "h1", "replicas": 2}
     env.up(env.plan(frontend=two))
@@ -368,7 +394,7 @@ def test_replicas_moved_to_new_ports_roll_and_diff_says_they_come_back_there(env
         "127.0.0.2:8200", "127.0.0.2:8201"]
     _, steps = diff(moved, env.options.connection, env.said.append)
     waves = next(s for s in steps if s.step == "waves")
-    assert any("back in the balancer at its new port; expected loss 0" in d for d in waves.details), waves.details
+    assert any("back in the balancer at its new address; expected loss 0" in d for d in waves.details), waves.details
     env.up(moved)
     assert env.world.drains[-2:] == [("h1", "frontend-0"), ("h1", "frontend-1")], "each replica drains, one by one"
 

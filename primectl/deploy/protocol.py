@@ -531,9 +531,23 @@ def drain_from_balancer(drain: DrainSpec) -> Drained:
 def repoint_in_balancer(sock_path: str, server: str, address: str, row: dict[str, str]) -> str | None:
     """Point the balancer's server at `address` (host:port) when its `show stat` row says another one: a replica
     that came back on a new port must not be health-checked, or routed to, at its old one (None: done)."""
-    if not address or row.get("addr") == address:
+    if not address:
         return None
     host, _, port = address.rpartition(":")
+    try:  # the balancer shows, and takes, an IP: a host named by name is resolved first, as its configuration was
+        import ipaddress
+
+        ipaddress.ip_address(host)
+    except ValueError:
+        import socket
+
+        try:
+            host = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+        except OSError as exc:
+            return f"the balancer cannot move {server} to {address}: {exc}"
+    address = f"{host}:{port}"
+    if row.get("addr") == address:
+        return None
     answer = balancer_command(sock_path, f"set server {server} addr {host} port {port}").strip()
     now = balancer_server(sock_path, server).get("addr")
     return None if now == address else f"the balancer would not move {server} to {address}: {answer or 'no answer'}"

@@ -224,7 +224,8 @@ def host_commands(target: RenderTarget | Target, plan: Plan, command: str) -> Re
     if isinstance(target, RenderOnly):
         raise target.refused(plan, command)
     raise DeployError(f"`primectl {command}` runs on targets that reach each host themselves; target {plan.target.kind} "
-                      "checks and provisions in `primectl up` (and `up --dry-run` shows what it would do)")
+                      "checks and provisions in `primectl up`, and replaces a service by running `up` again "
+                      "(`up --dry-run` shows what it would do)")
 
 
 class Target(RenderTarget, Deploys, Protocol):

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import unquote, urlsplit
 
 from primectl.checks.preflight_rules import ours_listening
 from primectl.deploy.changes import Change, compute_changes, file_diff, pending, script_path, secrets_hash
@@ -79,7 +80,17 @@ def _refs(plan: Plan, names: Iterable[str]) -> list[ServiceRef]:
 
 
 def _recorded_refs(records: dict[str, ServiceRecord], names: Iterable[str]) -> list[ServiceRef]:
-    return [_ref(n, records[n]["unit"], records[n].get("stop_timeout", 30), records[n].get("drain")) for n in names]
+    return [_ref(n, records[n]["unit"], records[n].get("stop_timeout", 30), _recorded_drain(records[n])) for n in names]
+
+
+def _recorded_drain(record: ServiceRecord) -> DrainSpec | None:
+    """A recorded drain; a balancer's server recorded before drains carried their address gets the one its
+    readiness URL names, so a service put back at its old port is re-pointed there."""
+    drain = record.get("drain")
+    if not drain or drain.get("how") != "balancer" or drain.get("address"):
+        return drain
+    url = urlsplit(str((record.get("ready") or {}).get("url") or ""))
+    return {**drain, "address": f"{url.hostname}:{url.port}"} if url.hostname and url.port else drain
 
 
 def batches(rollout: RoleRollout, changed: set[str]) -> list[list[str]]:
@@ -306,10 +317,7 @@ class SSHRollout:
                 svc = plan.service(n)
                 out.append(f"{n}: reloads in place ({svc.reload.signal if svc.reload else ''}: only its files "
                            "change); it keeps its sockets and finishes the connections it holds; "
-                           + (f"its health check follows the served model's new name, so it reloads as soon as the "
-                              f"new workers have registered, before any replica rolls; clients must ask for "
-                              f"'{plan.served_model}': the old name answers 404 once its workers have drained"
-                              if n in self.check_moves() else "expected loss 0"))
+                           + (self._check_move_text(n) if n in self.check_moves() else "expected loss 0"))
             for n in at_once:
                 if n in running:
                     svc = plan.service(n)
@@ -348,8 +356,7 @@ class SSHRollout:
                 out.append(f"{rollout.role}: {len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
                            f"drain (up to {drain:g}s) -> restart -> ready"
                            + (" -> registered with the router" if rollout.registered else " -> back in the balancer"
-                              + (" at its new port" if any(self._field_changed(n, "listens") for b in steps for n in b)
-                                 else ""))
+                              + (" at its new address" if any(self._moves(n) for b in steps for n in b) else ""))
                            + ("; every instance at once: the role is out until they are ready" if together
                               else "; expected loss 0"))
         return out
@@ -395,7 +402,29 @@ class SSHRollout:
         """The reloading services whose readiness moves (a balancer whose health check follows a renamed model),
         not yet reloaded. They reload as soon as the new configuration's workers have registered, while the old
         name's still serve too: until then they would call every replica down, the ones that come back included."""
-        return [n for n in self.reloads(list(self.to_start)) if n not in self.reloaded and self._field_changed(n, "ready")]
+        return [n for n in self.reloads(list(self.to_start)) if n not in self.reloaded and self._ready_url(n)]
+
+    def _ready_url(self, name: str) -> str | None:
+        """The readiness URL a running service was recorded with, when the plan's differs (else None)."""
+        have = str(((self.cluster.recorded(self.plan.service(name).host).get(name) or {}).get("ready") or {}).get("url") or "")
+        return have if have and have != self.plan.service(name).ready.url else None
+
+    def _moves(self, name: str) -> bool:
+        """Whether a service behind a balancer comes back at another address than the balancer has for it."""
+        svc = self.plan.service(name)
+        record = self.cluster.recorded(svc.host).get(name) or {}
+        old = _recorded_drain(record) if record else None
+        return bool(svc.drain and old and svc.drain.address and old.get("address") != svc.drain.address)
+
+    def _check_move_text(self, name: str) -> str:
+        """What `diff` says of a balancer whose health check moves."""
+        old = self._ready_url(name) or ""
+        was = old.split("/v1/models/", 1)[1].rsplit("/", 1)[0] if "/v1/models/" in old else None
+        head = (f"the served model is renamed ('{unquote(was)}' -> '{self.plan.served_model}'); its health check "
+                "follows" if was else "its health check moves to the model's readiness")
+        return (f"{head}, so it reloads as soon as the new workers have registered, before any replica rolls"
+                + (f"; clients must ask for '{self.plan.served_model}': the old name answers 404 once its workers "
+                   "have drained" if was else "; expected loss 0"))
 
     def reloads(self, wave: list[str]) -> list[str]:
         """The running services of a wave that take their change in place: only their files change, and they
@@ -416,7 +445,7 @@ class SSHRollout:
             self._reload_now(reloads)
         if surge:
             self._surge(surge)
-        if rolls and (early := self.check_moves()):
+        if any(rollout.registered is None for rollout, _ in rolls) and (early := self.check_moves()):
             self._reload_now(early)  # before a replica comes back, or the balancer would never call it up
         for rollout, steps in rolls:
             for i, batch in enumerate(steps, 1):
@@ -584,9 +613,10 @@ class SSHRollout:
             if rollback:
                 for ref in refs:
                     ref["reload"] = {"signal": ref["reload"]["signal"], "timeout_s": ref["reload"].get("timeout_s", 30)}
-            waits: list[WaitSpec] = [{"name": n, "unit": unit_name(plan.name, n),
-                                      "probe": cast(ProbeSpec, plan.service(n).ready.model_dump(mode="json"))}
-                                     for n in by_host[h]]
+            # in a rollback, ready as the previous revision recorded it (a renamed model's old name, say)
+            waits: list[WaitSpec] = [{"name": n, "unit": unit_name(plan.name, n), "probe": cast(ProbeSpec, (
+                rollback and (c.recorded(h).get(n) or {}).get("ready")) or plan.service(n).ready.model_dump(mode="json"))}
+                for n in by_host[h]]
             return c.client(h).reload(refs, waits, timeout=max(plan.service(n).ready.timeout_s for n in by_host[h]) + 60)
 
         for h, r in parallel(one, by_host).items():

@@ -1,0 +1,88 @@
+"""How the host agent judges an http probe, and what a recorded drain or a plan hash keeps across versions.
+
+A real HTTP server on 127.0.0.1 answers the probes (make test runs the suite inside `unshare --net`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from primectl.deploy.protocol import run_probe
+from primectl.plan.model import Drain, Probe, Service
+from primectl.targets.ssh import _recorded_drain
+
+ANSWERS = {  # path -> (status, body): what Dynamo's /ready says before and after the model is ready
+    "/ready-503": (503, {"ready": False, "namespaces": {"ns": {"worker_types": {"prefill": {"workers": 2}}}}}),
+    "/ready-404": (404, {"message": "Model not found"}),
+    "/ready-200": (200, {"ready": True, "namespaces": {"ns": {"worker_types": {"prefill": {"workers": 2}}}}}),
+}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = ANSWERS[self.path]
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _count(url: str, want: int) -> dict[str, object]:
+    return {"kind": "http", "url": url, "json_path": "namespaces.ns.worker_types.prefill.workers", "json_expect": want}
+
+
+def test_a_count_probe_reads_a_not_ready_answer_but_only_its_count(server: str) -> None:
+    # a renamed model's new generation: prefill has registered, decode not yet, so /ready is 503 with the count
+    assert run_probe(_count(f"{server}/ready-503", 2), "") == (True, "HTTP 503, namespaces.ns.worker_types.prefill.workers = 2 (want 2)")  # type: ignore[arg-type]
+    assert run_probe(_count(f"{server}/ready-503", 3), "")[0] is False  # type: ignore[arg-type]
+    ok, detail = run_probe(_count(f"{server}/ready-404", 2), "")  # type: ignore[arg-type]
+    assert not ok and detail.startswith("HTTP 404"), detail
+    assert run_probe(_count(f"{server}/ready-200", 2), "")[0] is True  # type: ignore[arg-type]
+
+
+def test_a_status_probe_still_wants_its_status(server: str) -> None:
+    assert run_probe({"kind": "http", "url": f"{server}/ready-503"}, "") == (False, "HTTP 503")
+    assert run_probe({"kind": "http", "url": f"{server}/ready-200"}, "") == (True, "HTTP 200")
+
+
+def test_a_balancer_drain_recorded_without_its_address_takes_it_from_the_readiness_url() -> None:
+    record = {"unit": "u", "ready": {"kind": "http", "url": "http://127.0.0.1:8100/health"},
+              "drain": {"how": "balancer", "socket": "/s", "server": "frontends/frontend-0", "timeout_s": 60}}
+    assert _recorded_drain(record)["address"] == "127.0.0.1:8100"  # type: ignore[arg-type,index]
+    signal = {"how": "signal", "timeout_s": 60}
+    assert _recorded_drain({**record, "drain": signal}) == signal  # type: ignore[arg-type]
+
+
+def test_a_drain_without_an_address_hashes_as_before_the_field_existed() -> None:
+    def svc(drain: Drain) -> Service:
+        return Service(name="w", role="decode", component="c", host="h", address="127.0.0.1", argv=["x"], env={},
+                       ready=Probe(kind="tcp", host="127.0.0.1", port=1), drain=drain)
+
+    plain = svc(Drain(how="signal", timeout_s=60))
+    # the hash of a drain that never sets `address` is the hash of the same dict without the key
+
+    blob = json.dumps({k: v for k, v in plain.model_dump(mode="json")["drain"].items() if k != "address"},
+                      sort_keys=True, separators=(",", ":"))
+    assert plain.hashes()["fields"]["drain"] == hashlib.sha256(blob.encode()).hexdigest()[:16]
+    moved = svc(Drain(how="balancer", server="b/s", address="127.0.0.1:8200", timeout_s=60))
+    assert moved.hashes()["fields"]["drain"] != svc(Drain(how="balancer", server="b/s", timeout_s=60)).hashes()["fields"]["drain"]
