@@ -134,10 +134,16 @@ def test_chat_streams_an_answer(demo: VllmDemo) -> None:
 def test_a_short_bench_run_is_valid(demo: VllmDemo, tmp_path: Path) -> None:
     r = _cmd("bench", demo.recipe, "--duration", "15", "--concurrency", "2", "--runs-dir", tmp_path, "-o", "json",
              timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + log_errors(demo.workdir)
+    why = r.stdout[-3000:] + r.stderr[-3000:] + log_errors(demo.workdir)
     summary = json.loads(r.stdout)
-    assert summary["valid"] and summary["workload"]["preset"] == "agentic-tiny"
-    assert summary["figures"]["tok_s_per_user"] > 0 and summary["figures"]["error_rate"] == 0
+    # On a CPU-starved machine (the suite's three workers on two cores) vLLM merges the tokens its consumer has not
+    # read yet, and every stream can arrive in one piece: bench then says it could not time tokens apart (INVALID,
+    # exit 1, that one reason) instead of inventing a rate. Anything else is a failure.
+    bunched = [x for x in summary["invalid_reasons"] if x.startswith("tok_s_per_user unmeasured: AIPerf read each")]
+    assert r.returncode == 0 or (r.returncode == 1 and summary["invalid_reasons"] == bunched), why
+    assert summary["workload"]["preset"] == "agentic-tiny" and summary["figures"]["error_rate"] == 0, why
+    assert not summary["valid"] or summary["figures"]["tok_s_per_user"] > 0, why
+    assert summary["valid"] or summary["streaming"]["read_whole"] == summary["streaming"]["responses"] > 0, why
     # every answer is as long as the workload asked: the random-weight model's end-of-sequence is ignored
     run = Path(summary["run_dir"])
     asked: dict[str, list[int]] = {}
