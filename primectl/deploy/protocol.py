@@ -528,26 +528,26 @@ def drain_from_balancer(drain: DrainSpec) -> Drained:
     return {"seconds": round(time.time() - t0, 3), "cut": cut, "how": "balancer"}
 
 
-def repoint_in_balancer(sock_path: str, server: str, address: str, row: dict[str, str]) -> str | None:
-    """Point the balancer's server at `address` (host:port) when its `show stat` row says another one: a replica
-    that came back on a new port must not be health-checked, or routed to, at its old one (None: done)."""
-    if not address:
-        return None
-    host, _, port = address.rpartition(":")
-    try:  # the balancer shows, and takes, an IP: a host named by name is resolved first, as its configuration was
-        import ipaddress
+def balancer_address(address: str) -> str:
+    """`address` (host:port) as the balancer shows and takes it: a host named by name is resolved to its IPv4
+    address, as the balancer's configuration was (OSError when it does not resolve)."""
+    import ipaddress
+    import socket
 
+    host, _, port = address.rpartition(":")
+    try:
         ipaddress.ip_address(host)
     except ValueError:
-        import socket
+        host = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+    return f"{host}:{port}"
 
-        try:
-            host = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
-        except OSError as exc:
-            return f"the balancer cannot move {server} to {address}: {exc}"
-    address = f"{host}:{port}"
-    if row.get("addr") == address:
+
+def repoint_in_balancer(sock_path: str, server: str, address: str, row: dict[str, str]) -> str | None:
+    """Point the balancer's server at `address` (an IP:port) when its `show stat` row says another one: a replica
+    that came back on a new port must not be health-checked, or routed to, at its old one (None: done)."""
+    if not address or row.get("addr") == address:
         return None
+    host, _, port = address.rpartition(":")
     answer = balancer_command(sock_path, f"set server {server} addr {host} port {port}").strip()
     now = balancer_server(sock_path, server).get("addr")
     return None if now == address else f"the balancer would not move {server} to {address}: {answer or 'no answer'}"
@@ -557,6 +557,11 @@ def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
     """Put the server back in rotation, at its planned address, and wait until the balancer's health check calls
     it UP (None: done)."""
     sock_path, server = str(drain.get("socket")), str(drain.get("server"))
+    address = str(drain.get("address") or "")
+    try:
+        address = balancer_address(address) if address else ""
+    except OSError as exc:
+        return f"the balancer cannot move {server} to {drain.get('address')}: {exc}"
     deadline = time.time() + timeout
     status = "?"
     while time.time() < deadline:
@@ -564,7 +569,7 @@ def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
             row = balancer_server(sock_path, server)
             if not row:
                 return None  # a new server, not in the balancer's configuration yet: the balancer's reload adds it
-            error = repoint_in_balancer(sock_path, server, str(drain.get("address") or ""), row)
+            error = repoint_in_balancer(sock_path, server, address, row)
             if error:
                 return error
             balancer_command(sock_path, f"set server {server} state ready")

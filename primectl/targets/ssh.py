@@ -412,8 +412,7 @@ class SSHRollout:
     def _moves(self, name: str) -> bool:
         """Whether a service behind a balancer comes back at another address than the balancer has for it."""
         svc = self.plan.service(name)
-        record = self.cluster.recorded(svc.host).get(name) or {}
-        old = _recorded_drain(record) if record else None
+        old = _recorded_drain(self.cluster.recorded(svc.host).get(name) or {})
         return bool(svc.drain and old and svc.drain.address and old.get("address") != svc.drain.address)
 
     def _check_move_text(self, name: str) -> str:
