@@ -14,19 +14,16 @@ probe saw and its log's last line, at least every `progress_s` seconds.
 
 from __future__ import annotations  # agent-source: drop
 
-import json
 import os
-import re
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, cast
 
 from primectl.deploy.protocol import (  # agent-source: drop
     CODE_EXITED,
     CODE_TIMEOUT,
     KEEP_RELEASES,
     SUPERVISORS,
+    TYPE_CHECKING,
     Answers,
     InspectResult,
     InstallProgress,
@@ -49,12 +46,43 @@ from primectl.deploy.protocol import (  # agent-source: drop
     TailResult,
     WaitSpec,
     back_into_balancer,
+    json_dumps,
+    json_loads,
     kill_session,
     read_json,
     run_probe,
     starttime,
     write_atomic,
 )  # agent-source: drop
+
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Callable
+    from typing import Any
+
+
+class LazyPattern:
+    """A regular expression compiled when it is first used: `import re` is a fifth of the agent's start-up, and
+    most operations match nothing."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self._compiled: re.Pattern[str] | None = None
+
+    def _pattern(self) -> re.Pattern[str]:
+        if self._compiled is None:
+            import re
+
+            self._compiled = re.compile(self.source)
+        return self._compiled
+
+    def search(self, text: str) -> re.Match[str] | None:
+        """re.Pattern.search."""
+        return self._pattern().search(text)
+
+    def sub(self, repl: str, text: str) -> str:
+        """re.Pattern.sub."""
+        return self._pattern().sub(repl, text)
 
 
 class Host:
@@ -84,7 +112,8 @@ class Host:
         return probe_once(probe, self.layout.workdir, answers)
 
 
-Op = Callable[[Host], Result]
+if TYPE_CHECKING:
+    Op = Callable[[Host], Result]
 
 
 def op_inspect(h: Host) -> InspectResult:
@@ -140,7 +169,7 @@ def op_lock(h: Host) -> LockResult:
     except FileExistsError:
         owner = read_json(lay.lock_owner) or {}
         return {"ok": False, "owner": owner, "stale": owner.get("expires", 0) < time.time(), "error": "locked"}
-    write_atomic(lay.lock_owner, json.dumps(h.args["owner"]).encode())
+    write_atomic(lay.lock_owner, json_dumps(h.args["owner"]).encode())
     return {"ok": True}
 
 
@@ -286,7 +315,7 @@ def op_reload(h: Host) -> ReloadResult:
     if dead:
         started = op_start(Host(h.args | {"services": dead}, h.supervisor, h._prober, h._emit))
         if not started.get("ok"):
-            return cast(ReloadResult, started)
+            return started  # type: ignore[return-value]
     result: ReloadResult = {**op_wait(h), "reloaded": [svc["name"] for svc in services if svc not in dead]}
     return result
 
@@ -323,8 +352,8 @@ def last_log_line(path: str) -> str:
 
 # What a service logs about our own readiness probe (Dynamo's system server logs each 503 it answers):
 # never what it is busy with.
-PROBE_ECHO = re.compile(r"tower_http::trace|\bGET /(health|live|ready)\b")
-LOG_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+")  # a leading ISO time: the line says when, we say how long
+PROBE_ECHO = LazyPattern(r"tower_http::trace|\bGET /(health|live|ready)\b")
+LOG_STAMP = LazyPattern(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+")  # a leading ISO time: the line says when, we say how long
 
 
 class WaitReport:
@@ -419,6 +448,8 @@ def op_write_state(h: Host) -> Result:
     import shutil
 
     lay, state = h.layout, h.args["state"]
+    import json  # state.json is read by people too: indented, which only json's Python encoder does
+
     write_atomic(lay.state, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     keep = {state.get("revision"), state.get("previous_revision")}
     keep |= {s.get("release") for s in state.get("services", {}).values()}
@@ -430,7 +461,7 @@ def op_write_state(h: Host) -> Result:
     return {"ok": True}
 
 
-ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+ANSI_ESCAPE = LazyPattern(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
 def readable(text: str) -> str:
@@ -439,7 +470,7 @@ def readable(text: str) -> str:
     return "".join(c for c in text if c in "\t\n" or c >= " ")
 
 
-ERROR_LINE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): \S")
+ERROR_LINE = LazyPattern(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): \S")
 
 
 def _tail_file(path: str, lines: int) -> str:
@@ -556,7 +587,7 @@ def op_install_progress(h: Host) -> InstallProgress:
 
 
 AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/primectl_agent.py, the cached copy of this source
-DOWNLOADED = re.compile(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)")
+DOWNLOADED = LazyPattern(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)")
 
 OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}
 
@@ -579,7 +610,7 @@ def dispatch(op: str, args: dict[str, Any], supervisor: Supervisor | None = None
 
 def write_line(obj: Any) -> None:
     """One JSON line on stdout, sent at once (progress lines must not wait in a buffer)."""
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(json_dumps(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -587,7 +618,7 @@ def serve() -> int:
     """Session mode: one `{"op": ..., "args": ...}` JSON line in, progress lines and one result line out, until EOF."""
     for line in sys.stdin:
         if line.strip():
-            request = json.loads(line)
+            request = json_loads(line)
             write_line(dispatch(request["op"], request["args"], emit=write_line))
     return 0
 
@@ -596,8 +627,8 @@ def main(argv: list[str]) -> int:
     """Dispatch `<op> <json>` and print its progress lines and one JSON result, or `serve` a session."""
     if argv[1] == "serve":
         return serve()
-    result = dispatch(argv[1], json.loads(argv[2]), emit=write_line)
-    sys.stdout.write(json.dumps(result) + "\n")
+    result = dispatch(argv[1], json_loads(argv[2]), emit=write_line)
+    sys.stdout.write(json_dumps(result) + "\n")
     sys.stdout.flush()
     return 0 if result.get("ok") else int(result.get("code", 1))
 

@@ -17,18 +17,72 @@ exited while we waited, 4 timed out) and, when not ok, `error`.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
 
+# A host agent starts for every connection, so this file imports only what every operation needs. typing, json,
+# signal and re would double the agent's start-up (json and signal import re and enum): types are for mypy
+# (TYPE_CHECKING here is False at run time without importing typing), JSON goes through json's own C accelerator
+# (`json_loads`/`json_dumps`), signals are their numbers, and shutil, socket and subprocess are imported where
+# they are used.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Callable, Mapping
+    from typing import Any, TypedDict
+elif __name__.startswith("primectl."):  # imported by primectl, not sent as the agent: the real TypedDict
+    from typing import TypedDict
+else:
+    class TypedDict(dict):  # type: ignore[no-redef]
+        """In the agent, a TypedDict only names a dict."""
 
-# shutil, socket and subprocess are imported where they are used: a host agent starts for every connection, and
-# most operations (inspect on a process-supervised host, lock, write_state) need none of them.
+        def __init_subclass__(cls, total: bool = True) -> None:
+            pass
+
+SIGKILL, SIGTERM = 9, 15  # Linux's numbers; every host is Linux
+
+
+def _json_codec() -> tuple[Callable[[str | bytes], Any], Callable[[Any], str]]:
+    """json.loads and json.dumps (with their defaults) made from the C functions behind them (`_json`), without
+    importing json; json itself where `_json` is missing."""
+    try:
+        import _json
+    except ImportError:
+        import json
+
+        return json.loads, json.dumps
+
+    class Context:
+        strict, object_hook, object_pairs_hook = True, None, None
+        parse_float, parse_int, parse_constant = float, int, float
+
+    scan = _json.make_scanner(Context())  # type: ignore[arg-type]  # it reads these attributes
+
+    def not_serializable(obj: Any) -> Any:
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+    encode = _json.make_encoder(None, not_serializable, _json.encode_basestring_ascii, None, ": ", ", ",
+                                False, False, True)
+
+    def loads(text: str | bytes) -> Any:
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode()
+        text = text.strip(" \t\n\r")
+        try:
+            obj, end = scan(text, 0)
+        except StopIteration as stop:
+            raise ValueError(f"not JSON (at character {stop.value})") from None
+        if end != len(text):
+            raise ValueError(f"not JSON: extra data at character {end}")
+        return obj
+
+    def dumps(obj: Any) -> str:
+        return "".join(encode(obj, 0))
+
+    return loads, dumps
+
+
+json_loads, json_dumps = _json_codec()
 
 STATE_SCHEMA = 2
 KEEP_RELEASES = 5
@@ -318,7 +372,7 @@ def read_json(path: str) -> Any:
     """A JSON file's content, None when it does not exist."""
     try:
         with open(path) as f:
-            return json.load(f)
+            return json_loads(f.read())
     except FileNotFoundError:
         return None
 
@@ -352,7 +406,7 @@ def starttime(pid: int) -> str | None:
 def kill_session(pid: int, timeout: float) -> None:
     """SIGTERM a process group, SIGKILL after `timeout`; then kill what still holds its session id."""
     try:
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, SIGTERM)
     except ProcessLookupError:
         kill_session_members(pid)
         return
@@ -361,7 +415,7 @@ def kill_session(pid: int, timeout: float) -> None:
         time.sleep(0.05)
     if starttime(pid) is not None:
         try:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, SIGKILL)
         except ProcessLookupError:
             pass
         while starttime(pid) is not None:
@@ -382,7 +436,7 @@ def end_watches(unit: str) -> list[int]:
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     if mark in f.read().split(b"\0"):
-                        os.kill(int(entry), signal.SIGTERM)
+                        os.kill(int(entry), SIGTERM)
                         ended.append(int(entry))
             except (OSError, ProcessLookupError):
                 pass
@@ -397,7 +451,7 @@ def kill_session_members(sid: int) -> list[int]:
         if entry.isdigit():
             try:
                 if os.getsid(int(entry)) == sid:
-                    os.kill(int(entry), signal.SIGKILL)
+                    os.kill(int(entry), SIGKILL)
                     killed.append(int(entry))
             except (ProcessLookupError, PermissionError):
                 pass
@@ -407,7 +461,7 @@ def kill_session_members(sid: int) -> list[int]:
 def json_at(body: bytes, path: str) -> Any:
     """The value at a dotted path of a JSON document (None when absent or not JSON)."""
     try:
-        node: Any = json.loads(body)
+        node: Any = json_loads(body)
     except ValueError:
         return None
     for key in path.split("."):
@@ -453,7 +507,7 @@ def drain_by_signal(pid: int, drain: DrainSpec, alive: Any = None) -> Drained:
     alive = alive or (lambda: starttime(pid) is not None)
     t0 = time.time()
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, SIGTERM)
     except ProcessLookupError:
         return {"seconds": 0.0, "cut": 0, "how": "signal"}
     deadline = t0 + float(drain.get("timeout_s", 60))
@@ -621,6 +675,8 @@ def reload_in_place(pid: int, spec: ReloadSpec) -> str | None:
                 write_atomic(str(spec["state_file"]), balancer_command(sock_path, "show servers state").encode())
         except OSError as exc:
             return f"could not save the balancer's server states through {sock_path}: {exc}"
+    import signal  # a reload's signal is named (SIGHUP, SIGUSR2): rare enough to import the names for
+
     os.kill(pid, getattr(signal, spec["signal"]))
     deadline = time.time() + float(spec.get("timeout_s", 30))
     want = sorted(spec.get("servers") or [])
