@@ -8,6 +8,7 @@ result (`{"progress": ...}`, never `ok`), as they come.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -328,27 +329,52 @@ def host_keys_for(path: str, address: str, port: int) -> Any:
     return keys
 
 
+_PKEYS: dict[tuple[str, int, int], Any] = {}
+_PKEYS_LOCK = threading.Lock()
+
+
+def _private_key(path: str) -> Any:
+    """The key at `path`, read and parsed once per process (paramiko's key_filename parses the file for every
+    connection, trying each key type in turn); None when paramiko must read it itself (a passphrase, an odd
+    format), so its own errors say why."""
+    import paramiko
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    stamp = (path, st.st_mtime_ns, st.st_size)
+    with _PKEYS_LOCK:
+        if stamp not in _PKEYS:
+            try:
+                _PKEYS[stamp] = paramiko.PKey.from_path(path)
+            except Exception:
+                _PKEYS[stamp] = None
+        return _PKEYS[stamp]
+
+
 class SSHTransport:
-    """`connection: ssh`: a Fabric Connection that verifies host keys against known_hosts."""
+    """`connection: ssh`: one paramiko connection that verifies host keys against known_hosts. Agent calls and
+    uploads use it directly; shell commands go through a Fabric Connection on the same link, made when first
+    needed (Fabric's configuration costs more CPU per host than the handshake's own Python)."""
 
     def __init__(self, host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool, connect_timeout: float = 10):
         import paramiko
-        from fabric import Config, Connection
-
-        from primectl.deploy.interruptible import InterruptibleRemote
 
         _paramiko_fast_mac_check()
         self.host = host
         self._agent: tuple[Any, Any, Any] | None = None
         self._agent_lock = threading.Lock()
-        kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
+        self._fabric: Any = None
+        self._sftp: Any = None
+        kwargs: dict[str, Any] = {"timeout": connect_timeout, "banner_timeout": connect_timeout,
+                                  "auth_timeout": connect_timeout}
         if host.identity_file:
-            kwargs |= {"key_filename": os.path.expanduser(host.identity_file), "look_for_keys": False, "allow_agent": False}
-        self._conn = Connection(host.address, user=host.user, port=host.port, connect_timeout=connect_timeout,
-                                connect_kwargs=kwargs, config=Config(overrides={"runners": {"remote": InterruptibleRemote}}))
-        client = self._conn.client
-        # Fabric's default is to add unknown keys silently; refuse them unless asked.
-        client._system_host_keys = paramiko.HostKeys()
+            path = os.path.expanduser(host.identity_file)
+            pkey = _private_key(path)
+            kwargs |= {"pkey": pkey} if pkey is not None else {"key_filename": path}
+            kwargs |= {"look_for_keys": False, "allow_agent": False}
+        self.client = client = paramiko.SSHClient()
         # Only this host's entries: paramiko parses every line of the file (and checks it against all the
         # others) for each client, which is quadratic in the fleet size.
         client._host_keys = host_keys_for(known_hosts, host.address, host.port)
@@ -356,7 +382,7 @@ class SSHTransport:
         policy = _AcceptNewPolicy(known_hosts) if accept_new_host_keys else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
         try:
-            self._conn.open()
+            client.connect(host.address, port=host.port, username=host.user, **kwargs)
         except paramiko.BadHostKeyException as exc:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): host key CHANGED "
                                   f"(expected {exc.expected_key.get_base64()[:16]}...); refusing to connect") from None
@@ -400,12 +426,12 @@ class SSHTransport:
 
     def alive(self) -> bool:
         """Whether the SSH connection is still up (a kept one is checked before each command reuses it)."""
-        t = self._conn.client.get_transport()
+        t = self.client.get_transport()
         return t is not None and t.is_active() and (self._agent is None or not self._agent[0].closed)
 
     def _start_agent(self, timeout: float | None) -> tuple[Any, Any, Any]:
         """Open the session the agent serves on (uploading its source once per host and version)."""
-        chan = self._conn.client.get_transport().open_session()
+        chan = self.client.get_transport().open_session()
         chan.set_combine_stderr(True)
         chan.settimeout(timeout)
         chan.exec_command(loader_command(self.host.workdir, "serve"))
@@ -433,16 +459,31 @@ class SSHTransport:
                 pass
             self._agent = None
 
+    def _fabric_connection(self) -> Any:
+        """A Fabric Connection on this transport's open link (Fabric's run: streaming, timeouts, Ctrl-C)."""
+        if self._fabric is None:
+            from fabric import Config, Connection
+
+            from primectl.deploy.interruptible import InterruptibleRemote
+
+            conn = Connection(self.host.address, user=self.host.user, port=self.host.port,
+                              config=Config(overrides={"runners": {"remote": InterruptibleRemote}}))
+            conn.client, conn.transport = self.client, self.client.get_transport()  # connected: open() is a no-op
+            self._fabric = conn
+        return self._fabric
+
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         try:
-            r = self._conn.run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
+            r = self._fabric_connection().run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
         except Exception as exc:  # paramiko/invoke raise many kinds when a link drops
             raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
         return r.exited, r.stdout, r.stderr
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
         try:
-            sftp = self._conn.sftp()
+            if self._sftp is None:
+                self._sftp = self.client.open_sftp()
+            sftp = self._sftp
             _sftp_makedirs(sftp, posixpath.dirname(path))
             tmp = f"{path}.partial"
             sftp.putfo(io.BytesIO(data), tmp)
@@ -453,7 +494,10 @@ class SSHTransport:
 
     def close(self) -> None:
         self._close_agent()
-        self._conn.close()
+        if self._sftp is not None:
+            with contextlib.suppress(Exception):
+                self._sftp.close()
+        self.client.close()
 
 
 def _sftp_makedirs(sftp: Any, path: str) -> None:
