@@ -133,7 +133,7 @@ def ansible_project(plan: Any, cluster: SSHHosts, out: Path, forks: int) -> Path
         if h.name not in bundles:
             continue
         b = bundles[h.name]
-        tar = out / "releases" / f"{h.name}-{b.revision}.tar"
+        tar = out / "releases" / f"{h.name}-{b.revision}.tar.gz"
         tar.parent.mkdir(exist_ok=True)
         tar.write_bytes(b.tar())  # the tarball primectl pushes
         mine = {s.name: s for s in plan.services_on(h.name)}

@@ -49,7 +49,7 @@ from primectl.render.bundle import Bundle, render_plan
 from primectl.targets.base import PlannedHosts, StartFailed, StepPlan
 
 LOG_TAIL_LINES = 40
-INLINE_BUNDLE_MAX = 192 << 10  # scripts + the demo model ~ 160-190 KiB; bigger bundles go over SFTP first (streamed)
+INLINE_BUNDLE_MAX = 192 << 10  # gzipped: scripts + the demo model ~ 30 KiB; bigger bundles go over SFTP first (streamed)
 # A `connection: local` host's agent gets its request as one command-line argument, which holds at most 128 KiB
 # (Linux's MAX_ARG_STRLEN; more is E2BIG, "Argument list too long"): base64 makes a bundle 4/3 its size.
 INLINE_BUNDLE_MAX_LOCAL = 90 << 10
