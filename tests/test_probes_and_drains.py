@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from primectl.deploy.protocol import run_probe
+from primectl.deploy.protocol import http_fetch, inflight, run_probe
 from primectl.plan.model import Drain, Probe, Service
 from primectl.targets.ssh import _recorded_drain
 
@@ -27,7 +27,24 @@ ANSWERS = {  # path -> (status, body): what Dynamo's /ready says before and afte
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def do_GET(self) -> None:
+            if self.path == "/chunked":  # how a streaming server (hyper, axum) answers: no length, chunks
+                self.send_response(200)
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for part in (b'{"instances": ', b'["dyn://ns.decode.generate-1a"]', b"}"):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            if self.path == "/metrics":
+                data = b"# TYPE inflight gauge\ninflight{model=\"a\"} 2\ninflight{model=\"b\"} 1\nother 7\n"
+                self.send_response(200)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             status, body = ANSWERS[self.path]
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -86,3 +103,26 @@ def test_a_drain_without_an_address_hashes_as_before_the_field_existed() -> None
     assert plain.hashes()["fields"]["drain"] == hashlib.sha256(blob.encode()).hexdigest()[:16]
     moved = svc(Drain(how="balancer", server="b/s", address="127.0.0.1:8200", timeout_s=60))
     assert moved.hashes()["fields"]["drain"] != svc(Drain(how="balancer", server="b/s", timeout_s=60)).hashes()["fields"]["drain"]
+
+
+def test_the_agents_http_client_undoes_chunked_answers_and_reads_lengths(server: str) -> None:
+    status, body = http_fetch(f"{server}/chunked", timeout=3)
+    assert (status, json.loads(body)) == (200, {"instances": ["dyn://ns.decode.generate-1a"]})
+    listed = {"kind": "http", "url": f"{server}/chunked", "expect_text": "dyn://ns.decode.generate-1a"}
+    assert run_probe(listed, "") == (True, "HTTP 200, lists dyn://ns.decode.generate-1a")  # type: ignore[arg-type]
+    assert http_fetch(f"{server}/ready-404", timeout=3) == (404, json.dumps(ANSWERS["/ready-404"][1]).encode())
+    drain = {"inflight_url": f"{server}/metrics", "inflight_metrics": ["inflight"]}
+    assert inflight(drain) == 3  # type: ignore[arg-type]
+    assert inflight(drain | {"inflight_url": f"{server}/ready-404"}) is None  # type: ignore[arg-type]
+
+
+def test_a_probe_of_a_closed_port_says_so() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        ok, detail = run_probe({"kind": "http", "url": f"http://127.0.0.1:{port}/health"}, "")  # type: ignore[typeddict-item]
+    assert not ok and "Connection refused" in detail, detail
+    ok, detail = run_probe({"kind": "http", "url": "ftp://127.0.0.1/x"}, "")  # type: ignore[typeddict-item]
+    assert not ok and "not an http URL" in detail, detail

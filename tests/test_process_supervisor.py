@@ -73,3 +73,24 @@ def test_stop_of_a_running_service_ends_its_whole_session(tmp_path: Path) -> Non
     # a child that made a session of its own is not the service's: it must be left alone
     assert starttime(child) is not None
     os.kill(child, signal.SIGKILL)
+
+
+def test_a_spawned_helper_runs_in_its_own_session_and_logs_and_a_missing_one_is_an_error(tmp_path: Path) -> None:
+    from primectl.deploy.protocol import spawn_session
+
+    log = tmp_path / "helper.log"
+    keep = os.open(tmp_path / "held", os.O_WRONLY | os.O_CREAT)  # a descriptor the helper must not inherit
+    try:
+        pid = spawn_session(["sh", "-c", "echo out; echo err >&2; ls /proc/$$/fd"], cwd=str(tmp_path), log=str(log))
+    finally:
+        os.close(keep)
+    assert os.getsid(pid) == pid or not starttime(pid)  # a session leader (unless already gone)
+    assert os.waitpid(pid, 0)[1] == 0
+    lines = log.read_text().split()
+    assert lines[:2] == ["out", "err"] and sorted(lines[2:]) == ["0", "1", "2"], lines
+    try:
+        spawn_session(["/nonexistent/helper"], cwd=str(tmp_path), log=str(log))
+    except OSError as exc:
+        assert "/nonexistent/helper" in str(exc)
+    else:
+        raise AssertionError("a helper that cannot be executed must raise")

@@ -51,6 +51,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     kill_session,
     read_json,
     run_probe,
+    spawn_session,
     starttime,
     write_atomic,
 )  # agent-source: drop
@@ -523,13 +524,8 @@ def op_purge(h: Host) -> Result:
 
 def op_spawn(h: Host) -> SpawnResult:
     """Start a helper process in its own session (preflight probes): argv, cwd, log; its pid."""
-    import subprocess
-
     os.makedirs(h.args["cwd"], exist_ok=True)
-    with open(h.args["log"], "ab") as log:
-        proc = subprocess.Popen(h.args["argv"], cwd=h.args["cwd"], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-    return {"ok": True, "pid": proc.pid}
+    return {"ok": True, "pid": spawn_session(list(h.args["argv"]), cwd=h.args["cwd"], log=h.args["log"])}
 
 
 def op_kill(h: Host) -> Result:
