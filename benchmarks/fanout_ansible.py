@@ -119,6 +119,21 @@ echo started "$pid"
 """
 
 
+
+def tarball(files: dict[str, bytes], modes: dict[str, int]) -> bytes:
+    """A bundle's files with their modes as a gzipped tarball (mtime 0), what Ansible's unarchive takes."""
+    import gzip
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(files[path]), modes.get(path, 0o644), 0
+            tar.addfile(info, io.BytesIO(files[path]))
+    return gzip.compress(buf.getvalue(), compresslevel=1, mtime=0)
+
 def ansible_project(plan: Any, cluster: SSHHosts, out: Path, forks: int) -> Path:
     """Write ansible.cfg, the inventory, the release tarballs and the playbook for `plan` under out; the playbook."""
     from primectl.render.bundle import SHARED_MODEL_MARK, render_plan
@@ -135,7 +150,7 @@ def ansible_project(plan: Any, cluster: SSHHosts, out: Path, forks: int) -> Path
         b = bundles[h.name]
         tar = out / "releases" / f"{h.name}-{b.revision}.tar.gz"
         tar.parent.mkdir(exist_ok=True)
-        tar.write_bytes(b.tar())  # the tarball primectl pushes
+        tar.write_bytes(tarball(b.files, b.modes))  # the files primectl pushes, as a tarball for `unarchive`
         mine = {s.name: s for s in plan.services_on(h.name)}
         hosts[h.name] = {
             "ansible_host": h.address, "ansible_port": h.port, "ansible_user": h.user,

@@ -53,6 +53,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     run_probe,
     spawn_session,
     starttime,
+    unpack_files,
     write_atomic,
 )  # agent-source: drop
 
@@ -186,36 +187,37 @@ def op_unlock(h: Host) -> LockResult:
 
 
 def op_stage(h: Host) -> Result:
-    """Unpack a bundle into releases/<revision> (atomic rename; idempotent): the uploaded archive, or the one
-    the request carries (`tar_b64`: small bundles travel in the request, with no upload of their own)."""
-    import base64
-    import io
-    import shutil
-    import tarfile
-
+    """Unpack a release archive (`pack_files`) into releases/<revision> (atomic rename; idempotent): the uploaded
+    one, or the one the request carries (`archive_b64`: small bundles travel in the request, with no upload of
+    their own)."""
     lay, revision = h.layout, h.args["revision"]
     rel = lay.release(revision)
-    archive = lay.incoming(revision)
-    inline = h.args.get("tar_b64")
+    uploaded = lay.incoming(revision)
+    inline = h.args.get("archive_b64")
     if os.path.isdir(rel):
-        if os.path.exists(archive):
-            os.unlink(archive)
+        if os.path.exists(uploaded):
+            os.unlink(uploaded)
         return {"ok": True}
+    if inline is not None:
+        import binascii
+
+        archive = binascii.a2b_base64(inline)
+    else:
+        with open(uploaded, "rb") as f:
+            archive = f.read()
     tmp = f"{rel}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.exists(tmp):
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    source = {"fileobj": io.BytesIO(base64.b64decode(inline))} if inline is not None else {"name": archive}
-    with tarfile.open(**source) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(tmp, filter="data")
-        else:  # Python without extraction filters (Debian 12's 3.11.2): allow only plain relative files/dirs
-            for m in tar.getmembers():
-                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in m.name.split("/"):
-                    return {"ok": False, "error": f"refusing to unpack {m.name!r} from {archive}"}
-            tar.extractall(tmp)
+    try:
+        unpack_files(archive, tmp)
+    except ValueError as exc:
+        return {"ok": False, "error": f"{exc} (revision {revision})"}
     os.replace(tmp, rel)
     if inline is None:
-        os.unlink(archive)
+        os.unlink(uploaded)
     for sub in ("logs", "run", "secrets"):
         os.makedirs(lay.path(sub), exist_ok=True)
     _share_model(lay, rel)

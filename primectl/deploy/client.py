@@ -72,11 +72,12 @@ class HostClient:
         """Release the lock held by `token` (or any lock with `force`); whether it was released."""
         return bool(self.call("unlock", {"token": token, "force": force}, check=False).get("ok"))
 
-    def stage(self, revision: str, tar: bytes | None = None) -> None:
-        """Unpack a release: the one uploaded to incoming/, or `tar` sent with the request."""
+    def stage(self, revision: str, archive: bytes | None = None) -> None:
+        """Unpack a release (`protocol.pack_files`): the one uploaded to incoming/, or `archive` sent with the
+        request."""
         args: dict[str, Any] = {"revision": revision}
-        if tar is not None:
-            args["tar_b64"] = base64.b64encode(tar).decode()
+        if archive is not None:
+            args["archive_b64"] = base64.b64encode(archive).decode()
         self.call("stage", args)
 
     def activate(self, *, revision: str | None = None, secrets: dict[str, str] | None = None) -> None:

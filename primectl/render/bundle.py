@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jinja2
 
-from primectl.deploy.protocol import WATCH_ENV, Layout
+from primectl.deploy.protocol import WATCH_ENV, Layout, pack_files
 from primectl.deploy.protocol import unit_name as protocol_unit_name
 from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
@@ -47,24 +47,10 @@ class Bundle:
         """Per service: hashes (run, files, expectations, per field), component, role, unit, files."""
         return self.manifest["services"]  # type: ignore[return-value]
 
-    def tar(self) -> bytes:
-        """The bundle as the gzipped tarball a host stages: its files with their modes, in path order, mtime 0.
-        Compressed (fastest level) because every byte crosses SSH's encryption twice in Python-heavy code:
-        the demo model's tokenizer makes a bundle ~180 KiB, ~30 KiB gzipped."""
-        import gzip
-        import io
-        import tarfile
-
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for path in sorted(self.files):
-                data = self.files[path]
-                info = tarfile.TarInfo(path)
-                info.size = len(data)
-                info.mode = self.modes.get(path, 0o644)
-                info.mtime = 0
-                tar.addfile(info, io.BytesIO(data))
-        return gzip.compress(buf.getvalue(), compresslevel=1, mtime=0)
+    def archive(self) -> bytes:
+        """The bundle as the archive a host stages (`protocol.pack_files`): its files with their modes,
+        compressed (the demo model's tokenizer makes a bundle ~180 KiB, ~30 KiB compressed)."""
+        return pack_files(self.files, self.modes)
 
 
 def templates_dir() -> Path:

@@ -49,7 +49,7 @@ from primectl.render.bundle import Bundle, render_plan
 from primectl.targets.base import PlannedHosts, StartFailed, StepPlan
 
 LOG_TAIL_LINES = 40
-INLINE_BUNDLE_MAX = 192 << 10  # gzipped: scripts + the demo model ~ 30 KiB; bigger bundles go over SFTP first (streamed)
+INLINE_BUNDLE_MAX = 192 << 10  # compressed: scripts + the demo model ~ 30 KiB; bigger bundles go over SFTP first
 # A `connection: local` host's agent gets its request as one command-line argument, which holds at most 128 KiB
 # (Linux's MAX_ARG_STRLEN; more is E2BIG, "Argument list too long"): base64 makes a bundle 4/3 its size.
 INLINE_BUNDLE_MAX_LOCAL = 90 << 10
@@ -269,12 +269,12 @@ class SSHRollout:
             b = self.bundles[h]
             if b.revision in c.views[h].get("releases", []):
                 return
-            tar = b.tar()
+            archive = b.archive()
             limit = INLINE_BUNDLE_MAX_LOCAL if self.plan.host(h).connection == "local" else INLINE_BUNDLE_MAX
-            if len(tar) <= limit:  # one round trip: the bundle rides in the stage request
-                c.client(h).stage(b.revision, tar)
+            if len(archive) <= limit:  # one round trip: the bundle rides in the stage request
+                c.client(h).stage(b.revision, archive)
                 return
-            c.client(h).transport.put(tar, Layout(c.workdir(h)).incoming(b.revision))
+            c.client(h).transport.put(archive, Layout(c.workdir(h)).incoming(b.revision))
             c.client(h).stage(b.revision)
 
         fail_on_errors(parallel(one, hosts), "pushing the release")

@@ -1,0 +1,46 @@
+"""The archive a release travels in (protocol.pack_files / unpack_files): what lands on a host, and what the
+host agent refuses to write."""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from pathlib import Path
+
+import pytest
+
+from primectl.deploy.protocol import pack_files, unpack_files
+
+
+def test_files_arrive_with_their_content_and_modes(tmp_path: Path) -> None:
+    files = {"bin/frontend.sh": b"#!/bin/bash\nexec true\n", "config/a b.json": b"{}", "model/w.bin": bytes(range(256)) * 9,
+             "empty": b""}
+    archive = pack_files(files, {"bin/frontend.sh": 0o755})
+    assert len(archive) < sum(len(v) for v in files.values())  # compressed
+    into = tmp_path / "rel"
+    into.mkdir()
+    assert unpack_files(archive, str(into)) == 4
+    for path, data in files.items():
+        assert (into / path).read_bytes() == data
+    assert stat.S_IMODE(os.stat(into / "bin/frontend.sh").st_mode) & 0o100
+    assert not stat.S_IMODE(os.stat(into / "config/a b.json").st_mode) & 0o111
+
+
+@pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "bin/../../x", "./x", "a//b"])
+def test_a_path_that_is_not_plain_and_relative_is_refused(tmp_path: Path, path: str) -> None:
+    archive = zlib.compress(b"644 2 %s\nhi" % path.encode())
+    (tmp_path / "rel").mkdir()
+    with pytest.raises(ValueError, match="refusing to unpack"):
+        unpack_files(archive, str(tmp_path / "rel"))
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "x").exists()
+
+
+def test_setuid_bits_are_dropped_and_a_broken_archive_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "rel").mkdir()
+    unpack_files(pack_files({"s": b"x"}, {"s": 0o4755}), str(tmp_path / "rel"))
+    assert not os.stat(tmp_path / "rel" / "s").st_mode & stat.S_ISUID
+    for broken in (b"not zlib", zlib.compress(b"644 99 short\nhi"), zlib.compress(b"no header")):
+        (tmp_path / "r2").mkdir(exist_ok=True)
+        with pytest.raises(ValueError):
+            unpack_files(broken, str(tmp_path / "r2"))
