@@ -148,8 +148,8 @@ class Layout:
         return self.path("secrets", f"{deployment}.env")
 
     def incoming(self, revision: str) -> str:
-        """Where an uploaded bundle waits to be staged."""
-        return self.path("incoming", f"{revision}.tar")
+        """Where an uploaded bundle (`pack_files`) waits to be staged."""
+        return self.path("incoming", f"{revision}.release")
 
     def script(self, service: str) -> str:
         """The run script of a service, through the `current` link."""

@@ -6,6 +6,7 @@ Real sshd hosts and real etcd; Dynamo components are the FAKE engine runtime
 
 from __future__ import annotations
 
+import secrets
 import socket
 import threading
 import time
@@ -42,15 +43,16 @@ def test_sshd_killed_mid_push_keeps_previous_revision_fake_engine(deployment: De
     h2 = deployment.hosts["h2"]
     incoming = deployment.workdir("h2") / "incoming"
     # Only h2's bundle changes; bulky env values (each under the 128 KiB exec limit) keep the upload open a little
-    # longer: ~1 MB, so the watcher still sees it in progress when other tests load the CPU (pytest -n).
-    deployment.write({"prefill": {"env": {f"PREFILL_TUNING_{i}": "x" * 100_000 for i in range(10)}}})
+    # longer: ~1 MB, so the watcher still sees it in progress when other tests load the CPU (pytest -n). Random
+    # text, since bundles travel compressed.
+    deployment.write({"prefill": {"env": {f"PREFILL_TUNING_{i}": secrets.token_urlsafe(75_000) for i in range(10)}}})
 
     killed: list[int] = []
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
-            if any(incoming.glob("*.tar*")):  # the SFTP upload has begun
+            if any(incoming.glob("*.release*")):  # the SFTP upload has begun
                 killed.extend(h2.kill_hard())
                 return
             time.sleep(0.001)
