@@ -11,10 +11,13 @@ from primectl.deploy.transport import AGENT_DIR, agent_hash, agent_source, loade
 
 
 def start(workdir: Path, *, payload: bytes | None = None) -> tuple[list[str], dict | None, subprocess.Popen]:
-    """Run the loader as a host would, answer `send` with `payload` (the agent source by default), ask one op."""
+    """Run the loader as a host would, with one op's request sent at once (before the loader answers, as a
+    session does); answer `send` with `payload` (the agent source by default)."""
     proc = subprocess.Popen(["sh", "-c", loader_command(str(workdir), "serve")], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin and proc.stdout
+    proc.stdin.write((json.dumps({"op": "read", "args": {"workdir": str(workdir), "path": "nothing"}}) + "\n").encode())
+    proc.stdin.flush()
     said = []
     while True:
         line = proc.stdout.readline().decode()
@@ -28,9 +31,8 @@ def start(workdir: Path, *, payload: bytes | None = None) -> tuple[list[str], di
             proc.stdin.flush()
         elif line.startswith('{"agent": "ready"}'):
             break
-    proc.stdin.write((json.dumps({"op": "read", "args": {"workdir": str(workdir), "path": "nothing"}}) + "\n").encode())
+    result = json.loads(proc.stdout.readline())  # the first request's answer, with nothing more written
     proc.stdin.close()
-    result = json.loads(proc.stdout.readline())
     proc.wait()
     return said, result, proc
 

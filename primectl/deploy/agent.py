@@ -59,7 +59,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
 
 if TYPE_CHECKING:
     import re
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 
@@ -612,9 +612,14 @@ def write_line(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def serve() -> int:
-    """Session mode: one `{"op": ..., "args": ...}` JSON line in, progress lines and one result line out, until EOF."""
-    for line in sys.stdin:
+def serve(first: str = "") -> int:
+    """Session mode: one `{"op": ..., "args": ...}` JSON line in, progress lines and one result line out, until EOF
+    (`first`: the request that came with the session, read by the loader)."""
+    def lines() -> Iterator[str]:
+        yield first
+        yield from sys.stdin
+
+    for line in lines():
         if line.strip():
             request = json_loads(line)
             write_line(dispatch(request["op"], request["args"], emit=write_line))
@@ -624,7 +629,7 @@ def serve() -> int:
 def main(argv: list[str]) -> int:
     """Dispatch `<op> <json>` and print its progress lines and one JSON result, or `serve` a session."""
     if argv[1] == "serve":
-        return serve()
+        return serve(argv[2] if len(argv) > 2 else "")
     result = dispatch(argv[1], json_loads(argv[2]), emit=write_line)
     sys.stdout.write(json_dumps(result) + "\n")
     sys.stdout.flush()

@@ -104,7 +104,9 @@ def progress_line(obj: dict[str, Any], on_progress: OnProgress | None) -> bool:
 # bytecode cache applies): a connection starts this small loader, which says `ready` when the cached copy is
 # there and intact, or `send` when it needs the source (then `<length>` and the bytes come on stdin; it
 # checks them against the hash and writes them atomically, creating the directories). Where the directory
-# cannot be written, the received source runs from memory.
+# cannot be written, the received source runs from memory. A session (`serve`) sends its first request right
+# after the command, before the loader has answered, so that a host costs one round trip, not two: the
+# loader reads that line first and hands it to the agent.
 LOADER = """\
 import os, sys
 try:
@@ -112,6 +114,9 @@ try:
 except ImportError:
     from hashlib import sha256
 d, h = sys.argv[1], sys.argv[2]
+args = sys.argv[3:]
+if args == ['serve']:
+    args.append(sys.stdin.buffer.readline().decode())
 p = os.path.join(d, h[:16])
 f = os.path.join(p, 'primectl_agent.py')
 try:
@@ -137,10 +142,10 @@ sys.stdout.write('{"agent": "ready"}\\n'); sys.stdout.flush()
 if hit:
     sys.path.insert(0, p)
     import primectl_agent
-    sys.exit(primectl_agent.main(['primectl_agent'] + sys.argv[3:]))
+    sys.exit(primectl_agent.main(['primectl_agent'] + args))
 m = sys.modules['primectl_agent'] = type(sys)('primectl_agent')
 exec(compile(data, 'primectl_agent', 'exec'), m.__dict__)
-sys.exit(m.main(['primectl_agent'] + sys.argv[3:]))
+sys.exit(m.main(['primectl_agent'] + args))
 """
 
 
@@ -397,16 +402,20 @@ class SSHTransport:
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
               on_progress: OnProgress | None = None) -> dict[str, Any]:
-        """One agent call over a long-lived `serve` channel: the agent starts once per connection."""
+        """One agent call over a long-lived `serve` channel: the agent starts once per connection, with the
+        first call's request sent along with its command."""
+        request = (json.dumps({"op": op, "args": args}) + "\n").encode()
         with self._agent_lock:
             try:
                 if self._agent is None:
-                    self._agent = self._start_agent(timeout)
-                chan, stdin, stdout = self._agent
+                    self._agent = self._start_agent(timeout, request)
+                    chan, stdin, stdout = self._agent
+                else:
+                    chan, stdin, stdout = self._agent
+                    chan.settimeout(timeout)
+                    stdin.write(request)
+                    stdin.flush()
                 deadline = None if timeout is None else time.monotonic() + timeout
-                chan.settimeout(timeout)
-                stdin.write((json.dumps({"op": op, "args": args}) + "\n").encode())
-                stdin.flush()
                 while True:
                     line = stdout.readline()
                     if not line:
@@ -429,13 +438,16 @@ class SSHTransport:
         t = self.client.get_transport()
         return t is not None and t.is_active() and (self._agent is None or not self._agent[0].closed)
 
-    def _start_agent(self, timeout: float | None) -> tuple[Any, Any, Any]:
-        """Open the session the agent serves on (uploading its source once per host and version)."""
+    def _start_agent(self, timeout: float | None, first: bytes) -> tuple[Any, Any, Any]:
+        """Open the session the agent serves on, with its `first` request (uploading the agent's source once per
+        host and version); returns once the agent has started, its answer to `first` still to be read."""
         chan = self.client.get_transport().open_session()
         chan.set_combine_stderr(True)
         chan.settimeout(timeout)
         chan.exec_command(loader_command(self.host.workdir, "serve"))
         stdin, stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
+        stdin.write(first)
+        stdin.flush()
         said: list[bytes] = []
         while True:
             line = stdout.readline()
