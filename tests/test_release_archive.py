@@ -18,6 +18,7 @@ def test_files_arrive_with_their_content_and_modes(tmp_path: Path) -> None:
              "empty": b""}
     archive = pack_files(files, {"bin/frontend.sh": 0o755})
     assert len(archive) < sum(len(v) for v in files.values())  # compressed
+    assert pack_files(files, {"bin/frontend.sh": 0o755}) == archive  # the same bytes for the same files
     into = tmp_path / "rel"
     into.mkdir()
     assert unpack_files(archive, str(into)) == 4
@@ -29,7 +30,7 @@ def test_files_arrive_with_their_content_and_modes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "bin/../../x", "./x", "a//b"])
 def test_a_path_that_is_not_plain_and_relative_is_refused(tmp_path: Path, path: str) -> None:
-    archive = zlib.compress(b"644 2 %s\nhi" % path.encode())
+    archive = b"644 10 %s\n%s" % (path.encode(), zlib.compress(b"hi"))
     (tmp_path / "rel").mkdir()
     with pytest.raises(ValueError, match="refusing to unpack"):
         unpack_files(archive, str(tmp_path / "rel"))
@@ -40,7 +41,7 @@ def test_setuid_bits_are_dropped_and_a_broken_archive_is_an_error(tmp_path: Path
     (tmp_path / "rel").mkdir()
     unpack_files(pack_files({"s": b"x"}, {"s": 0o4755}), str(tmp_path / "rel"))
     assert not os.stat(tmp_path / "rel" / "s").st_mode & stat.S_ISUID
-    for broken in (b"not zlib", zlib.compress(b"644 99 short\nhi"), zlib.compress(b"no header")):
+    for broken in (b"644 8 a\nnot zlib", b"644 99 short\n" + zlib.compress(b"hi"), b"no header"):
         (tmp_path / "r2").mkdir(exist_ok=True)
         with pytest.raises(ValueError):
             unpack_files(broken, str(tmp_path / "r2"))
