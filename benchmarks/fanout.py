@@ -56,14 +56,25 @@ TARGET_NOOP_S = {18: 1.0, 72: 1.5}
 TARGET_CPU_MS_PER_HOST = 5.0
 
 
-def recipe(name: str, cluster: SSHHosts, n: int, port_base: int) -> dict[str, Any]:
+RACK = 18  # GB200 NVL72: 18 compute trays a rack
+
+
+def recipe(name: str, cluster: SSHHosts, n: int, port_base: int, *, via_heads: bool = False) -> dict[str, Any]:
+    """The benchmark's recipe on the first `n` hosts; with `via_heads`, each rack's trays (hosts 2-18 of every 18)
+    are reached through its first host, as through a rack's head node."""
     hosts = cluster.hosts[:n]
+    entries = []
+    for i, h in enumerate(hosts):
+        entry = {"name": h.name, "address": h.address, "port": h.port, "user": "root",
+                 "identity_file": str(cluster.client_key), "workdir": str(h.workdir(name))}
+        if via_heads and i % RACK:
+            entry |= {"via": hosts[i - i % RACK].name, "via_identity_file": str(cluster.client_key)}
+        entries.append(entry)
     return {
         "name": name,
         "model": {"served_name": "demo", "generate": "demo-tiny", "arch": "demo-tiny", "max_context": 4096},
         "hardware": {"profile": "cpu"},
-        "hosts": [{"name": h.name, "address": h.address, "port": h.port, "user": "root",
-                   "identity_file": str(cluster.client_key), "workdir": str(h.workdir(name))} for h in hosts],
+        "hosts": entries,
         "engine": "mocker",
         "supervisor": "process",
         "frontend": {"host": "h1", "port": port_base},
@@ -196,6 +207,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,6,18")
     ap.add_argument("--repeat", type=int, default=3, help="fresh deployments per size; the best time counts")
     ap.add_argument("--profile", action="store_true", help="per-operation timings of the last up of each size")
+    ap.add_argument("--via-heads", action="store_true",
+                    help="reach each rack's trays (hosts 2-18 of every 18) through its first host (`via:`)")
     ap.add_argument("--keep-connections", type=float, default=0,
                     help="seconds the connection keeper outlives the last up (0: each up connects itself)")
     opts = ap.parse_args()
@@ -230,7 +243,8 @@ def main() -> int:
                 for rep in range(opts.repeat):
                     run += 1
                     name = f"fan{n}-r{rep}"
-                    plan = load(recipe(name, cluster, n, 10_000 + 100 * run), base / f"{name}.yaml")
+                    plan = load(recipe(name, cluster, n, 10_000 + 100 * run, via_heads=opts.via_heads),
+                                base / f"{name}.yaml")
                     # what `up --skip-preflight --no-smoke` does: the apply steps alone
                     options = UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
                                         smoke=False)

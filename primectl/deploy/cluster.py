@@ -21,6 +21,7 @@ from typing import Any
 
 from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.fanout import parallel
+from primectl.deploy.gateway import ViaTransport, gateways
 from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
 from primectl.deploy.transport import HostUnreachable, Transport, connect, known_hosts_path
 from primectl.errors import DeployError
@@ -43,6 +44,8 @@ class ConnectionPolicy:
         """Open a transport to `host` (HostUnreachable when it cannot be reached)."""
         if self.connector is not None:
             return self.connector(host)
+        if host.connection == "ssh" and host.via is not None:
+            return ViaTransport(host, gateways(known_hosts_path(self.known_hosts), self.accept_new_host_keys))
         from primectl.deploy import keeper  # here: most commands never start one
 
         if host.connection == "ssh" and (idle := keeper.persist_s()):
@@ -162,10 +165,16 @@ def opened(plan: Plan, policy: ConnectionPolicy, say: Say, **kwargs: Any) -> Ite
 
 def _connect_and_inspect(cluster: Cluster, policy: ConnectionPolicy, name: str, host: HostPlan,
                          units: dict[str, str], ports: list[int]) -> InspectResult:
-    """Open a host's transport (kept in the cluster) and inspect its workdir."""
+    """Open a host's transport (kept in the cluster) and inspect its workdir. A host whose link fails before it
+    answered (a host behind a head node is only reached with its first call) counts as not connected."""
     client = HostClient(name, policy.connect(host), host.workdir, cluster.plan.supervisor)
+    try:
+        view = client.inspect(units, ports, host.address)
+    except HostUnreachable:
+        client.transport.close()
+        raise
     cluster.clients[name] = client
-    return client.inspect(units, ports, host.address)
+    return view
 
 
 def _roster(cluster: Cluster) -> dict[str, dict[str, Any]]:

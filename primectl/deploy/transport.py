@@ -444,7 +444,7 @@ class SSHTransport:
         chan = self.client.get_transport().open_session()
         chan.set_combine_stderr(True)
         chan.settimeout(timeout)
-        chan.exec_command(loader_command(self.host.workdir, "serve"))
+        chan.exec_command(self.command(loader_command(self.host.workdir, "serve")))
         stdin, stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
         stdin.write(first)
         stdin.flush()
@@ -471,6 +471,10 @@ class SSHTransport:
                 pass
             self._agent = None
 
+    def command(self, command: str) -> str:
+        """A shell command as this transport's connection runs it (as is: it reaches this host directly)."""
+        return command
+
     def _fabric_connection(self) -> Any:
         """A Fabric Connection on this transport's open link (Fabric's run: streaming, timeouts, Ctrl-C)."""
         if self._fabric is None:
@@ -486,7 +490,8 @@ class SSHTransport:
 
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         try:
-            r = self._fabric_connection().run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
+            r = self._fabric_connection().run(self.command(command), hide=not stream, warn=True, timeout=timeout,
+                                              in_stream=False)
         except Exception as exc:  # paramiko/invoke raise many kinds when a link drops
             raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
         return r.exited, r.stdout, r.stderr

@@ -21,7 +21,15 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    model_serializer,
+    model_validator,
+)
 
 # Stands for the absolute path of the release directory a service runs from;
 # the renderer turns it into a shell variable so paths stay quoted.
@@ -355,6 +363,18 @@ class HostPlan(Frozen):
     workdir: str
     gpus: int
     labels: dict[str, str] = Field(default_factory=dict)
+    via: HostPlan | None = Field(None, description="The host this one is reached through (its `ssh` client).")
+    via_identity_file: str | None = Field(None, description="The key, on `via`, its ssh client logs in with.")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_via(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A host reached directly dumps as it did before `via` existed: plans, goldens and recorded rosters
+        of such hosts keep their bytes and hashes."""
+        out: dict[str, Any] = handler(self)
+        if self.via is None:
+            out.pop("via", None)
+            out.pop("via_identity_file", None)
+        return out
 
 
 class RoleCapacity(Frozen):

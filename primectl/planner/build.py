@@ -84,15 +84,17 @@ def architecture(recipe: Recipe) -> Architecture:
 
 
 def host_plans(recipe: Recipe, hw: Hardware) -> list[HostPlan]:
-    """Hosts with defaults applied (GPU count from the profile)."""
-    return [
-        HostPlan(
+    """Hosts with defaults applied (GPU count from the profile); a host reached through another carries it."""
+    direct = {
+        h.name: HostPlan(
             name=h.name, address=h.address, port=h.port, user=h.user, identity_file=h.identity_file,
             connection=h.connection, workdir=h.workdir,
             gpus=h.gpus if h.gpus is not None else hw.gpus_per_host, labels=dict(h.labels),
         )
         for h in recipe.host_list()
-    ]
+    }
+    return [direct[h.name].model_copy(update={"via": direct[h.via], "via_identity_file": h.via_identity_file})
+            if h.via else direct[h.name] for h in recipe.host_list()]
 
 
 def runtimes(recipe: Recipe, hw: Hardware, engine: Engine, hosts: list[HostPlan], root: str | None = None

@@ -54,6 +54,23 @@ def _host_rules(r: Recipe) -> list[Finding]:
     for path, name in refs:
         if name not in names:
             out.append(Finding(path, f"no host named {name!r}{did_you_mean(name, names)}; hosts: {', '.join(names)}"))
+    by_name = {h.name: h for h in hosts}
+    for i, h in enumerate(hosts):
+        if h.via is None:
+            if h.via_identity_file is not None:
+                out.append(Finding(("hosts", i, "via_identity_file"), "only with `via` (the key is on that host)"))
+            continue
+        head = by_name.get(h.via)
+        if head is None:
+            out.append(Finding(("hosts", i, "via"), f"no host named {h.via!r}{did_you_mean(h.via, names)}; "
+                               f"hosts: {', '.join(names)}"))
+        elif head.name == h.name:
+            out.append(Finding(("hosts", i, "via"), "a host cannot be reached through itself"))
+        elif head.via is not None:
+            out.append(Finding(("hosts", i, "via"), f"{head.name!r} is itself reached through {head.via!r}: name a "
+                               "host primectl connects to directly (one hop)"))
+        elif "local" in (h.connection, head.connection):
+            out.append(Finding(("hosts", i, "via"), "both hosts must use `connection: ssh`"))
     if r.control_plane.discovery == "file" and len({h.address for h in hosts}) > 1:
         out.append(Finding(("control_plane", "discovery"),
                            "file discovery works on one host only (inotify); use `etcd` for several hosts"))

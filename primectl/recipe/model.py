@@ -128,6 +128,14 @@ class Host(Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="rack, tray, nvlink_domain, ...")
     workdir: AbsolutePath = Field("/var/lib/primectl", min_length=1, description="Where releases, state and logs live.")
     connection: Literal["ssh", "local"] = Field("ssh", description="`local` runs on this machine without SSH.")
+    via: Name | None = Field(
+        None, description="Reach this host through another host of the recipe (a rack's head node): primectl keeps "
+        "one SSH connection to that host and starts this host's agent with that host's own `ssh` client, so the "
+        "controller makes no SSH handshake of its own for it. That host's user logs in here with its own keys; "
+        "this host's key is still checked against primectl's known_hosts, where it must already be.")
+    via_identity_file: AbsolutePath | None = Field(
+        None, description="With `via`: the private key, on that host, its `ssh` client logs in here with; default: "
+        "its user's own (~/.ssh).")
 
 
 class Inventory(Strict):

@@ -1,0 +1,98 @@
+"""Hosts reached through a head node (`via:`), over real SSH: the controller connects to h1 only, and h1's own
+OpenSSH client reaches h2 and h3, which still must have the keys primectl's known_hosts holds.
+
+Dynamo components are the FAKE engine runtime (tests/fakes/fake_python): tests that start them say `fake_engine`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paramiko
+import pytest
+
+from primectl.deploy.cluster import ConnectionPolicy
+from primectl.pipeline import UpOptions, up
+from primectl.planner.build import plan_recipe
+
+from .conftest import Deployment
+
+pytestmark = pytest.mark.integration
+
+
+def behind_h1(deployment: Deployment) -> dict[str, Any]:
+    """The recipe's hosts with h2 and h3 reached through h1, which logs in to them with the test client key."""
+    hosts = [dict(h) for h in deployment.base["hosts"]]
+    for h in hosts[1:]:
+        h |= {"via": "h1", "via_identity_file": str(deployment.cluster.client_key)}
+    return {"hosts": hosts}
+
+
+def test_hosts_behind_a_head_node_are_deployed_through_it_fake_engine(deployment: Deployment,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path = deployment.write(behind_h1(deployment))
+    reached: list[str] = []
+    connect = paramiko.SSHClient.connect
+
+    def spy(self: paramiko.SSHClient, hostname: str, *args: Any, **kwargs: Any) -> None:
+        reached.append(hostname)  # the connection is still made: this only records where to
+        connect(self, hostname, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", spy)
+    plan = plan_recipe(path)[1]
+    said: list[str] = []
+    result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
+                                smoke=False), said.append)
+    assert len(result.started) == len(plan.services), "\n".join(said)
+    h1 = deployment.hosts["h1"].address
+    assert reached and set(reached) == {h1}, f"the controller connected to {reached}; only h1 ({h1}) expected"
+    pids = deployment.pids()
+    assert {"prefill-0", "decode-0", "decode-1"} <= set(pids)  # on h2 and h3, started through h1
+
+    code, doc = deployment.status_json()
+    assert code == 0 and doc["healthy"] is True, doc
+    again = deployment.up_ok()
+    assert "no changes" in again.stderr, again.stderr
+    assert deployment.pids() == pids
+    logs = deployment.cli("logs", "decode-0")
+    assert logs.returncode == 0 and "fake runtime: -m dynamo.mocker" in logs.stdout, logs.stdout + logs.stderr
+
+
+def test_a_host_the_head_node_cannot_reach_changes_nothing_fake_engine(deployment: Deployment) -> None:
+    deployment.write(behind_h1(deployment))
+    deployment.up_ok()
+    before = deployment.snapshot()
+    deployment.write(behind_h1(deployment) | {"decode": {"env": {"DECODE_TUNING": "b"}}})
+    deployment.hosts["h3"].stop()
+
+    r = deployment.up()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "connecting failed on 1 host(s); nothing was changed" in r.stderr, r.stderr
+    assert "h3 (127.0.0.4:22) through h1: ssh: connect to host 127.0.0.4 port 22: Connection refused" in r.stderr
+    assert deployment.snapshot() == before
+
+
+def test_a_host_key_primectl_lacks_or_that_changed_is_refused_through_the_head_node(deployment: Deployment) -> None:
+    hosts = deployment.hosts
+    deployment.write(behind_h1(deployment))
+    known = deployment.known_hosts.read_text()
+    try:
+        deployment.known_hosts.write_text(hosts["h1"].known_hosts_line() + hosts["h2"].known_hosts_line())
+        for extra in ((), ("--accept-new-host-keys",)):
+            r = deployment.up(*extra)
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert "h3 (127.0.0.4:22): unknown host key (not in" in r.stderr, r.stderr
+        assert "primectl cannot learn a key" in r.stderr  # with --accept-new-host-keys: what to do instead
+        assert not deployment.workdir("h3").exists()
+        assert not {"releases", "current", "state.json"} & {p.name for p in deployment.workdir("h2").iterdir()}
+
+        # h3 answers with a key other than the one known_hosts names for it (h2's): the head node's ssh refuses it
+        impostor = hosts["h2"].known_hosts_line().replace(hosts["h2"].address, hosts["h3"].address, 1)
+        deployment.known_hosts.write_text(hosts["h1"].known_hosts_line() + hosts["h2"].known_hosts_line() + impostor)
+        r = deployment.up()
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "h3 (127.0.0.4:22) through h1" in r.stderr and "Host key verification failed" in r.stderr, r.stderr
+        assert not deployment.workdir("h3").exists()
+        assert not {"releases", "current", "state.json"} & {p.name for p in deployment.workdir("h2").iterdir()}
+    finally:
+        deployment.known_hosts.write_text(known)
