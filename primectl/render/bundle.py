@@ -190,18 +190,33 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
     manifest: dict[str, object] = {
         "deployment": plan.name, "namespace": plan.namespace, "host": host.name, "revision": revision,
         "supervisor": plan.supervisor, "runtime_key": plan.runtime_key, "services": services,
-        "files": {p: hashlib.sha256(b).hexdigest() for p, b in sorted(files.items())},
+        "files": {p: digest(b).hex() for p, b in sorted(files.items())},
     }
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     modes[MANIFEST] = 0o644
     return Bundle(host.name, files, modes, revision, manifest)
 
 
+_DIGESTS: dict[bytes, bytes] = {}  # big file content -> its sha256: every host's bundle holds the same model files
+
+
+def digest(data: bytes) -> bytes:
+    """sha256 of a file's content, computed once per process for content of 4 KiB and more."""
+    if len(data) < 4096:
+        return hashlib.sha256(data).digest()
+    found = _DIGESTS.get(data)
+    if found is None:
+        if len(_DIGESTS) >= 64:
+            _DIGESTS.clear()
+        found = _DIGESTS[data] = hashlib.sha256(data).digest()
+    return found
+
+
 def hash_files(files: dict[str, bytes]) -> str:
     """One hash over paths and contents (a bundle's revision is its first 16 hex digits)."""
     h = hashlib.sha256()
     for path in sorted(files):
-        h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+        h.update(path.encode() + b"\0" + digest(files[path]))
     return h.hexdigest()
 
 
