@@ -565,3 +565,21 @@ def test_down_stops_everything_in_reverse_order_and_purge_removes_the_files(env:
     assert not env.world.running
     for h in HOSTS:
         assert not (env.tmp / h / "state.json").exists() and not (env.tmp / h / "releases").exists()
+
+
+def test_only_the_roster_keepers_hold_the_roster_and_are_asked_when_the_recipe_drops_them_all(env: Env) -> None:
+    hosts = [{"name": f"h{i}", "address": f"127.0.0.{i + 1}", "workdir": str(env.tmp / f"h{i}")} for i in range(1, 7)]
+    env.up(env.plan(hosts=hosts, decode={"hosts": ["h3", "h4", "h5", "h6"], "workers": 4}))
+    everyone = {f"h{i}" for i in range(1, 7)}
+    for h in everyone:  # the head host (h1) and the next two keep the whole roster; every host names them
+        assert set(env.state(h)["roster"]) == (everyone if h in ("h1", "h2", "h3") else set()), h
+        assert set(env.state(h)["roster_keepers"]) == {"h1", "h2", "h3"}
+
+    # a recipe that keeps none of the keepers: they are asked for the roster, and leave with their services
+    env.up(env.plan(hosts=hosts[3:], frontend={"host": "h4"}, prefill={"hosts": ["h5"]},
+                    decode={"hosts": ["h6"], "workers": 1}))
+    for h in ("h1", "h2", "h3"):
+        assert env.state(h)["retired"] is True and env.state(h)["services"] == {}, h
+        assert f"{h} left the deployment (dropped from the recipe)" in env.said
+    assert not any(env.world.is_running(h, s) for h in ("h1", "h2", "h3") for s in ("frontend", "prefill-0", "decode-0"))
+    assert set(env.state("h4")["roster"]) == {"h4", "h5", "h6"}

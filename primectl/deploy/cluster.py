@@ -177,13 +177,31 @@ def _connect_and_inspect(cluster: Cluster, policy: ConnectionPolicy, name: str, 
     return view
 
 
-def _roster(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    """The hosts the newest recorded state of this deployment lists (name -> HostPlan fields)."""
-    states = [cluster.state(h) for h in cluster.views]
-    states = [s for s in states if s.get("deployment") == cluster.plan.name and s.get("roster")]
+def _roster(cluster: Cluster, policy: ConnectionPolicy) -> dict[str, dict[str, Any]]:
+    """The hosts the newest recorded roster of this deployment lists (name -> HostPlan fields). Only its keepers
+    hold it (protocol.HostState): when none of them was inspected (the recipe dropped them all), they are asked."""
+    plan = cluster.plan
+    states = [s for s in (cluster.state(h) for h in cluster.views) if s.get("deployment") == plan.name]
     if not states:
         return {}
-    return dict(max(states, key=lambda s: s.get("updated", 0))["roster"])
+    with_roster = [s for s in states if s.get("roster")]
+    if not with_roster:
+        newest = max(states, key=lambda s: s.get("updated", 0))
+        keepers = {n: HostPlan.model_validate(r) for n, r in (newest.get("roster_keepers") or {}).items()
+                   if n not in cluster.views}
+
+        def peek(n: str) -> InspectResult:
+            transport = policy.connect(keepers[n])
+            try:
+                return HostClient(n, transport, keepers[n].workdir, plan.supervisor).inspect({}, [], keepers[n].address)
+            finally:
+                transport.close()
+
+        peeked: list[HostState] = [v.get("state") or {} for v in parallel(peek, keepers).values() if isinstance(v, dict)]
+        with_roster = [s for s in peeked if s.get("deployment") == plan.name and s.get("roster")]
+    if not with_roster:
+        return {}
+    return dict(max(with_roster, key=lambda s: s.get("updated", 0))["roster"])
 
 
 def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
@@ -191,7 +209,7 @@ def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
     reached is reported and left alone (it is often why it was dropped)."""
     plan = cluster.plan
     planned = set(plan.deployed_hosts())
-    dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster).items() if n not in planned}
+    dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster, policy).items() if n not in planned}
     cluster.dropped = dict(dropped)
 
     def one(n: str) -> InspectResult:

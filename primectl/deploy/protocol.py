@@ -246,7 +246,10 @@ class HostState(TypedDict, total=False):
     secrets_hash: str
     updated: float
     services: dict[str, ServiceRecord]
-    roster: dict[str, dict[str, Any]]  # every host of the deployment (HostPlan fields), so dropped hosts are found
+    # every host of the deployment (HostPlan fields), so dropped hosts are found: on the roster's keepers only
+    # (the head host and two others), so that no host's state grows with the fleet; {} on the others
+    roster: dict[str, dict[str, Any]]
+    roster_keepers: dict[str, dict[str, Any]]  # the hosts that keep the roster (HostPlan fields), on every host
     retired: bool
 
 

@@ -119,6 +119,14 @@ def _group(plan: Plan, names: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
+ROSTER_KEEPERS = 3
+
+
+def roster_keepers(head: str, hosts: list[str]) -> list[str]:
+    """The hosts whose state keeps the whole roster: the head host, then the first others in the recipe's order."""
+    return ([head] if head in hosts else []) + [h for h in hosts if h != head][:ROSTER_KEEPERS - (head in hosts)]
+
+
 class SSHRollout:
     """One `up` over SSH: the open cluster plus what the pipeline decided so far."""
 
@@ -701,8 +709,11 @@ class SSHRollout:
     def record(self) -> None:
         """Record, per host, the revision and each service's hashes, probe and release."""
         plan, c = self.plan, self.cluster
-        # every host of the deployment, so a later `up` finds the ones its recipe drops
+        # every host of the deployment, so a later `up` finds the ones its recipe drops; written on a few keepers
+        # only (every host's state names them), since a roster on every host is quadratic in the fleet's size
         roster = {n: plan.host(n).model_dump(mode="json") for n in self.hosts} | c.unreachable_dropped
+        keepers = roster_keepers(plan.head, self.hosts)
+        kept = {n: roster[n] for n in keepers}
 
         def one(h: str) -> None:
             old = c.state(h)
@@ -713,7 +724,7 @@ class SSHRollout:
                 "previous_revision": prev if prev != rev else old.get("previous_revision"),
                 "supervisor": plan.supervisor, "secrets_hash": self.secrets_hash, "updated": time.time(),
                 "services": {s.name: _record(s, self.bundles[h]) for s in plan.services_on(h)},
-                "roster": roster,
+                "roster": roster if h in keepers else {}, "roster_keepers": kept,
             }
             c.client(h).write_state(state)
 
