@@ -81,13 +81,16 @@ def test_a_spawned_helper_runs_in_its_own_session_and_logs_and_a_missing_one_is_
     log = tmp_path / "helper.log"
     keep = os.open(tmp_path / "held", os.O_WRONLY | os.O_CREAT)  # a descriptor the helper must not inherit
     try:
-        pid = spawn_session(["sh", "-c", "echo out; echo err >&2; ls /proc/$$/fd"], cwd=str(tmp_path), log=str(log))
+        pid = spawn_session(["sh", "-c", "echo out; echo err >&2; ls /proc/$$/fd; sed -n 's/^SigIgn:\\t//p' /proc/$$/status"],
+                            cwd=str(tmp_path), log=str(log))
     finally:
         os.close(keep)
     assert os.getsid(pid) == pid or not starttime(pid)  # a session leader (unless already gone)
     assert os.waitpid(pid, 0)[1] == 0
     lines = log.read_text().split()
-    assert lines[:2] == ["out", "err"] and sorted(lines[2:]) == ["0", "1", "2"], lines
+    assert lines[:2] == ["out", "err"] and sorted(lines[2:-1]) == ["0", "1", "2"], lines
+    ignored = int(lines[-1], 16)  # Python ignores SIGPIPE and SIGXFSZ; a helper must get the defaults back
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1)), lines[-1]
     try:
         spawn_session(["/nonexistent/helper"], cwd=str(tmp_path), log=str(log))
     except OSError as exc:

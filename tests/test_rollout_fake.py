@@ -567,19 +567,38 @@ def test_down_stops_everything_in_reverse_order_and_purge_removes_the_files(env:
         assert not (env.tmp / h / "state.json").exists() and not (env.tmp / h / "releases").exists()
 
 
+def six_hosts(env: Env) -> list[dict[str, Any]]:
+    return [{"name": f"h{i}", "address": f"127.0.0.{i + 1}", "workdir": str(env.tmp / f"h{i}")} for i in range(1, 7)]
+
+
 def test_only_the_roster_keepers_hold_the_roster_and_are_asked_when_the_recipe_drops_them_all(env: Env) -> None:
-    hosts = [{"name": f"h{i}", "address": f"127.0.0.{i + 1}", "workdir": str(env.tmp / f"h{i}")} for i in range(1, 7)]
+    hosts = six_hosts(env)
     env.up(env.plan(hosts=hosts, decode={"hosts": ["h3", "h4", "h5", "h6"], "workers": 4}))
     everyone = {f"h{i}" for i in range(1, 7)}
-    for h in everyone:  # the head host (h1) and the next two keep the whole roster; every host names them
-        assert set(env.state(h)["roster"]) == (everyone if h in ("h1", "h2", "h3") else set()), h
-        assert set(env.state(h)["roster_keepers"]) == {"h1", "h2", "h3"}
+    for h in everyone:  # the head host (h1), the middle and the last of the others keep it; every host names them
+        assert set(env.state(h)["roster"]) == (everyone if h in ("h1", "h3", "h6") else set()), h
+        assert set(env.state(h)["roster_keepers"]) == {"h1", "h3", "h6"}
 
     # a recipe that keeps none of the keepers: they are asked for the roster, and leave with their services
-    env.up(env.plan(hosts=hosts[3:], frontend={"host": "h4"}, prefill={"hosts": ["h5"]},
-                    decode={"hosts": ["h6"], "workers": 1}))
-    for h in ("h1", "h2", "h3"):
+    env.up(env.plan(hosts=[hosts[1], hosts[3], hosts[4]], frontend={"host": "h2"}, prefill={"hosts": ["h4"]},
+                    decode={"hosts": ["h5"], "workers": 1}))
+    for h in ("h1", "h3", "h6"):
         assert env.state(h)["retired"] is True and env.state(h)["services"] == {}, h
         assert f"{h} left the deployment (dropped from the recipe)" in env.said
-    assert not any(env.world.is_running(h, s) for h in ("h1", "h2", "h3") for s in ("frontend", "prefill-0", "decode-0"))
-    assert set(env.state("h4")["roster"]) == {"h4", "h5", "h6"}
+    assert not any(env.world.is_running(h, s) for h in ("h1", "h3", "h6")
+                   for s in ("frontend", "etcd", "decode-0", "decode-3"))
+    assert set(env.state("h2")["roster"]) == {"h2", "h4", "h5"}
+
+
+def test_keepers_that_cannot_be_asked_are_warned_about_and_stay_on_the_roster(env: Env) -> None:
+    hosts = six_hosts(env)
+    env.up(env.plan(hosts=hosts, decode={"hosts": ["h3", "h4", "h5", "h6"], "workers": 4}))
+    env.world.unreachable.update({"h1", "h3", "h6"})
+    smaller = env.plan(hosts=[hosts[1], hosts[3], hosts[4]], frontend={"host": "h2"}, prefill={"hosts": ["h4"]},
+                       decode={"hosts": ["h5"], "workers": 1})
+    env.up(smaller)
+    assert any(line.startswith("WARNING: the roster of fake is kept on h1, h3, h6") for line in env.said), env.said
+    assert {"h1", "h3", "h6"} <= set(env.state("h2")["roster"])  # tried again by the next `up`
+    env.world.unreachable.clear()
+    env.up(smaller)
+    assert all(env.state(h)["retired"] is True for h in ("h1", "h3", "h6"))

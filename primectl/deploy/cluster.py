@@ -173,35 +173,53 @@ def _connect_and_inspect(cluster: Cluster, policy: ConnectionPolicy, name: str, 
     except HostUnreachable:
         client.transport.close()
         raise
+    except BaseException:  # the host answered, with an error: it is connected (and closed with the others)
+        cluster.clients[name] = client
+        raise
     cluster.clients[name] = client
     return view
 
 
 def _roster(cluster: Cluster, policy: ConnectionPolicy) -> dict[str, dict[str, Any]]:
     """The hosts the newest recorded roster of this deployment lists (name -> HostPlan fields). Only its keepers
-    hold it (protocol.HostState): when none of them was inspected (the recipe dropped them all), they are asked."""
+    hold it (protocol.HostState): when none of them was inspected (the recipe dropped them all), they are asked;
+    keepers that cannot be asked stay on the roster as unreachable dropped hosts, and the operator is told."""
     plan = cluster.plan
     states = [s for s in (cluster.state(h) for h in cluster.views) if s.get("deployment") == plan.name]
     if not states:
         return {}
-    with_roster = [s for s in states if s.get("roster")]
-    if not with_roster:
-        newest = max(states, key=lambda s: s.get("updated", 0))
-        keepers = {n: HostPlan.model_validate(r) for n, r in (newest.get("roster_keepers") or {}).items()
-                   if n not in cluster.views}
 
-        def peek(n: str) -> InspectResult:
-            transport = policy.connect(keepers[n])
-            try:
-                return HostClient(n, transport, keepers[n].workdir, plan.supervisor).inspect({}, [], keepers[n].address)
-            finally:
-                transport.close()
+    def newest_roster(found: list[HostState], stamp: float) -> dict[str, dict[str, Any]] | None:
+        found = [s for s in found if s.get("roster") and s.get("roster_stamp", 0) >= stamp]
+        return dict(max(found, key=lambda s: s.get("updated", 0))["roster"]) if found else None
 
-        peeked: list[HostState] = [v.get("state") or {} for v in parallel(peek, keepers).values() if isinstance(v, dict)]
-        with_roster = [s for s in peeked if s.get("deployment") == plan.name and s.get("roster")]
-    if not with_roster:
-        return {}
-    return dict(max(with_roster, key=lambda s: s.get("updated", 0))["roster"])
+    stamp = max(s.get("roster_stamp", 0) for s in states)
+    roster = newest_roster(states, stamp)
+    if roster is not None:
+        return roster
+    latest = next(s for s in states if s.get("roster_stamp", 0) == stamp)
+    keepers = {n: HostPlan.model_validate(r) for n, r in (latest.get("roster_keepers") or {}).items()
+               if n not in cluster.views}
+
+    def peek(n: str) -> InspectResult:
+        transport = policy.connect(keepers[n])
+        try:
+            return HostClient(n, transport, keepers[n].workdir, plan.supervisor).inspect({}, [], keepers[n].address)
+        finally:
+            transport.close()
+
+    views = parallel(peek, keepers)
+    peeked: list[HostState] = [v.get("state") or {} for v in views.values() if isinstance(v, dict)]
+    roster = newest_roster([s for s in peeked if s.get("deployment") == plan.name], stamp)
+    if roster is not None:
+        return roster
+    lost = {n: keepers[n].model_dump(mode="json") for n, v in views.items() if isinstance(v, BaseException)}
+    if keepers:
+        cluster.say(f"WARNING: the roster of {plan.name} is kept on {', '.join(keepers)}, which the recipe dropped, "
+                    "and none of them could be read: hosts dropped from the recipe since the last `up` may still run "
+                    "its services. The unreachable keepers stay on the roster, and the next `up` tries them again.")
+    older = newest_roster(states, 0)  # a roster from an earlier `up` is better than none
+    return (older or {}) | lost
 
 
 def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:

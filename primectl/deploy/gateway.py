@@ -18,6 +18,8 @@ from __future__ import annotations
 import posixpath
 import shlex
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, host_keys_for
@@ -27,37 +29,63 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", "UserKnownHostsFile=/dev/null", "-o", "GlobalKnownHostsFile=/dev/null",
                "-o", "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org", "-o", "ConnectTimeout=10",
                "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR")
+# sshd serves at most MaxSessions (10 by default) sessions on one connection: each host behind a head keeps an
+# agent session, so one connection carries at most 8 hosts, and 2 sessions are left for uploads and commands.
+SESSIONS_PER_LINK = 10
+HOSTS_PER_LINK = 8
+FAILED_HEAD_S = 30.0  # a head that could not be reached is not tried again for this long by the same process
+
+
+@dataclass
+class Link:
+    """One SSH connection to a head node: the hosts it carries, and its free sessions."""
+
+    transport: SSHTransport
+    hosts: int = 0
+    sessions: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(SESSIONS_PER_LINK))
 
 
 class Gateways:
-    """The head-node connections of one command, shared by every host reached through each (opened on first
-    use, closed when the last of its hosts closes)."""
+    """The head-node connections of one process, shared by the hosts reached through each: opened when first
+    needed, up to HOSTS_PER_LINK hosts a connection, each closed when the last of its hosts closes."""
 
     def __init__(self, known_hosts: str, accept_new_host_keys: bool):
         self.known_hosts = known_hosts
         self.accept_new = accept_new_host_keys
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[threading.Lock, list[Any]]] = {}  # head name -> (gate, [transport, users])
+        self._gates: dict[str, threading.Lock] = {}
+        self._links: dict[str, list[Link]] = {}
+        self._failed: dict[str, tuple[float, str]] = {}  # head name -> (when, why) its connection failed
 
-    def acquire(self, head: HostPlan) -> SSHTransport:
-        """The connection to `head`, opened now if it is not open (HostUnreachable when it cannot be)."""
+    def acquire(self, head: HostPlan) -> Link:
+        """A connection to `head` with room for one more host (HostUnreachable when it cannot be reached; a
+        failure is remembered for FAILED_HEAD_S, so the hosts behind a dead head fail at once, not in turn)."""
         with self._lock:
-            gate, slot = self._open.setdefault(head.name, (threading.Lock(), [None, 0]))
+            gate = self._gates.setdefault(head.name, threading.Lock())
         with gate:
-            if slot[0] is None or not slot[0].alive():
-                slot[0] = SSHTransport(head, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new)
-            slot[1] += 1
-            return slot[0]  # type: ignore[no-any-return]
+            failed = self._failed.get(head.name)
+            if failed and time.monotonic() - failed[0] < FAILED_HEAD_S:
+                raise HostUnreachable(failed[1])
+            links = self._links.setdefault(head.name, [])
+            links[:] = [link for link in links if link.hosts > 0 and link.transport.alive()]
+            link = next((link for link in links if link.hosts < HOSTS_PER_LINK), None)
+            if link is None:
+                try:
+                    link = Link(SSHTransport(head, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new))
+                except HostUnreachable as exc:
+                    self._failed[head.name] = (time.monotonic(), str(exc))
+                    raise
+                self._failed.pop(head.name, None)
+                links.append(link)
+            link.hosts += 1
+            return link
 
-    def release(self, head: HostPlan) -> None:
-        """One host behind `head` is done with it; the last one closes the connection."""
-        with self._lock:
-            gate, slot = self._open[head.name]
-        with gate:
-            slot[1] -= 1
-            if slot[1] <= 0 and slot[0] is not None:
-                slot[0].close()
-                slot[0] = None
+    def release(self, head: HostPlan, link: Link) -> None:
+        """One host is done with `link`; the last one closes it."""
+        with self._gates[head.name]:
+            link.hosts -= 1
+            if link.hosts <= 0:
+                link.transport.close()
 
 
 class ViaTransport(SSHTransport):
@@ -72,14 +100,14 @@ class ViaTransport(SSHTransport):
         self._sftp = None
         self._prefix = self._ssh_prefix(gateways)
         try:
-            self.gateway = gateways.acquire(host.via)
+            self.link = gateways.acquire(host.via)
         except HostUnreachable as exc:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}) through {host.via.name}: {exc}") from None
-        self.client = self.gateway.client
+        self.client = self.link.transport.client
         self._released = False
 
     def _ssh_prefix(self, gateways: Gateways) -> str:
-        """`ssh <options> <host>` as the head node runs it, with this host's known keys on its command line."""
+        """`ssh <options> -- <host>` as the head node runs it, with this host's known keys on its command line."""
         h = self.host
         name = h.address if h.port == 22 else f"[{h.address}]:{h.port}"
         keys = host_keys_for(gateways.known_hosts, h.address, h.port).lookup(name) or {}
@@ -88,11 +116,12 @@ class ViaTransport(SSHTransport):
                     f"{h.via.name if h.via else 'the head node'})") if gateways.accept_new else ""
             raise HostUnreachable(f"{h.name} ({h.address}:{h.port}): unknown host key (not in {gateways.known_hosts})"
                                   f"; verify it and add it{hint}")
-        # printf's \n between lines: ssh splits this option's value into words itself, quotes but no newlines
-        lines = "".join(f"{name} {k.get_name()} {k.get_base64()}\\n" for k in keys.values())
+        # printf's \n between lines: ssh splits this option's value into words itself, quotes but no newlines;
+        # it expands %-tokens in it and printf its own %s, so a % (a scoped IPv6 address) is doubled twice
+        lines = "".join(f"{name} {k.get_name()} {k.get_base64()}\\n" for k in keys.values()).replace("%", "%%%%")
         identity = ["-i", h.via_identity_file, "-o", "IdentitiesOnly=yes"] if h.via_identity_file else []
         argv = ["ssh", *SSH_OPTIONS, *identity, "-o", f"KnownHostsCommand=/usr/bin/printf '{lines}'",
-                "-p", str(h.port), "-l", h.user, h.address, "--"]
+                "-p", str(h.port), "-l", h.user, "--", h.address]
         return " ".join(shlex.quote(a) for a in argv)
 
     def command(self, command: str) -> str:
@@ -111,26 +140,54 @@ class ViaTransport(SSHTransport):
                                       f"{self.head.name}: {text[1]}") from None
             raise
 
+    def _start_agent(self, timeout: float | None, first: bytes) -> tuple[Any, Any, Any]:
+        """The agent's session, in one of the link's sessions (given back when it closes)."""
+        self.link.sessions.acquire()
+        try:
+            return super()._start_agent(timeout, first)
+        except BaseException:
+            self.link.sessions.release()
+            raise
+
+    def _close_agent(self) -> None:
+        if self._agent is not None:
+            super()._close_agent()
+            self.link.sessions.release()
+
     def alive(self) -> bool:
         """Whether the head node's connection and this host's agent session are still up."""
         return not self._released and super().alive()
+
+    def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        """A shell command on the host; HostUnreachable when the head node's ssh could not reach it (exit 255)."""
+        with self.link.sessions:
+            code, out, err = super().run(command, timeout=timeout, stream=stream)
+        if code == 255 and not out and err.startswith(("ssh:", "Host key verification failed", "Permission denied")):
+            raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.host.port}) through {self.head.name}: "
+                                  f"{err.strip()[-500:]}")
+        return code, out, err
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
         """Write a file on the host through the head node (its parent directory is created)."""
         tmp = f"{path}.partial"
         script = (f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cat > {shlex.quote(tmp)} && "
                   f"chmod {mode:o} {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}")
-        try:
-            chan = self.client.get_transport().open_session()
-            chan.set_combine_stderr(True)
-            chan.exec_command(self.command(script))
-            chan.sendall(data)
-            chan.shutdown_write()
-            said = b"".join(iter(lambda: chan.recv(65536), b""))
-            code = chan.recv_exit_status()
-            chan.close()
-        except Exception as exc:
-            raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
+        with self.link.sessions:
+            chan = None
+            try:
+                chan = self.client.get_transport().open_session()
+                chan.settimeout(300)
+                chan.set_combine_stderr(True)
+                chan.exec_command(self.command(script))
+                chan.sendall(data)
+                chan.shutdown_write()
+                said = b"".join(iter(lambda: chan.recv(65536), b""))
+                code = chan.recv_exit_status()
+            except Exception as exc:
+                raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
+            finally:
+                if chan is not None:
+                    chan.close()
         if code != 0:
             raise HostUnreachable(f"{self.host.name}: upload of {path} through {self.head.name} failed (exit {code}): "
                                   f"{said.decode(errors='replace').strip()[-500:]}")
@@ -140,7 +197,7 @@ class ViaTransport(SSHTransport):
         self._close_agent()
         if not self._released:
             self._released = True
-            self._gateways.release(self.head)
+            self._gateways.release(self.head, self.link)
 
 
 _GATEWAYS: dict[tuple[str, bool], Gateways] = {}

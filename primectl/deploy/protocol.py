@@ -250,6 +250,7 @@ class HostState(TypedDict, total=False):
     # (the head host and two others), so that no host's state grows with the fleet; {} on the others
     roster: dict[str, dict[str, Any]]
     roster_keepers: dict[str, dict[str, Any]]  # the hosts that keep the roster (HostPlan fields), on every host
+    roster_stamp: float  # when the `up` that wrote this roster (and named its keepers) recorded it
     retired: bool
 
 
@@ -804,9 +805,10 @@ def http_fetch(url: str, timeout: float) -> tuple[int, bytes]:
                 return resp.status, resp.read(HTTP_BODY_MAX)
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read(HTTP_BODY_MAX)
-    netloc, _, path = rest.partition("/")
-    path = "/" + path.split("#", 1)[0]
-    host, port = netloc.rsplit("@", 1)[-1], 80
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, path = rest[:cut].rsplit("@", 1)[-1], rest[cut:].split("#", 1)[0]
+    path = path if path.startswith("/") else "/" + path
+    host, port = netloc, 80
     if host.startswith("["):  # [IPv6]:port
         literal, _, tail = host[1:].partition("]")
         host, port = literal, int(tail[1:]) if tail.startswith(":") else 80
@@ -815,11 +817,19 @@ def http_fetch(url: str, timeout: float) -> tuple[int, bytes]:
         port = int(port_s)
     import _socket
 
-    family, kind, proto, _, address = _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM)[0]
-    sock = _socket.socket(family, kind, proto)
+    sock, error = None, None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            break
+        except OSError as exc:  # try the name's next address, as urllib does
+            sock.close()
+            sock, error = None, exc
+    if sock is None:
+        raise error or OSError(f"no address for {host}")
     try:
-        sock.settimeout(timeout)
-        sock.connect(address)
         head = f"GET {path} HTTP/1.1\r\nHost: {netloc}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         sock.sendall(head.encode("latin-1"))
         chunks: list[bytes] = []
@@ -995,8 +1005,18 @@ def spawn_session(argv: list[str], *, cwd: str, log: str) -> int:
             os.dup2(null, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
-            os.closerange(3, err_w)
-            os.closerange(err_w + 1, os.sysconf("SC_OPEN_MAX"))
+            # only the descriptors that are open: a loop up to the open-file limit (a million, or more under
+            # LimitNOFILE=infinity) takes seconds where close_range is missing
+            for fd in [int(n) for n in os.listdir("/proc/self/fd")]:
+                if fd > 2 and fd != err_w:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass  # the directory listing's own descriptor, closed already
+            import _signal  # the C module: Python ignores SIGPIPE and SIGXFSZ, and exec keeps what is ignored
+
+            _signal.signal(13, _signal.SIG_DFL)
+            _signal.signal(25, _signal.SIG_DFL)
             what = argv[0]
             os.execvp(argv[0], argv)
         except OSError as exc:

@@ -507,6 +507,7 @@ class SSHTransport:
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, path)
         except Exception as exc:
+            self._sftp = None  # a broken SFTP session is not reused: the next upload opens another
             raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:

@@ -123,8 +123,12 @@ ROSTER_KEEPERS = 3
 
 
 def roster_keepers(head: str, hosts: list[str]) -> list[str]:
-    """The hosts whose state keeps the whole roster: the head host, then the first others in the recipe's order."""
-    return ([head] if head in hosts else []) + [h for h in hosts if h != head][:ROSTER_KEEPERS - (head in hosts)]
+    """The hosts whose state keeps the whole roster: the head host, then others spread evenly through the recipe's
+    order (the middle, the last), so that one rack's loss does not take every copy."""
+    others = [h for h in hosts if h != head]
+    want = ROSTER_KEEPERS - (head in hosts)
+    picks = sorted({(k + 1) * len(others) // want - 1 for k in range(want)} - {-1}) if others else []
+    return ([head] if head in hosts else []) + [others[i] for i in picks]
 
 
 class SSHRollout:
@@ -714,6 +718,7 @@ class SSHRollout:
         roster = {n: plan.host(n).model_dump(mode="json") for n in self.hosts} | c.unreachable_dropped
         keepers = roster_keepers(plan.head, self.hosts)
         kept = {n: roster[n] for n in keepers}
+        stamp = time.time()  # one for every host of this `up`: a roster from an older one never wins over it
 
         def one(h: str) -> None:
             old = c.state(h)
@@ -724,7 +729,7 @@ class SSHRollout:
                 "previous_revision": prev if prev != rev else old.get("previous_revision"),
                 "supervisor": plan.supervisor, "secrets_hash": self.secrets_hash, "updated": time.time(),
                 "services": {s.name: _record(s, self.bundles[h]) for s in plan.services_on(h)},
-                "roster": roster if h in keepers else {}, "roster_keepers": kept,
+                "roster": roster if h in keepers else {}, "roster_keepers": kept, "roster_stamp": stamp,
             }
             c.client(h).write_state(state)
 
