@@ -602,3 +602,23 @@ def test_keepers_that_cannot_be_asked_are_warned_about_and_stay_on_the_roster(en
     env.world.unreachable.clear()
     env.up(smaller)
     assert all(env.state(h)["retired"] is True for h in ("h1", "h3", "h6"))
+
+
+def test_status_asks_each_host_once_its_probes_riding_with_the_inspection(env: Env,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from primectl.deploy.client import HostClient
+
+    plan = env.plan()
+    env.up(plan)
+    calls: list[tuple[str, str]] = []
+    call = HostClient.call
+
+    def spy(self: HostClient, op: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append((self.name, op))
+        return call(self, op, *args, **kwargs)
+
+    monkeypatch.setattr(HostClient, "call", spy)
+    report = SSHTarget().status(plan, env.options.connection, env.said.append)
+    assert sorted(calls) == [(h, "inspect") for h in HOSTS]
+    assert {r.service: r.ready for r in report.rows} == {s.name: True for s in plan.services}
+    assert report.gate["ok"] is True

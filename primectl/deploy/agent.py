@@ -139,8 +139,11 @@ def op_inspect(h: Host) -> InspectResult:
         return {"ok": False, "error": f"workdir {lay.workdir} is not writable: {exc.strerror}"}
     releases = sorted(os.listdir(lay.releases)) if os.path.isdir(lay.releases) else []
     taken = _taken(a["address"], a["ports"]) if a.get("ports") else []
-    return {"ok": True, "state": state, "current": current, "services": services, "lock": read_json(lay.lock_owner),
-            "taken": taken, "releases": releases, "time": time.time()}
+    result: InspectResult = {"ok": True, "state": state, "current": current, "services": services,
+                             "lock": read_json(lay.lock_owner), "taken": taken, "releases": releases, "time": time.time()}
+    if a.get("probes"):  # `status`: its probes ride with the inspection, one round trip per host
+        result["probes"] = op_probe(h)["results"]
+    return result
 
 
 def _taken(address: str, ports: list[int]) -> list[int]:
@@ -437,7 +440,7 @@ def op_wait(h: Host) -> StartResult:
 
 
 def op_probe(h: Host) -> ProbeResult:
-    """Run each probe once (for `status`)."""
+    """Run each of `probes` once (for `status`)."""
     results = {}
     answers: Answers = {}
     for w in h.args["probes"]:

@@ -59,10 +59,14 @@ class HostClient:
                             code=int(result.get("code", CODE_FAILED)), service=result.get("service"))
         return result
 
-    def inspect(self, units: dict[str, str], ports: list[int], address: str) -> InspectResult:
-        """State, current release, lock, liveness of every service, and which of `ports` are taken."""
-        return cast(InspectResult, self.call("inspect", {"services": units, "ports": ports, "address": address},
-                                             timeout=60))
+    def inspect(self, units: dict[str, str], ports: list[int], address: str,
+                probes: list[dict[str, Any]] | None = None) -> InspectResult:
+        """State, current release, lock, liveness of every service, and which of `ports` are taken; with `probes`,
+        each run once too (`probes` in the result, as `probe` gives them)."""
+        args: dict[str, Any] = {"services": units, "ports": ports, "address": address}
+        if probes:
+            args["probes"] = probes
+        return cast(InspectResult, self.call("inspect", args, timeout=60))
 
     def lock(self, owner: dict[str, Any], *, force: bool) -> LockResult:
         """Take the cluster lock; a held lock comes back with ok False and its owner (not an error)."""

@@ -108,7 +108,8 @@ def fail_on_errors(results: dict[str, Any], what: str, *, before_changes: bool =
 
 
 def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[str] | None = None,
-                 include_dropped: bool = False, tolerate_unreachable: bool = False) -> Cluster:
+                 include_dropped: bool = False, tolerate_unreachable: bool = False,
+                 probes: Callable[[str], list[dict[str, Any]]] | None = None) -> Cluster:
     """Connect to every host in parallel and inspect it; any failure changes nothing.
 
     Each host is inspected as soon as its own connection is up (no barrier between
@@ -117,7 +118,8 @@ def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[
     its roster but the recipe no longer gives services are inspected too. With
     `tolerate_unreachable`, hosts that cannot be reached are listed in
     `cluster.unreachable`, and hosts whose inspection failed keep an error
-    view, instead of failing (preflight reports both).
+    view, instead of failing (preflight reports both). `probes` gives each host's
+    probes to run in the same round trip (`status`); the view holds their results.
     """
     cluster = Cluster(plan, say)
     names = plan.deployed_hosts() if hosts is None else hosts
@@ -127,7 +129,7 @@ def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[
         units |= {s.twin.name: unit_name(plan.name, s.twin.name) for s in plan.services_on(h) if s.twin}
         # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
         ports = sorted({p for s in plan.services_on(h) for p in s.listens})
-        return _connect_and_inspect(cluster, policy, h, plan.host(h), units, ports)
+        return _connect_and_inspect(cluster, policy, h, plan.host(h), units, ports, probes(h) if probes else None)
 
     views = parallel(one, names)
     unreachable = {h: v for h, v in views.items() if h not in cluster.clients}
@@ -164,12 +166,13 @@ def opened(plan: Plan, policy: ConnectionPolicy, say: Say, **kwargs: Any) -> Ite
 
 
 def _connect_and_inspect(cluster: Cluster, policy: ConnectionPolicy, name: str, host: HostPlan,
-                         units: dict[str, str], ports: list[int]) -> InspectResult:
+                         units: dict[str, str], ports: list[int],
+                         probes: list[dict[str, Any]] | None = None) -> InspectResult:
     """Open a host's transport (kept in the cluster) and inspect its workdir. A host whose link fails before it
     answered (a host behind a head node is only reached with its first call) counts as not connected."""
     client = HostClient(name, policy.connect(host), host.workdir, cluster.plan.supervisor)
     try:
-        view = client.inspect(units, ports, host.address)
+        view = client.inspect(units, ports, host.address, probes)
     except HostUnreachable:
         client.transport.close()
         raise

@@ -301,6 +301,7 @@ class InspectResult(Result, total=False):
     taken: list[int]
     releases: list[str]
     time: float
+    probes: dict[str, dict[str, Any]]  # with `probes` in the request (`status`): name -> {ok, detail}
 
 
 class LockResult(Result, total=False):

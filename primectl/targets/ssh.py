@@ -814,9 +814,9 @@ class SSHTarget:
 
     def status(self, plan: Plan, options: Any, say: Say) -> Any:
         """Liveness, readiness and revision of every service, the gate, and worker metrics."""
-        from primectl.targets.ssh_observe import collect_status
+        from primectl.targets.ssh_observe import collect_status, status_probes
 
-        with opened(plan, _policy(options), say) as cluster:
+        with opened(plan, _policy(options), say, probes=lambda h: status_probes(plan, h)) as cluster:
             return collect_status(cluster)
 
     def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:

@@ -12,16 +12,27 @@ from primectl.deploy.status import ServiceStatus, StatusReport
 from primectl.plan.model import Plan
 
 
+def status_probes(plan: Plan, h: str) -> list[dict[str, Any]]:
+    """What `status` probes on host `h`: each service's readiness, and on the head host the gate and the listing
+    of every worker in the frontend's discovery."""
+    probes = [{"name": s.name, "probe": s.ready.model_dump(mode="json")} for s in plan.services_on(h)]
+    if plan.head == h:
+        probes.append({"name": "gate", "probe": plan.gate.model_dump(mode="json")})
+        probes += listing_probes(plan, [w.name for w in plan.workers()])
+    return probes
+
+
 def collect_status(cluster: Cluster) -> StatusReport:
-    """Liveness from the agent plus one readiness probe per service, the gate, and worker figures."""
+    """Liveness from the agent plus one readiness probe per service, the gate, and worker figures (the probes'
+    results from the inspection when they rode with it, else asked now)."""
     plan = cluster.plan
 
     def probe(h: str) -> dict[str, dict[str, Any]]:
-        probes = [{"name": s.name, "probe": s.ready.model_dump(mode="json")} for s in plan.services_on(h)]
-        if plan.head == h:
-            probes.append({"name": "gate", "probe": plan.gate.model_dump(mode="json")})
-            probes += listing_probes(plan, [w.name for w in plan.workers()])
-        return cluster.client(h).probe(probes)
+        ridden = cluster.views[h].get("probes")
+        if ridden is not None:
+            return dict(ridden)
+        wanted = status_probes(plan, h)
+        return cluster.client(h).probe(wanted) if wanted else {}
 
     results = parallel(probe, list(cluster.views))
     rows: list[ServiceStatus] = []
