@@ -142,7 +142,11 @@ def op_inspect(h: Host) -> InspectResult:
     result: InspectResult = {"ok": True, "state": state, "current": current, "services": services,
                              "lock": read_json(lay.lock_owner), "taken": taken, "releases": releases, "time": time.time()}
     if a.get("probes"):  # `status`: its probes ride with the inspection, one round trip per host
-        result["probes"] = op_probe(h)["results"]
+        try:
+            result["probes"] = op_probe(h)["results"]
+        except Exception as exc:  # a probe that broke makes its services not ready, not the host uninspectable
+            result["probes"] = {p["name"]: {"ok": False, "detail": f"probe failed: {type(exc).__name__}: {exc}"}
+                                for p in a["probes"]}
     return result
 
 

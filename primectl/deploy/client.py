@@ -66,7 +66,8 @@ class HostClient:
         args: dict[str, Any] = {"services": units, "ports": ports, "address": address}
         if probes:
             args["probes"] = probes
-        return cast(InspectResult, self.call("inspect", args, timeout=60))
+        # the probes get the minute `probe` gives them, on top of the inspection's own
+        return cast(InspectResult, self.call("inspect", args, timeout=120 if probes else 60))
 
     def lock(self, owner: dict[str, Any], *, force: bool) -> LockResult:
         """Take the cluster lock; a held lock comes back with ok False and its owner (not an error)."""

@@ -219,9 +219,10 @@ def _roster(cluster: Cluster, policy: ConnectionPolicy) -> dict[str, dict[str, A
     lost = {n: keepers[n].model_dump(mode="json") for n, v in views.items() if isinstance(v, BaseException)}
     if keepers:
         cluster.say(f"WARNING: the roster of {plan.name} is kept on {', '.join(keepers)}, which the recipe dropped, "
-                    "and none of them could be read: hosts dropped from the recipe since the last `up` may still run "
-                    "its services. The unreachable keepers stay on the roster, and the next `up` tries them again.")
-    older = newest_roster(states, 0)  # a roster from an earlier `up` is better than none
+                    "and none of them gave the last `up`'s roster (unreachable, or its write failed there): hosts "
+                    "dropped from the recipe since then may still run its services. Unreachable keepers stay on "
+                    "the roster, and the next `up` tries them again.")
+    older = newest_roster(states + [s for s in peeked if s.get("deployment") == plan.name], 0)  # better than none
     return (older or {}) | lost
 
 

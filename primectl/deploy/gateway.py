@@ -63,13 +63,13 @@ class Gateways:
         with self._lock:
             gate = self._gates.setdefault(head.name, threading.Lock())
         with gate:
-            failed = self._failed.get(head.name)
-            if failed and time.monotonic() - failed[0] < FAILED_HEAD_S:
-                raise HostUnreachable(failed[1])
             links = self._links.setdefault(head.name, [])
             links[:] = [link for link in links if link.hosts > 0 and link.transport.alive()]
             link = next((link for link in links if link.hosts < HOSTS_PER_LINK), None)
             if link is None:
+                failed = self._failed.get(head.name)
+                if failed and time.monotonic() - failed[0] < FAILED_HEAD_S:
+                    raise HostUnreachable(failed[1])
                 try:
                     link = Link(SSHTransport(head, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new))
                 except HostUnreachable as exc:
@@ -96,6 +96,7 @@ class ViaTransport(SSHTransport):
         self.host, self.head, self._gateways = host, host.via, gateways
         self._agent = None
         self._agent_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._fabric = None
         self._sftp = None
         self._prefix = self._ssh_prefix(gateways)
@@ -150,8 +151,10 @@ class ViaTransport(SSHTransport):
             raise
 
     def _close_agent(self) -> None:
-        if self._agent is not None:
+        with self._close_lock:  # close() and a failing call may both get here: the slot goes back once
+            had = self._agent is not None
             super()._close_agent()
+        if had:
             self.link.sessions.release()
 
     def alive(self) -> bool:
@@ -162,7 +165,7 @@ class ViaTransport(SSHTransport):
         """A shell command on the host; HostUnreachable when the head node's ssh could not reach it (exit 255)."""
         with self.link.sessions:
             code, out, err = super().run(command, timeout=timeout, stream=stream)
-        if code == 255 and not out and err.startswith(("ssh:", "Host key verification failed", "Permission denied")):
+        if code == 255 and not out:  # ssh's own failure (a command's 255 with no output would read the same)
             raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.host.port}) through {self.head.name}: "
                                   f"{err.strip()[-500:]}")
         return code, out, err

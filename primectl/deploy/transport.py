@@ -442,26 +442,30 @@ class SSHTransport:
         """Open the session the agent serves on, with its `first` request (uploading the agent's source once per
         host and version); returns once the agent has started, its answer to `first` still to be read."""
         chan = self.client.get_transport().open_session()
-        chan.set_combine_stderr(True)
-        chan.settimeout(timeout)
-        chan.exec_command(self.command(loader_command(self.host.workdir, "serve")))
-        stdin, stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
-        stdin.write(first)
-        stdin.flush()
-        said: list[bytes] = []
-        while True:
-            line = stdout.readline()
-            if not line:
-                text = b"".join(said).decode(errors="replace").strip()[-2000:]
-                raise EOFError(f"the host agent did not start: {text or 'no output'}")
-            if line.startswith(b'{"agent": "send"}'):
-                source = agent_source().encode()
-                stdin.write(b"%d\n" % len(source) + source)
-                stdin.flush()
-            elif line.startswith(b'{"agent": "ready"}'):
-                return chan, stdin, stdout
-            else:
-                said.append(line)
+        try:
+            chan.set_combine_stderr(True)
+            chan.settimeout(timeout)
+            chan.exec_command(self.command(loader_command(self.host.workdir, "serve")))
+            stdin, stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
+            stdin.write(first)
+            stdin.flush()
+            said: list[bytes] = []
+            while True:
+                line = stdout.readline()
+                if not line:
+                    text = b"".join(said).decode(errors="replace").strip()[-2000:]
+                    raise EOFError(f"the host agent did not start: {text or 'no output'}")
+                if line.startswith(b'{"agent": "send"}'):
+                    source = agent_source().encode()
+                    stdin.write(b"%d\n" % len(source) + source)
+                    stdin.flush()
+                elif line.startswith(b'{"agent": "ready"}'):
+                    return chan, stdin, stdout
+                else:
+                    said.append(line)
+        except BaseException:
+            chan.close()  # a session that did not start is given back to sshd (it counts them: MaxSessions)
+            raise
 
     def _close_agent(self) -> None:
         if self._agent is not None:
@@ -507,7 +511,10 @@ class SSHTransport:
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, path)
         except Exception as exc:
-            self._sftp = None  # a broken SFTP session is not reused: the next upload opens another
+            if self._sftp is not None:  # a broken SFTP session is not reused: the next upload opens another
+                with contextlib.suppress(Exception):
+                    self._sftp.close()
+                self._sftp = None
             raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
