@@ -1,4 +1,4 @@
-"""The archive a release travels in (protocol.pack_files / unpack_files): what lands on a host, and what the
+"""The archive a release travels in (render.bundle.pack_files / protocol.unpack_files): what lands on a host, and what the
 host agent refuses to write."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from primectl.deploy.protocol import pack_files, unpack_files
+from primectl.deploy.protocol import unpack_files
+from primectl.render.bundle import pack_files
 
 
 def test_files_arrive_with_their_content_and_modes(tmp_path: Path) -> None:

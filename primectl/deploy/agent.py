@@ -194,7 +194,7 @@ def op_unlock(h: Host) -> LockResult:
 
 
 def op_stage(h: Host) -> Result:
-    """Unpack a release archive (`pack_files`) into releases/<revision> (atomic rename; idempotent): the uploaded
+    """Unpack a release archive (`unpack_files`) into releases/<revision> (atomic rename; idempotent): the uploaded
     one, or the one the request carries (`archive_b64`: small bundles travel in the request, with no upload of
     their own)."""
     lay, revision = h.layout, h.args["revision"]

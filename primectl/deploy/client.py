@@ -78,7 +78,7 @@ class HostClient:
         return bool(self.call("unlock", {"token": token, "force": force}, check=False).get("ok"))
 
     def stage(self, revision: str, archive: bytes | None = None) -> None:
-        """Unpack a release (`protocol.pack_files`): the one uploaded to incoming/, or `archive` sent with the
+        """Unpack a release (`protocol.unpack_files`): the one uploaded to incoming/, or `archive` sent with the
         request."""
         args: dict[str, Any] = {"revision": revision}
         if archive is not None:

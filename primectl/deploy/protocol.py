@@ -148,7 +148,7 @@ class Layout:
         return self.path("secrets", f"{deployment}.env")
 
     def incoming(self, revision: str) -> str:
-        """Where an uploaded bundle (`pack_files`) waits to be staged."""
+        """Where an uploaded release archive (`unpack_files`) waits to be staged."""
         return self.path("incoming", f"{revision}.release")
 
     def script(self, service: str) -> str:
@@ -382,37 +382,12 @@ def read_json(path: str) -> Any:
         return None
 
 
-_PACKED: dict[bytes, bytes] = {}  # file content -> compressed: bundles of many hosts share their model files
-
-
-def pack_files(files: Mapping[str, bytes], modes: Mapping[str, int]) -> bytes:
-    """A release's files as the archive a host stages (`unpack_files`): one record per file, in path order,
-    `<octal mode> <compressed size> <path>\\n` then the file zlib-compressed (fastest level). Not tar: importing
-    tarfile and gzip and walking tar headers cost a host agent ~20 ms of CPU, more than writing the files. Each
-    file is compressed on its own so that content many hosts get (a generated model) is compressed once."""
-    import zlib
-
-    out = []
-    for path in sorted(files):
-        if "\n" in path:
-            raise ValueError(f"a bundle path holds a newline: {path!r}")
-        data = files[path]
-        packed = _PACKED.get(data) if len(data) >= 4096 else None
-        if packed is None:
-            packed = zlib.compress(data, 1)
-            if len(data) >= 4096:
-                if len(_PACKED) >= 64:
-                    _PACKED.clear()
-                _PACKED[data] = packed
-        out.append(b"%o %d %s\n" % (modes.get(path, 0o644), len(packed), path.encode()))
-        out.append(packed)
-    return b"".join(out)
-
-
 def unpack_files(archive: bytes, into: str) -> int:
-    """Write the files of a `pack_files` archive under the directory `into` (which must be new and empty);
-    how many. ValueError for a path that is absolute, climbs out (`..`) or is not plain, or a broken archive;
-    modes keep their permission bits only."""
+    """Write the files of a release archive under the directory `into` (which must be new and empty); how many.
+    The archive (`render.bundle.pack_files` makes it) is one record per file, in path order: `<octal mode>
+    <compressed size> <path>\\n`, then the file zlib-compressed. Not tar: importing tarfile and gzip and walking
+    tar headers cost a host agent ~20 ms of CPU, more than writing the files. ValueError for a path that is
+    absolute, climbs out (`..`) or is not plain, or a broken archive; modes keep their permission bits only."""
     import zlib
 
     at, count = 0, 0

@@ -14,13 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
-from primectl.deploy.protocol import WATCH_ENV, Layout, pack_files
+from primectl.deploy.protocol import WATCH_ENV, Layout
 from primectl.deploy.protocol import unit_name as protocol_unit_name
 from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
@@ -48,8 +50,8 @@ class Bundle:
         return self.manifest["services"]  # type: ignore[return-value]
 
     def archive(self) -> bytes:
-        """The bundle as the archive a host stages (`protocol.pack_files`): its files with their modes,
-        compressed (the demo model's tokenizer makes a bundle ~180 KiB, ~30 KiB compressed)."""
+        """The bundle as the archive a host stages (`pack_files`): its files with their modes, compressed (the
+        demo model's tokenizer makes a bundle ~180 KiB, ~30 KiB compressed)."""
         return pack_files(self.files, self.modes)
 
 
@@ -197,19 +199,46 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
     return Bundle(host.name, files, modes, revision, manifest)
 
 
-_DIGESTS: dict[bytes, bytes] = {}  # big file content -> its sha256: every host's bundle holds the same model files
+def once_per_content(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """`fn` of a file's content, computed once per process for content of 4 KiB and more: every host's bundle
+    holds the same generated model files (at most 64 remembered, then forgotten together)."""
+    seen: dict[bytes, bytes] = {}
+
+    def cached(data: bytes) -> bytes:
+        if len(data) < 4096:
+            return fn(data)
+        found = seen.get(data)
+        if found is None:
+            if len(seen) >= 64:
+                seen.clear()
+            found = seen[data] = fn(data)
+        return found
+
+    return cached
 
 
+@once_per_content
 def digest(data: bytes) -> bytes:
-    """sha256 of a file's content, computed once per process for content of 4 KiB and more."""
-    if len(data) < 4096:
-        return hashlib.sha256(data).digest()
-    found = _DIGESTS.get(data)
-    if found is None:
-        if len(_DIGESTS) >= 64:
-            _DIGESTS.clear()
-        found = _DIGESTS[data] = hashlib.sha256(data).digest()
-    return found
+    """sha256 of a file's content."""
+    return hashlib.sha256(data).digest()
+
+
+@once_per_content
+def _compressed(data: bytes) -> bytes:
+    return zlib.compress(data, 1)
+
+
+def pack_files(files: Mapping[str, bytes], modes: Mapping[str, int]) -> bytes:
+    """A release's files as the archive a host stages (`protocol.unpack_files` says its format), each file
+    compressed on its own, so that content many hosts get is compressed once."""
+    out = []
+    for path in sorted(files):
+        if "\n" in path:
+            raise ValueError(f"a bundle path holds a newline: {path!r}")
+        packed = _compressed(files[path])
+        out.append(b"%o %d %s\n" % (modes.get(path, 0o644), len(packed), path.encode()))
+        out.append(packed)
+    return b"".join(out)
 
 
 def hash_files(files: dict[str, bytes]) -> str:
