@@ -7,7 +7,6 @@ from typing import Any
 
 from primectl.checks.registration import listing_probes, mark_unlisted
 from primectl.deploy.cluster import Cluster
-from primectl.deploy.fanout import parallel
 from primectl.deploy.status import ServiceStatus, StatusReport
 from primectl.plan.model import Plan
 
@@ -23,35 +22,26 @@ def status_probes(plan: Plan, h: str) -> list[dict[str, Any]]:
 
 
 def collect_status(cluster: Cluster) -> StatusReport:
-    """Liveness from the agent plus one readiness probe per service, the gate, and worker figures (the probes'
-    results from the inspection when they rode with it, else asked now)."""
+    """Liveness from the agent plus one readiness probe per service, the gate, and worker figures, from a cluster
+    opened with `status_probes` (their results ride with each host's inspection)."""
     plan = cluster.plan
-
-    def probe(h: str) -> dict[str, dict[str, Any]]:
-        ridden = cluster.views[h].get("probes")
-        if ridden is not None:
-            return dict(ridden)
-        wanted = status_probes(plan, h)
-        return cluster.client(h).probe(wanted) if wanted else {}
-
-    results = parallel(probe, list(cluster.views))
+    results = {h: dict(view.get("probes") or {}) for h, view in cluster.views.items()}
     rows: list[ServiceStatus] = []
     gate: dict[str, Any] = {"ok": False, "detail": "frontend host not inspected"}
     for svc in plan.services:
         state = cluster.recorded(svc.host).get(svc.name) if svc.host in cluster.views else None
         live = cluster.views.get(svc.host, {}).get("services", {}).get(svc.name, {})
-        res = results.get(svc.host)
-        pr = res.get(svc.name, {}) if isinstance(res, dict) else {}
+        res = results.get(svc.host, {})
+        pr = res.get(svc.name, {})
         rows.append(ServiceStatus(
             svc.name, svc.host, svc.role, state is not None, bool(live.get("alive")), bool(pr.get("ok")),
             live.get("pid"), state.get("release") if state else None,
             pr.get("detail", "") if state else "not deployed",
             state=str(live.get("state", "")), restarts=int(live.get("restarts", 0) or 0),
         ))
-        if svc.host == plan.head and isinstance(res, dict):
+        if svc.host == plan.head and svc.host in results:
             gate = res.get("gate", gate)
-    head = results.get(plan.head)
-    rows = mark_unlisted(rows, head if isinstance(head, dict) else {})
+    rows = mark_unlisted(rows, results.get(plan.head, {}))
     report = StatusReport(plan.name, rows, gate, plan.gate.url or "")
     from primectl.checks.workers import worker_sections
 
