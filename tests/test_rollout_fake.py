@@ -571,7 +571,8 @@ def six_hosts(env: Env) -> list[dict[str, Any]]:
     return [{"name": f"h{i}", "address": f"127.0.0.{i + 1}", "workdir": str(env.tmp / f"h{i}")} for i in range(1, 7)]
 
 
-def test_only_the_roster_keepers_hold_the_roster_and_are_asked_when_the_recipe_drops_them_all(env: Env) -> None:
+def test_only_the_roster_keepers_hold_the_roster_and_are_asked_when_the_recipe_drops_them_all(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     hosts = six_hosts(env)
     env.up(env.plan(hosts=hosts, decode={"hosts": ["h3", "h4", "h5", "h6"], "workers": 4}))
     everyone = {f"h{i}" for i in range(1, 7)}
@@ -579,9 +580,18 @@ def test_only_the_roster_keepers_hold_the_roster_and_are_asked_when_the_recipe_d
         assert set(env.state(h)["roster"]) == (everyone if h in ("h1", "h3", "h6") else set()), h
         assert set(env.state(h)["roster_keepers"]) == {"h1", "h3", "h6"}
 
-    # a recipe that keeps none of the keepers: they are asked for the roster, and leave with their services
+    # a recipe that keeps none of the keepers: they are asked for the roster (once), and leave with their services
+    connected: list[str] = []
+    connect = ConnectionPolicy.connect
+
+    def spy(self: ConnectionPolicy, host: Any) -> Any:
+        connected.append(host.name)
+        return connect(self, host)
+
+    monkeypatch.setattr(ConnectionPolicy, "connect", spy)
     env.up(env.plan(hosts=[hosts[1], hosts[3], hosts[4]], frontend={"host": "h2"}, prefill={"hosts": ["h4"]},
                     decode={"hosts": ["h5"], "workers": 1}))
+    assert sorted(connected) == ["h1", "h2", "h3", "h4", "h5", "h6"], connected
     for h in ("h1", "h3", "h6"):
         assert env.state(h)["retired"] is True and env.state(h)["services"] == {}, h
         assert f"{h} left the deployment (dropped from the recipe)" in env.said

@@ -183,14 +183,19 @@ def _connect_and_inspect(cluster: Cluster, policy: ConnectionPolicy, name: str, 
     return view
 
 
-def _roster(cluster: Cluster, policy: ConnectionPolicy) -> dict[str, dict[str, Any]]:
-    """The hosts the newest recorded roster of this deployment lists (name -> HostPlan fields). Only its keepers
-    hold it (protocol.HostState): when none of them was inspected (the recipe dropped them all), they are asked;
-    keepers that cannot be asked stay on the roster as unreachable dropped hosts, and the operator is told."""
+Asked = dict[str, "InspectResult | BaseException"]
+
+
+def _roster(cluster: Cluster, policy: ConnectionPolicy) -> tuple[dict[str, dict[str, Any]], Asked]:
+    """The hosts the newest recorded roster of this deployment lists (name -> HostPlan fields), and what the
+    keepers said when they had to be asked. Only the keepers hold the roster (protocol.HostState): when none of
+    them was inspected (the recipe dropped them all), they are connected and inspected (kept in the cluster, so
+    they are not asked twice); keepers that cannot be asked stay on the roster as unreachable dropped hosts, and
+    the operator is told."""
     plan = cluster.plan
     states = [s for s in (cluster.state(h) for h in cluster.views) if s.get("deployment") == plan.name]
     if not states:
-        return {}
+        return {}, {}
 
     def newest_roster(found: list[HostState], stamp: float) -> dict[str, dict[str, Any]] | None:
         found = [s for s in found if s.get("roster") and s.get("roster_stamp", 0) >= stamp]
@@ -199,23 +204,15 @@ def _roster(cluster: Cluster, policy: ConnectionPolicy) -> dict[str, dict[str, A
     stamp = max(s.get("roster_stamp", 0) for s in states)
     roster = newest_roster(states, stamp)
     if roster is not None:
-        return roster
+        return roster, {}
     latest = next(s for s in states if s.get("roster_stamp", 0) == stamp)
     keepers = {n: HostPlan.model_validate(r) for n, r in (latest.get("roster_keepers") or {}).items()
                if n not in cluster.views}
-
-    def peek(n: str) -> InspectResult:
-        transport = policy.connect(keepers[n])
-        try:
-            return HostClient(n, transport, keepers[n].workdir, plan.supervisor).inspect({}, [], keepers[n].address)
-        finally:
-            transport.close()
-
-    views = parallel(peek, keepers)
+    views: Asked = parallel(lambda n: _connect_and_inspect(cluster, policy, n, keepers[n], {}, []), keepers)
     peeked: list[HostState] = [v.get("state") or {} for v in views.values() if isinstance(v, dict)]
     roster = newest_roster([s for s in peeked if s.get("deployment") == plan.name], stamp)
     if roster is not None:
-        return roster
+        return roster, views
     lost = {n: keepers[n].model_dump(mode="json") for n, v in views.items() if isinstance(v, BaseException)}
     if keepers:
         cluster.say(f"WARNING: the roster of {plan.name} is kept on {', '.join(keepers)}, which the recipe dropped, "
@@ -223,7 +220,7 @@ def _roster(cluster: Cluster, policy: ConnectionPolicy) -> dict[str, dict[str, A
                     "dropped from the recipe since then may still run its services. Unreachable keepers stay on "
                     "the roster, and the next `up` tries them again.")
     older = newest_roster(states + [s for s in peeked if s.get("deployment") == plan.name], 0)  # better than none
-    return (older or {}) | lost
+    return (older or {}) | lost, views
 
 
 def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
@@ -231,11 +228,18 @@ def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
     reached is reported and left alone (it is often why it was dropped)."""
     plan = cluster.plan
     planned = set(plan.deployed_hosts())
-    dropped = {n: HostPlan.model_validate(r) for n, r in _roster(cluster, policy).items() if n not in planned}
+    roster, asked = _roster(cluster, policy)
+    dropped = {n: HostPlan.model_validate(r) for n, r in roster.items() if n not in planned}
     cluster.dropped = dict(dropped)
+    for n in set(asked) - set(dropped):  # a keeper its own roster does not list: nothing of ours to look at
+        if n in cluster.clients:
+            cluster.clients.pop(n).transport.close()
 
     def one(n: str) -> InspectResult:
-        return _connect_and_inspect(cluster, policy, n, dropped[n], {}, [])
+        seen = asked.get(n)
+        if isinstance(seen, BaseException):
+            raise seen
+        return seen if seen is not None else _connect_and_inspect(cluster, policy, n, dropped[n], {}, [])
 
     for name, view in parallel(one, dropped).items():
         hp = dropped[name]
