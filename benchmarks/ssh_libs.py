@@ -97,9 +97,9 @@ def openssh_mux(h: Any, key: str, known_hosts: str, commands: int = 5) -> None:
 def paramiko_one(h: Any, key: str, known_hosts: str) -> None:
     import paramiko
 
-    from primectl.deploy.transport import _paramiko_fast_mac_check, host_keys_for
+    from primectl.deploy.transport import host_keys_for, tune_paramiko
 
-    _paramiko_fast_mac_check()  # as primectl's SSHTransport sets paramiko up
+    tune_paramiko()  # as primectl's SSHTransport sets paramiko up
     c = paramiko.SSHClient()
     c._host_keys = host_keys_for(known_hosts, h.address, h.port)
     c.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -115,9 +115,9 @@ def fabric_one(h: Any, key: str, known_hosts: str) -> None:
     import paramiko
     from fabric import Connection
 
-    from primectl.deploy.transport import _paramiko_fast_mac_check, host_keys_for
+    from primectl.deploy.transport import host_keys_for, tune_paramiko
 
-    _paramiko_fast_mac_check()
+    tune_paramiko()
     c = Connection(h.address, user="root", port=h.port, connect_timeout=10,
                    connect_kwargs={"key_filename": key, "look_for_keys": False, "allow_agent": False})
     c.client._host_keys = host_keys_for(known_hosts, h.address, h.port)

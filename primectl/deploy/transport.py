@@ -269,14 +269,34 @@ class _AcceptNewPolicy:
 
 
 @functools.cache
-def _paramiko_fast_mac_check() -> None:
-    """paramiko checks each received packet's MAC with a constant-time compare written in Python, a byte at
-    a time (a seventh of the controller's CPU at 72 hosts); hmac.compare_digest is the same check in C."""
+def tune_paramiko() -> None:
+    """Two of paramiko's per-connection costs, made cheap with the same behaviour:
+    - each received packet's MAC is compared a byte at a time in Python (a seventh of the controller's CPU at
+      72 hosts); hmac.compare_digest is the same constant-time check in C;
+    - each handshake starts a threading.Timer thread only to flag its timeout; a deadline read where paramiko
+      asks (its reader checks between reads) flags the same timeout with no thread."""
     import hmac
 
+    import paramiko.packet
     import paramiko.util
 
     paramiko.util.constant_time_bytes_eq = hmac.compare_digest
+    packetizer = paramiko.packet.Packetizer
+
+    def start_handshake(self: Any, timeout: float) -> None:
+        if getattr(self, "_handshake_deadline", None) is None:
+            self._handshake_deadline = time.monotonic() + float(timeout)
+
+    def handshake_timed_out(self: Any) -> bool:
+        deadline = getattr(self, "_handshake_deadline", None)
+        return deadline is not None and not getattr(self, "_handshake_done", False) and time.monotonic() > deadline
+
+    def complete_handshake(self: Any) -> None:
+        self._handshake_done = True
+
+    packetizer.start_handshake = start_handshake
+    packetizer.handshake_timed_out = handshake_timed_out
+    packetizer.complete_handshake = complete_handshake
 
 
 _KNOWN_HOSTS_INDEX: dict[str, tuple[tuple[int, int, int], dict[str, list[str]], list[str]]] = {}
@@ -366,7 +386,7 @@ class SSHTransport:
     def __init__(self, host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool, connect_timeout: float = 10):
         import paramiko
 
-        _paramiko_fast_mac_check()
+        tune_paramiko()
         self.host = host
         self._agent: tuple[Any, Any, Any] | None = None
         self._agent_lock = threading.Lock()

@@ -1,0 +1,54 @@
+"""primectl's changes to paramiko's per-connection costs keep paramiko's behaviour: a handshake that stalls is
+still ended at its deadline (now with no timer thread), and a MAC check still tells a good MAC from a bad one.
+Real paramiko Packetizers on a socket pair; no SSH server is needed for either."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from primectl.deploy.transport import tune_paramiko
+
+
+def _reader() -> tuple[object, socket.socket]:
+    import paramiko.packet
+
+    tune_paramiko()
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.05)  # paramiko's reader wakes at its socket's timeout to check its deadlines
+    return paramiko.packet.Packetizer(ours), theirs
+
+
+def test_a_handshake_that_stalls_is_ended_at_its_deadline_without_a_timer_thread() -> None:
+    packetizer, theirs = _reader()
+    threads = threading.active_count()
+    packetizer.start_handshake(0.3)  # type: ignore[attr-defined]
+    assert threading.active_count() == threads, "a thread was started to time the handshake"
+    t0 = time.monotonic()
+    with pytest.raises(EOFError):
+        packetizer.read_all(4)  # type: ignore[attr-defined]  # the peer never sends a byte
+    waited = time.monotonic() - t0
+    assert 0.25 <= waited < 3, f"ended after {waited:.2f}s, its deadline was 0.3s"
+    theirs.close()
+
+
+def test_a_completed_handshake_has_no_deadline_and_data_still_arrives() -> None:
+    packetizer, theirs = _reader()
+    packetizer.start_handshake(0.1)  # type: ignore[attr-defined]
+    packetizer.complete_handshake()  # type: ignore[attr-defined]
+    time.sleep(0.2)
+    assert not packetizer.handshake_timed_out()  # type: ignore[attr-defined]
+    theirs.sendall(b"abcd")
+    assert packetizer.read_all(4) == b"abcd"  # type: ignore[attr-defined]
+    theirs.close()
+
+
+def test_the_mac_check_still_refuses_a_wrong_mac() -> None:
+    import paramiko.util
+
+    tune_paramiko()
+    assert paramiko.util.constant_time_bytes_eq(b"\x01" * 32, b"\x01" * 32)
+    assert not paramiko.util.constant_time_bytes_eq(b"\x01" * 32, b"\x01" * 31 + b"\x02")
