@@ -13,6 +13,8 @@ sntrup761x25519, ~100 ms of CPU) and with curve25519 (`ssh-x25519`, what paramik
 one ControlMaster connection plus 5 commands multiplexed over it (what one primectl command makes per host).
 Measured here (2 cores, 18 hosts, parallel): paramiko 5.7 ms, Fabric 9.0, ssh-x25519 14.6, ssh-mux5 52 (each
 multiplexed `ssh` costs ~7.5 ms to exec): in-process paramiko is the cheapest way to reach a host.
+Last, connections held open and idle: paramiko as it comes spends ~0.6 ms of CPU per host and second (its
+reader wakes ten times a second); primectl's SSHTransport, whose reader wakes every 2 s, ~0.07.
 
     unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/ssh_libs.py --hosts 18'
 
@@ -136,6 +138,41 @@ async def asyncssh_one(h: Any, key: str, known_hosts: str) -> None:
         assert r.exit_status == 0
 
 
+def idle_cost(hosts: list[Any], key: str, kh: str, seconds: float = 2.0) -> None:
+    """Controller CPU per host and second while connections are held open and idle (`up` holds one per host for
+    the whole command; PRIMECTL_KEEP_CONNECTIONS's keeper holds them between commands): paramiko as it comes
+    (its reader thread wakes every 0.1 s) and primectl's SSHTransport (it wakes every READER_WAKE_S)."""
+    import paramiko
+
+    from primectl.deploy.transport import SSHTransport, host_keys_for, tune_paramiko
+    from primectl.plan.model import HostPlan
+
+    def plain(h: Any) -> Any:
+        c = paramiko.SSHClient()
+        c._host_keys = host_keys_for(kh, h.address, h.port)
+        c.set_missing_host_key_policy(paramiko.RejectPolicy())
+        c.connect(h.address, port=h.port, username="root", key_filename=key, look_for_keys=False,
+                  allow_agent=False, timeout=10)
+        return c
+
+    def primectl(h: Any) -> Any:
+        return SSHTransport(HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=key,
+                                     connection="ssh", workdir="/tmp", gpus=0), known_hosts=kh,
+                            accept_new_host_keys=False)
+
+    tune_paramiko()
+    for label, open_one in (("paramiko as is", plain), ("primectl SSHTransport", primectl)):
+        held = [open_one(h) for h in hosts]
+        time.sleep(0.3)
+        c0 = cpu()
+        time.sleep(seconds)
+        spent = cpu() - c0
+        for c in held:
+            c.close()
+        print(f"  idle, {label:22}: {spent / len(hosts) / seconds * 1000:6.3f} ms controller CPU per host and second "
+              f"held open")
+
+
 def measure(name: str, hosts: list[Any], key: str, kh: str, one: Callable[..., Any], is_async: bool
             ) -> dict[str, float]:
     n = len(hosts)
@@ -203,6 +240,7 @@ def main() -> int:
             for name, one, is_async in libs:
                 one(cluster.hosts[0], key, kh) if not is_async else asyncio.run(one(cluster.hosts[0], key, kh))  # warm
                 results[name] = measure(name, cluster.hosts, key, kh, one, is_async)
+            idle_cost(cluster.hosts, key, kh)
         finally:
             kill_leftovers(cluster.base)
             cluster.stop()

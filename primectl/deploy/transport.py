@@ -17,6 +17,7 @@ import os
 import posixpath
 import selectors
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -378,6 +379,9 @@ def _private_key(path: str) -> Any:
         return _PKEYS[stamp]
 
 
+READER_WAKE_S = 2.0  # how often a connected paramiko transport's reader thread wakes when nothing arrives
+
+
 class SSHTransport:
     """`connection: ssh`: one paramiko connection that verifies host keys against known_hosts. Agent calls and
     uploads use it directly; shell commands go through a Fabric Connection on the same link, made when first
@@ -419,6 +423,10 @@ class SSHTransport:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): {msg}") from None
         except (OSError, EOFError) as exc:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: {exc}") from None
+        # paramiko's reader thread wakes every 0.1 s to look for a close: ~0.6 ms of CPU a second per host,
+        # more than a fresh `up` spends on its handshake at 72 hosts. close() shuts the socket down, which
+        # wakes the reader at once, so after the handshake it only needs to wake for paramiko's own aborts.
+        client.get_transport().sock.settimeout(READER_WAKE_S)
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
               on_progress: OnProgress | None = None) -> dict[str, Any]:
@@ -538,10 +546,13 @@ class SSHTransport:
             raise HostUnreachable(f"{self.host.name}: upload of {path} failed: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
-        self._close_agent()
-        if self._sftp is not None:
-            with contextlib.suppress(Exception):
-                self._sftp.close()
+        """Close the connection. Its sessions end with it (sshd closes the agent's stdin), so they are not
+        closed one by one. The shutdown sends the FIN at once, whatever paramiko's reader thread is blocked in."""
+        self._agent = self._sftp = None
+        t = self.client.get_transport()
+        if t is not None:
+            with contextlib.suppress(OSError):
+                t.sock.shutdown(socket.SHUT_RDWR)
         self.client.close()
 
 
