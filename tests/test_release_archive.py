@@ -46,3 +46,23 @@ def test_setuid_bits_are_dropped_and_a_broken_archive_is_an_error(tmp_path: Path
         (tmp_path / "r2").mkdir(exist_ok=True)
         with pytest.raises(ValueError):
             unpack_files(broken, str(tmp_path / "r2"))
+
+
+def test_content_every_host_shares_is_computed_once_while_each_hosts_own_comes_and_goes() -> None:
+    """A fleet's bundles hold the same model files and one manifest per host: with more hosts than the cache
+    holds, the shared files are still compressed (and hashed) once, not again after every 64 hosts."""
+    from primectl.render.bundle import once_per_content
+
+    calls: list[bytes] = []
+
+    def work(data: bytes) -> bytes:
+        calls.append(data)
+        return data[:1]
+
+    cached = once_per_content(work)
+    shared = b"tokenizer" * 1000
+    for host in range(200):
+        cached(shared)
+        cached(b"manifest of host %d " % host * 400)  # over 4 KiB, one per host
+    assert calls.count(shared) == 1, f"the shared content was computed {calls.count(shared)} times"
+    assert len(calls) == 201

@@ -66,7 +66,7 @@ def _env() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-        autoescape=False,
+        autoescape=False, auto_reload=False,  # templates ship with primectl: no stat of each one per render
     )
 
 
@@ -201,18 +201,12 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
 
 def once_per_content(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
     """`fn` of a file's content, computed once per process for content of 4 KiB and more: every host's bundle
-    holds the same generated model files (at most 64 remembered, then forgotten together)."""
-    seen: dict[bytes, bytes] = {}
+    holds the same generated model files. The 64 most recently used are kept, so content every host shares
+    stays while each host's own (its manifest) comes and goes."""
+    remembered = lru_cache(maxsize=64)(fn)
 
     def cached(data: bytes) -> bytes:
-        if len(data) < 4096:
-            return fn(data)
-        found = seen.get(data)
-        if found is None:
-            if len(seen) >= 64:
-                seen.clear()
-            found = seen[data] = fn(data)
-        return found
+        return remembered(data) if len(data) >= 4096 else fn(data)
 
     return cached
 
