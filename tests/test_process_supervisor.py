@@ -97,3 +97,47 @@ def test_a_spawned_helper_runs_in_its_own_session_and_logs_and_a_missing_one_is_
         assert "/nonexistent/helper" in str(exc)
     else:
         raise AssertionError("a helper that cannot be executed must raise")
+
+
+def _zombie_children(parent: int) -> list[int]:
+    """The children of `parent` that have exited but were never waited for."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == parent and stat[0] == "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_an_agent_session_leaves_no_zombie_of_what_it_started(tmp_path: Path) -> None:
+    """A kept connection's agent serves request after request; a helper (or service) it started that exits
+    is collected by the next request, not held as a zombie until the session ends."""
+    import json
+    import subprocess
+    import sys
+
+    agent = subprocess.Popen([sys.executable, "-c", "import sys; from primectl.deploy.agent import main; "
+                              "sys.exit(main(['agent', 'serve']))"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert agent.stdin and agent.stdout
+
+    def call(op: str, **args: object) -> dict:
+        agent.stdin.write(json.dumps({"op": op, "args": {"workdir": str(tmp_path), **args}}) + "\n")
+        agent.stdin.flush()
+        return json.loads(agent.stdout.readline())
+
+    try:
+        spawned = call("spawn", argv=["true"], cwd=str(tmp_path), log=str(tmp_path / "helper.log"))
+        assert spawned["ok"], spawned
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{spawned['pid']}/stat").exists() and not _zombie_children(agent.pid):
+            assert time.monotonic() < deadline, "the helper never exited"
+            time.sleep(0.02)
+        assert call("read", path="nothing")["ok"]
+        assert _zombie_children(agent.pid) == [], "an exited helper is still the session's zombie"
+    finally:
+        agent.stdin.close()
+        agent.wait(timeout=10)

@@ -50,6 +50,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     json_loads,
     kill_session,
     read_json,
+    reap_exited,
     run_probe,
     spawn_session,
     starttime,
@@ -630,6 +631,7 @@ def serve(first: str = "") -> int:
         if line.strip():
             request = json_loads(line)
             write_line(dispatch(request["op"], request["args"], emit=write_line))
+            reap_exited()
     return 0
 
 

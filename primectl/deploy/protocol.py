@@ -1011,6 +1011,19 @@ def spawn_session(argv: list[str], *, cwd: str, log: str) -> int:
     return pid
 
 
+def reap_exited() -> None:
+    """Collect the exit status of every child of this process that has ended (services and helpers started by
+    spawn_session): an agent that serves many requests in one session, as a kept connection's does, would
+    otherwise hold each one that exits as a zombie until the session ends."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def mark_start(layout: Layout, name: str) -> None:
     """Append the `--- primectl: starting NAME at TIME ---` line to a service's log (every supervisor does)."""
     os.makedirs(layout.path("logs"), exist_ok=True)
