@@ -141,3 +141,35 @@ def test_an_agent_session_leaves_no_zombie_of_what_it_started(tmp_path: Path) ->
     finally:
         agent.stdin.close()
         agent.wait(timeout=10)
+
+
+def test_a_services_watch_is_found_in_its_session_and_nothing_outside_it_is_signalled(tmp_path: Path) -> None:
+    """Before a worker drains, the watch its run script started beside it is ended (it must not end the
+    draining worker); only that session's processes are looked at."""
+    import subprocess
+
+    from primectl.deploy.protocol import WATCH_ENV, end_watches, session_of
+
+    watch_pid_file = tmp_path / "watch.pid"
+    layout = _release(tmp_path / "wd", f"#!/bin/bash\n{WATCH_ENV}=u sleep 300 &\necho $! > {watch_pid_file}\n"
+                                       "exec sleep 300\n")
+    sup = ProcessSupervisor(layout)
+    pid, error = sup.start({"name": "svc", "unit": "u", "stop_timeout": 5})
+    assert error is None and pid
+    watch = int(_wait_file(watch_pid_file))
+    deadline = time.monotonic() + 10
+    while f"{WATCH_ENV}=u".encode() not in Path(f"/proc/{watch}/environ").read_bytes():  # `$!` is known before exec
+        assert time.monotonic() < deadline, "the watch never started"
+        time.sleep(0.02)
+    outsider = subprocess.Popen(["sleep", "300"], env={**os.environ, WATCH_ENV: "u"}, start_new_session=True)
+    try:
+        assert end_watches("u", session_of(pid)) == [watch]
+        deadline = time.monotonic() + 5
+        while starttime(watch) is not None:
+            assert time.monotonic() < deadline, "the watch was not ended"
+            time.sleep(0.02)
+        assert starttime(pid) is not None and outsider.poll() is None
+    finally:
+        outsider.kill()
+        outsider.wait()
+        sup.stop({"name": "svc", "unit": "u", "stop_timeout": 5}, remove=False)

@@ -467,13 +467,25 @@ WATCH_ENV = "PRIMECTL_WATCH_OF"
 """Set (to the service's unit name) on the watch a run script starts beside its service, and on nothing else."""
 
 
-def end_watches(unit: str) -> list[int]:
-    """SIGTERM the watches started beside `unit`'s service (found by WATCH_ENV in their environment)."""
+def session_of(pid: int) -> int:
+    """The session a process runs in; its own pid once it is gone (a service leads its session)."""
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return pid
+
+
+def end_watches(unit: str, session: int) -> list[int]:
+    """SIGTERM the watches started beside `unit`'s service (found by WATCH_ENV in their environment). Its run
+    script starts them in the service's `session`: only the environments of that session's processes are
+    read, not those of every process on the host."""
     mark = f"{WATCH_ENV}={unit}".encode()
     ended = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
+                if os.getsid(int(entry)) != session:
+                    continue
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     if mark in f.read().split(b"\0"):
                         os.kill(int(entry), SIGTERM)
@@ -926,7 +938,7 @@ class Supervisor:
         pid = live.get("pid")
         if not live.get("alive") or pid is None:
             return False
-        end_watches(svc.get("unit", svc["name"]))  # a service that drains must not be ended by its own watch
+        end_watches(svc.get("unit", svc["name"]), session_of(pid))  # a draining service must not be ended by its watch
         if spec.get("how") == "balancer":
             self.drained[svc["name"]] = drain_from_balancer(spec)
         else:
