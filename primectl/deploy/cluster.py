@@ -21,7 +21,7 @@ from typing import Any
 
 from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.fanout import parallel
-from primectl.deploy.gateway import ViaTransport, gateways
+from primectl.deploy.gateway import open_ssh
 from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
 from primectl.deploy.transport import HostUnreachable, Transport, connect, known_hosts_path
 from primectl.errors import DeployError
@@ -44,13 +44,14 @@ class ConnectionPolicy:
         """Open a transport to `host` (HostUnreachable when it cannot be reached)."""
         if self.connector is not None:
             return self.connector(host)
-        if host.connection == "ssh" and host.via is not None:
-            return ViaTransport(host, gateways(known_hosts_path(self.known_hosts), self.accept_new_host_keys))
         from primectl.deploy import keeper  # here: most commands never start one
 
         if host.connection == "ssh" and (idle := keeper.persist_s()):
             return keeper.KeptTransport(host, known_hosts=known_hosts_path(self.known_hosts),
                                         accept_new_host_keys=self.accept_new_host_keys, path=keeper.ensure(idle))
+        if host.connection == "ssh":
+            return open_ssh(host, known_hosts=known_hosts_path(self.known_hosts),
+                            accept_new_host_keys=self.accept_new_host_keys)
         return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys)
 
 

@@ -211,3 +211,10 @@ def gateways(known_hosts: str, accept_new_host_keys: bool) -> Gateways:
     """This process's head-node connections for one host-key policy."""
     with _GATEWAYS_LOCK:
         return _GATEWAYS.setdefault((known_hosts, accept_new_host_keys), Gateways(known_hosts, accept_new_host_keys))
+
+
+def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool) -> SSHTransport:
+    """A `connection: ssh` host's connection: through its head node's ssh client when it has `via`, else direct."""
+    if host.via is not None:
+        return ViaTransport(host, gateways(known_hosts, accept_new_host_keys))
+    return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)

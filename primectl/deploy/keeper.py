@@ -4,8 +4,9 @@ With `PRIMECTL_KEEP_CONNECTIONS=<seconds>` set, a command does not open its own 
 keeper, a background process of the same user, to run each agent operation. The keeper holds one SSH
 connection and one running agent per host, and reuses them for the next command. A zero-change `up` or a
 `status` then costs each host one JSON round trip on a channel that is already open: no SSH handshake and no
-Python start-up there. The keeper exits once no command has used it for that many seconds, and
-`primectl disconnect` stops it at once.
+Python start-up there. Hosts reached through a head node (`via:`) are kept the same way: the keeper holds the
+head's connection and one agent session per host through it. The keeper exits once no command has used it
+for that many seconds, and `primectl disconnect` stops it at once.
 
 Trust is unchanged. A host's key is checked when its connection opens, with the known_hosts file and
 host-key policy of the command that opened it. A command with another file or policy gets a connection of
@@ -30,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from primectl.deploy.gateway import open_ssh
 from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, agent_hash
 from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan
@@ -85,7 +87,9 @@ def _reachable(path: str) -> str:
 
 
 def _key(host: HostPlan, known_hosts: str, accept_new: bool) -> str:
-    return json.dumps([host.address, host.port, host.user, host.identity_file, host.workdir, known_hosts, accept_new])
+    via = host.via and [host.via.address, host.via.port, host.via.user, host.via.identity_file, host.via_identity_file]
+    return json.dumps([host.address, host.port, host.user, host.identity_file, host.workdir, via, known_hosts,
+                       accept_new])
 
 
 class Keeper:
@@ -109,8 +113,7 @@ class Keeper:
                 return t
             if t is not None:
                 t.close()
-            t = self.conns[key] = SSHTransport(host, known_hosts=req["known_hosts"],
-                                               accept_new_host_keys=req["accept_new"])
+            t = self.conns[key] = open_ssh(host, known_hosts=req["known_hosts"], accept_new_host_keys=req["accept_new"])
             return t
 
     def answer(self, req: dict[str, Any], progress: OnProgress) -> dict[str, Any]:
@@ -297,8 +300,7 @@ class KeptTransport:
 
     def _own(self) -> SSHTransport:
         if self._direct is None:
-            self._direct = SSHTransport(self.host, known_hosts=self._known_hosts,
-                                        accept_new_host_keys=self._accept_new)
+            self._direct = open_ssh(self.host, known_hosts=self._known_hosts, accept_new_host_keys=self._accept_new)
         return self._direct
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,

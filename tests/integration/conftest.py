@@ -213,6 +213,22 @@ class Deployment:
             time.sleep(0.01)
 
 
+def serving_agents(dep: Deployment) -> dict[str, set[int]]:
+    """Per host, the pids of host agents serving a connection (`serve`) for this deployment's workdir."""
+    out: dict[str, set[int]] = {h: set() for h in dep.hosts}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[-2:] != [b"serve", b""] or not pid_alive(int(entry)):
+            continue
+        for h in dep.hosts:
+            if str(dep.workdir(h) / "agent").encode() in argv:
+                out[h].add(int(entry))
+    return out
+
+
 def _problem_message() -> str | None:
     problem = netns_problem()
     if problem:

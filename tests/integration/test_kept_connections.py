@@ -12,24 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import PRIMECTL, Deployment
+from tests.integration.conftest import PRIMECTL, Deployment, serving_agents
 from tests.integration.sshhosts import pid_alive
-
-
-def _agents(dep: Deployment) -> dict[str, set[int]]:
-    """Per host, the pids of host agents serving a connection (`serve`) for this deployment's workdir."""
-    out: dict[str, set[int]] = {h: set() for h in dep.hosts}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[-2:] != [b"serve", b""] or not pid_alive(int(entry)):
-            continue
-        for h in dep.hosts:
-            if str(dep.workdir(h) / "agent").encode() in argv:
-                out[h].add(int(entry))
-    return out
 
 
 def _keeper() -> int | None:
@@ -53,14 +37,14 @@ def test_kept_connections_serve_later_commands_and_disconnect_ends_them_fake_eng
         dep.up_ok(env=env)
         keeper = _keeper()
         assert keeper is not None and pid_alive(keeper), "no connection keeper after `up`"
-        agents = _agents(dep)
+        agents = serving_agents(dep)
         assert all(len(p) == 1 for p in agents.values()), agents  # one agent per host, still serving
         r = dep.cli("status", "-o", "json", env=env)
         code, doc = r.returncode, json.loads(r.stdout)
         assert code == 0 and doc["healthy"], r.stdout + r.stderr
         diff = dep.cli("diff", env=env)
         assert diff.returncode == 0 and "no changes" in diff.stdout, diff.stdout + diff.stderr
-        assert _agents(dep) == agents, "a later command connected again instead of using the kept connection"
+        assert serving_agents(dep) == agents, "a later command connected again instead of using the kept connection"
         assert _keeper() == keeper
 
         # a host's link that dropped (its sessions killed) is opened again by the next command
@@ -68,7 +52,7 @@ def test_kept_connections_serve_later_commands_and_disconnect_ends_them_fake_eng
         os.kill(h2_agent, signal.SIGKILL)
         r = dep.cli("status", "-o", "json", env=env)
         assert r.returncode == 0 and json.loads(r.stdout)["healthy"], r.stdout + r.stderr
-        now = _agents(dep)
+        now = serving_agents(dep)
         assert now["h1"] == agents["h1"] and now["h2"] and now["h2"] != agents["h2"], (agents, now)
 
         # a keeper that died is replaced by the next command
@@ -81,8 +65,8 @@ def test_kept_connections_serve_later_commands_and_disconnect_ends_them_fake_eng
         off = _disconnect(env)
         assert off.returncode == 0 and f"stopped the connection keeper (pid {second})" in off.stdout, off.stdout
         deadline = time.monotonic() + 10
-        while pid_alive(second) or any(_agents(dep).values()):
-            assert time.monotonic() < deadline, f"keeper or agents still run after `disconnect`: {_agents(dep)}"
+        while pid_alive(second) or any(serving_agents(dep).values()):
+            assert time.monotonic() < deadline, f"keeper or agents still run after `disconnect`: {serving_agents(dep)}"
             time.sleep(0.05)
         again = _disconnect(env)
         assert again.returncode == 0 and "no connection keeper runs" in again.stdout, again.stdout

@@ -6,6 +6,11 @@ Dynamo components are the FAKE engine runtime (tests/fakes/fake_python): tests t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -16,7 +21,7 @@ from primectl.deploy.cluster import ConnectionPolicy
 from primectl.pipeline import UpOptions, up
 from primectl.planner.build import plan_recipe
 
-from .conftest import Deployment
+from .conftest import PRIMECTL, Deployment, serving_agents
 
 pytestmark = pytest.mark.integration
 
@@ -99,3 +104,30 @@ def test_a_host_key_primectl_lacks_or_that_changed_is_refused_through_the_head_n
         assert not {"releases", "current", "state.json"} & {p.name for p in deployment.workdir("h2").iterdir()}
     finally:
         deployment.known_hosts.write_text(known)
+
+
+def test_a_connection_keeper_holds_the_hosts_behind_a_head_node_too_fake_engine(deployment: Deployment,
+                                                                              tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With PRIMECTL_KEEP_CONNECTIONS, the agents reached through h1 outlive `up` and serve `status` and a
+    zero-change `up`: no new session, so no handshake of the head node's ssh client, per command."""
+    env = {"PRIMECTL_KEEP_CONNECTIONS": "120", "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])  # where keeper_pid() looks
+    deployment.write(behind_h1(deployment))
+    try:
+        deployment.up_ok(env=env)
+        agents = serving_agents(deployment)
+        assert all(len(pids) == 1 for pids in agents.values()), agents  # h2 and h3 too, through h1
+        r = deployment.cli("status", "-o", "json", env=env)
+        assert r.returncode == 0 and json.loads(r.stdout)["healthy"], r.stdout + r.stderr
+        again = deployment.up_ok(env=env)
+        assert "no changes" in again.stderr, again.stderr
+        assert serving_agents(deployment) == agents, "a later command reached a host again instead of its kept session"
+    finally:
+        off = subprocess.run([PRIMECTL, "disconnect"], capture_output=True, text=True, timeout=60,
+                             env=os.environ | env)
+        assert off.returncode == 0, off.stdout + off.stderr
+    deadline = time.monotonic() + 10
+    while any(serving_agents(deployment).values()):
+        assert time.monotonic() < deadline, f"agents still serve after `disconnect`: {serving_agents(deployment)}"
+        time.sleep(0.05)
