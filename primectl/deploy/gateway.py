@@ -35,6 +35,14 @@ SESSIONS_PER_LINK = 10
 HOSTS_PER_LINK = 8
 FAILED_HEAD_S = 30.0  # a head that could not be reached is not tried again for this long by the same process
 
+HeadKey = tuple[str, int, str, str | None]
+
+
+def head_key(head: HostPlan) -> HeadKey:
+    """Who a head connection is to and as whom: a long-lived process (the connection keeper) serves recipes
+    that may give different heads one name, or change a head's address or login."""
+    return head.address, head.port, head.user, head.identity_file
+
 
 @dataclass
 class Link:
@@ -53,36 +61,43 @@ class Gateways:
         self.known_hosts = known_hosts
         self.accept_new = accept_new_host_keys
         self._lock = threading.Lock()
-        self._gates: dict[str, threading.Lock] = {}
-        self._links: dict[str, list[Link]] = {}
-        self._failed: dict[str, tuple[float, str]] = {}  # head name -> (when, why) its connection failed
+        self._gates: dict[HeadKey, threading.Lock] = {}
+        self._links: dict[HeadKey, list[Link]] = {}
+        self._failed: dict[HeadKey, tuple[float, str]] = {}  # (when, why) a head's connection failed
 
     def acquire(self, head: HostPlan) -> Link:
         """A connection to `head` with room for one more host (HostUnreachable when it cannot be reached; a
         failure is remembered for FAILED_HEAD_S, so the hosts behind a dead head fail at once, not in turn)."""
+        key = head_key(head)
         with self._lock:
-            gate = self._gates.setdefault(head.name, threading.Lock())
+            gate = self._gates.setdefault(key, threading.Lock())
         with gate:
-            links = self._links.setdefault(head.name, [])
+            links = self._links.setdefault(key, [])
             links[:] = [link for link in links if link.hosts > 0 and link.transport.alive()]
             link = next((link for link in links if link.hosts < HOSTS_PER_LINK), None)
             if link is None:
-                failed = self._failed.get(head.name)
+                failed = self._failed.get(key)
                 if failed and time.monotonic() - failed[0] < FAILED_HEAD_S:
                     raise HostUnreachable(failed[1])
                 try:
                     link = Link(SSHTransport(head, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new))
                 except HostUnreachable as exc:
-                    self._failed[head.name] = (time.monotonic(), str(exc))
+                    self._failed[key] = (time.monotonic(), str(exc))
                     raise
-                self._failed.pop(head.name, None)
+                self._failed.pop(key, None)
                 links.append(link)
             link.hosts += 1
             return link
 
+    def forget_failures(self) -> None:
+        """Try every head again from now on (the connection keeper, between commands: a head found down by one
+        command may be up for the next)."""
+        with self._lock:
+            self._failed.clear()
+
     def release(self, head: HostPlan, link: Link) -> None:
         """One host is done with `link`; the last one closes it."""
-        with self._gates[head.name]:
+        with self._gates[head_key(head)]:
             link.hosts -= 1
             if link.hosts <= 0:
                 link.transport.close()
@@ -142,13 +157,24 @@ class ViaTransport(SSHTransport):
             raise
 
     def _start_agent(self, timeout: float | None, first: bytes) -> tuple[Any, Any, Any]:
-        """The agent's session, in one of the link's sessions (given back when it closes)."""
+        """The agent's session, in one of the link's sessions (given back when it closes). A transport that was
+        closed starts none: its slot on the link is given back (the keeper may close one another command is
+        about to use)."""
+        if self._released:
+            raise HostUnreachable(f"{self.host.name}: its connection through {self.head.name} was closed")
         self.link.sessions.acquire()
         try:
-            return super()._start_agent(timeout, first)
+            started = super()._start_agent(timeout, first)
         except BaseException:
             self.link.sessions.release()
             raise
+        with self._close_lock:
+            if not self._released:
+                self._agent = started  # under the lock: a close() from here on closes it
+                return started
+        started[0].close()
+        self.link.sessions.release()
+        raise HostUnreachable(f"{self.host.name}: its connection through {self.head.name} was closed")
 
     def _close_agent(self) -> None:
         with self._close_lock:  # close() and a failing call may both get here: the slot goes back once
@@ -197,9 +223,10 @@ class ViaTransport(SSHTransport):
 
     def close(self) -> None:
         """Close this host's agent session; the head node's connection stays for the others behind it."""
+        with self._close_lock:
+            released, self._released = self._released, True
         self._close_agent()
-        if not self._released:
-            self._released = True
+        if not released:
             self._gateways.release(self.head, self.link)
 
 
@@ -218,3 +245,11 @@ def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool) ->
     if host.via is not None:
         return ViaTransport(host, gateways(known_hosts, accept_new_host_keys))
     return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+
+
+def forget_head_failures() -> None:
+    """Every head of this process may be tried again (see Gateways.forget_failures)."""
+    with _GATEWAYS_LOCK:
+        every = list(_GATEWAYS.values())
+    for g in every:
+        g.forget_failures()

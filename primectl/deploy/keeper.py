@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from primectl.deploy.gateway import open_ssh
+from primectl.deploy.gateway import forget_head_failures, open_ssh
 from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, agent_hash
 from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan
@@ -120,14 +120,18 @@ class Keeper:
         """What one request gets: `open` connects, anything else runs an agent operation."""
         host = HostPlan.model_validate(req["host"])
         key = _key(host, req["known_hosts"], req["accept_new"])
+        t: SSHTransport | None = None
         try:
             t = self.transport(key, host, req)
             if req.get("kind") == "open":
                 return {"result": {"ok": True}}
             return {"result": t.agent(req["op"], req["args"], req.get("timeout"), progress)}
         except HostUnreachable as exc:
-            # a link that looks up but does not answer: the next command connects again
-            if (dead := self.conns.pop(key, None)) is not None:
+            # a link that looks up but does not answer: the next command connects again (only this one is
+            # dropped: another request may have put a new one in its place already)
+            with self.lock:
+                dead = self.conns.pop(key) if t is not None and self.conns.get(key) is t else None
+            if dead is not None:
                 with contextlib.suppress(Exception):
                     dead.close()
             return {"unreachable": str(exc)}
@@ -162,6 +166,9 @@ class Keeper:
             with self.lock:
                 self.busy -= 1
                 self.last = time.monotonic()
+                idle = self.busy == 0
+            if idle:  # the commands are done: a head one of them found down is tried again by the next
+                forget_head_failures()
 
     def stop(self) -> None:
         """Close every kept connection and exit."""

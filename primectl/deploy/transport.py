@@ -426,7 +426,11 @@ class SSHTransport:
         # paramiko's reader thread wakes every 0.1 s to look for a close: ~0.6 ms of CPU a second per host,
         # more than a fresh `up` spends on its handshake at 72 hosts. close() shuts the socket down, which
         # wakes the reader at once, so after the handshake it only needs to wake for paramiko's own aborts.
-        client.get_transport().sock.settimeout(READER_WAKE_S)
+        try:
+            client.get_transport().sock.settimeout(READER_WAKE_S)
+        except OSError as exc:  # the host closed the connection right after logging us in
+            client.close()
+            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): connection lost: {exc}") from None
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
               on_progress: OnProgress | None = None) -> dict[str, Any]:

@@ -19,9 +19,11 @@ import pytest
 from primectl.deploy import gateway
 from primectl.deploy.cluster import ConnectionPolicy
 from primectl.pipeline import UpOptions, up
+from primectl.plan.model import HostPlan
 from primectl.planner.build import plan_recipe
 
 from .conftest import PRIMECTL, Deployment, serving_agents
+from .sshhosts import SSHHosts
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +133,62 @@ def test_a_connection_keeper_holds_the_hosts_behind_a_head_node_too_fake_engine(
     while any(serving_agents(deployment).values()):
         assert time.monotonic() < deadline, f"agents still serve after `disconnect`: {serving_agents(deployment)}"
         time.sleep(0.05)
+
+
+def _head(h: Any, name: str, key: str) -> HostPlan:
+    return HostPlan(name=name, address=h.address, port=h.port, user="root", identity_file=key, connection="ssh",
+                    workdir="/tmp", gpus=0)
+
+
+def test_head_connections_are_told_apart_by_address_not_by_name(ssh_hosts: SSHHosts, tmp_path: Path) -> None:
+    """The keeper serves every recipe: two recipes' heads called `head` at different addresses must not share a
+    connection, and a head found down is tried again once the commands that found it so are done."""
+    h1, h2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
+    key = str(ssh_hosts.client_key)
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
+    g = gateway.Gateways(known, False)
+    a, b = g.acquire(_head(h1, "head", key)), g.acquire(_head(h2, "head", key))
+    try:
+        assert a is not b
+        assert a.transport.client.get_transport().getpeername()[0] == h1.address
+        assert b.transport.client.get_transport().getpeername()[0] == h2.address
+    finally:
+        g.release(_head(h1, "head", key), a)
+        g.release(_head(h2, "head", key), b)
+
+    h2.stop()
+    try:
+        with pytest.raises(gateway.HostUnreachable):
+            g.acquire(_head(h2, "head", key))
+    finally:
+        h2.start()
+    with pytest.raises(gateway.HostUnreachable):  # remembered: the hosts behind a dead head fail at once
+        g.acquire(_head(h2, "head", key))
+    g.forget_failures()  # what the keeper does once no command is running
+    link = g.acquire(_head(h2, "head", key))
+    g.release(_head(h2, "head", key), link)
+
+
+def test_a_host_closed_while_its_agent_was_about_to_start_gives_its_session_back(ssh_hosts: SSHHosts,
+                                                                                 tmp_path: Path) -> None:
+    """The keeper may close a host's transport that another command is about to use: no agent session may start
+    on it then, or its slot on the head's connection would never be given back."""
+    h1, h2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
+    key = str(ssh_hosts.client_key)
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
+    g = gateway.Gateways(known, False)
+    head = _head(h1, "h1", key)
+    tray = _head(h2, "h2", key).model_copy(update={"via": head, "via_identity_file": key,
+                                                   "workdir": str(tmp_path / "wd")})
+    keep = gateway.ViaTransport(_head(h2, "h2b", key).model_copy(update={"via": head, "via_identity_file": key}), g)
+    t = gateway.ViaTransport(tray, g)
+    try:
+        t.close()
+        with pytest.raises(gateway.HostUnreachable, match="was closed"):
+            t.agent("read", {"workdir": tray.workdir, "path": "none"}, 30)
+        assert keep.link is t.link and t.link.hosts == 1
+        assert all(t.link.sessions.acquire(blocking=False) for _ in range(gateway.SESSIONS_PER_LINK))
+        for _ in range(gateway.SESSIONS_PER_LINK):
+            t.link.sessions.release()
+    finally:
+        keep.close()
