@@ -630,8 +630,8 @@ def serve(first: str = "") -> int:
     for line in lines():
         if line.strip():
             request = json_loads(line)
+            reap_exited()  # what this session started and has ended since the last request
             write_line(dispatch(request["op"], request["args"], emit=write_line))
-            reap_exited()
     return 0
 
 
