@@ -234,7 +234,7 @@ def main() -> int:
         t_start, cluster = timed(lambda: start_hosts(base / "hosts", biggest))
         cluster.known_hosts(cluster.base / "known_hosts")
         print(f"started {biggest} sshd hosts in {t_start:.2f}s; timing pipeline.up in-process "
-              f"(CLI start-up, recipe loading and rendering not counted); best of {opts.repeat}")
+              f"(CLI start-up and recipe loading not counted; rendering is part of up); best of {opts.repeat}")
         results: dict[int, float] = {}
         cpu_ms: dict[int, float] = {}
         noop: dict[int, list[float]] = {}
