@@ -5,8 +5,9 @@ keeper, a background process of the same user, to run each agent operation. The 
 connection and one running agent per host, and reuses them for the next command. A zero-change `up` or a
 `status` then costs each host one JSON round trip on a channel that is already open: no SSH handshake and no
 Python start-up there. Hosts reached through a head node (`via:`) are kept the same way: the keeper holds the
-head's connection and one agent session per host through it. The keeper exits once no command has used it
-for that many seconds, and `primectl disconnect` stops it at once.
+head's connection and one agent session per host through it. A connection no command has used for that many
+seconds is closed (a recipe that dropped the host, a sweep that moved on to another deployment); the keeper
+exits once no command has used it for that long, and `primectl disconnect` stops it at once.
 
 Trust is unchanged. A host's key is checked when its connection opens, with the known_hosts file and
 host-key policy of the command that opened it. A command with another file or policy gets a connection of
@@ -102,6 +103,8 @@ class Keeper:
         self.opening: dict[str, threading.Lock] = {}
         self.busy = 0
         self.last = time.monotonic()
+        self.used: dict[str, float] = {}  # key -> when a request last finished with its connection
+        self.inflight: dict[str, int] = {}  # key -> requests using its connection now
 
     def transport(self, key: str, host: HostPlan, req: dict[str, Any]) -> SSHTransport:
         """The kept connection for `key`, opened (or opened again) when needed."""
@@ -120,6 +123,16 @@ class Keeper:
         """What one request gets: `open` connects, anything else runs an agent operation."""
         host = HostPlan.model_validate(req["host"])
         key = _key(host, req["known_hosts"], req["accept_new"])
+        with self.lock:
+            self.inflight[key] = self.inflight.get(key, 0) + 1
+        try:
+            return self._answer(key, host, req, progress)
+        finally:
+            with self.lock:
+                self.inflight[key] -= 1
+                self.used[key] = time.monotonic()
+
+    def _answer(self, key: str, host: HostPlan, req: dict[str, Any], progress: OnProgress) -> dict[str, Any]:
         t: SSHTransport | None = None
         try:
             t = self.transport(key, host, req)
@@ -170,6 +183,20 @@ class Keeper:
             if idle:  # the commands are done: a head one of them found down is tried again by the next
                 forget_head_failures()
 
+    def evict_unused(self, now: float) -> list[str]:
+        """Close the connections no request has used for `idle_s` (the recipe no longer names the host, or a
+        sweep moved on to another deployment's workdir); one a request is using is never closed. Their keys."""
+        with self.lock:
+            stale = [k for k, when in self.used.items() if not self.inflight.get(k) and now - when > self.idle_s]
+            dropped = [(k, self.conns.pop(k)) for k in stale if k in self.conns]
+            for k in stale:
+                del self.used[k]
+                self.inflight.pop(k, None)
+        for _, t in dropped:
+            with contextlib.suppress(Exception):
+                t.close()
+        return [k for k, _ in dropped]
+
     def stop(self) -> None:
         """Close every kept connection and exit."""
         for t in list(self.conns.values()):
@@ -182,6 +209,7 @@ class Keeper:
         ino = os.stat(path).st_ino
         while True:
             time.sleep(min(1.0, self.idle_s / 4))
+            self.evict_unused(time.monotonic())
             with self.lock:
                 idle = not self.busy and time.monotonic() - self.last > self.idle_s
             try:

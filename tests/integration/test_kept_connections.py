@@ -7,13 +7,15 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.conftest import PRIMECTL, Deployment, serving_agents
-from tests.integration.sshhosts import pid_alive
+from tests.integration.sshhosts import SSHHosts, pid_alive
 
 
 def _keeper() -> int | None:
@@ -83,3 +85,43 @@ def test_a_bad_keep_connections_value_is_refused_before_any_host_is_touched(depl
     assert r.returncode == 2, r.stdout + r.stderr
     assert "PRIMECTL_KEEP_CONNECTIONS='soon'" in r.stderr + r.stdout
     assert not deployment.workdir("h1").exists(), "a host was changed despite the bad setting"
+
+
+def test_a_kept_connection_no_command_uses_is_closed_but_one_in_use_is_not(ssh_hosts: SSHHosts,
+                                                                          tmp_path: Path) -> None:
+    """A sweep moves from deployment to deployment, each with its own workdir: the keeper closes the connections
+    (and agents) no command has used for its idle time, and never one a request is still using."""
+    from primectl.deploy.keeper import Keeper
+    from primectl.plan.model import HostPlan
+
+    h1, h2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
+
+    def request(h: Any, wd: Path) -> dict[str, Any]:
+        host = HostPlan(name=h.name, address=h.address, port=h.port, user="root", gpus=0, connection="ssh",
+                        identity_file=str(ssh_hosts.client_key), workdir=str(wd))
+        return {"host": host.model_dump(mode="json"), "known_hosts": known, "accept_new": False}
+
+    keeper = Keeper(idle_s=0.8)
+    old, busy = request(h1, tmp_path / "old"), request(h2, tmp_path / "busy")
+    try:
+        done = keeper.answer(old | {"op": "read", "args": {"workdir": str(tmp_path / "old"), "path": "x"}},
+                             lambda p: None)
+        assert done["result"]["ok"], done
+        agent = next(iter(keeper.conns.values()))
+        assert keeper.evict_unused(time.monotonic()) == []  # just used
+        slow = {"op": "wait", "timeout": 30, "args": {"workdir": str(tmp_path / "busy"), "waits": [
+            {"name": "slow", "probe": {"kind": "command", "command": ["sleep", "2"], "timeout_s": 30}}]}}
+        answers: list[dict[str, Any]] = []
+        worker = threading.Thread(target=lambda: answers.append(keeper.answer(busy | slow, lambda p: None)))
+        worker.start()
+        time.sleep(1.0)  # the first connection unused for longer than idle_s; the second one mid-request
+        evicted = keeper.evict_unused(time.monotonic() + 0.5)
+        assert len(evicted) == 1 and json.loads(evicted[0])[:2] == [h1.address, h1.port], evicted
+        assert not agent.alive()
+        worker.join(30)
+        assert answers and answers[0]["result"]["ok"], answers
+        assert keeper.evict_unused(time.monotonic()) == []  # the busy one was just used
+    finally:
+        for t in keeper.conns.values():
+            t.close()
