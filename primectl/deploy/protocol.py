@@ -481,32 +481,40 @@ def end_watches(unit: str, session: int) -> list[int]:
     read, not those of every process on the host."""
     mark = f"{WATCH_ENV}={unit}".encode()
     ended = []
+    for pid in session_members(session):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    os.kill(pid, SIGTERM)
+                    ended.append(pid)
+        except (OSError, ProcessLookupError):
+            pass
+    return ended
+
+
+def session_members(sid: int) -> list[int]:
+    """The pids of the processes in session `sid` (os.getsid of each, no file read)."""
+    members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.getsid(int(entry)) != session:
-                    continue
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if mark in f.read().split(b"\0"):
-                        os.kill(int(entry), SIGTERM)
-                        ended.append(int(entry))
-            except (OSError, ProcessLookupError):
+                if os.getsid(int(entry)) == sid:
+                    members.append(int(entry))
+            except (ProcessLookupError, PermissionError):
                 pass
-    return ended
+    return members
 
 
 def kill_session_members(sid: int) -> list[int]:
     """SIGKILL every process still in session `sid` (children that left the group, or that outlived a leader
     that died: Linux never hands out a pid still in use as a session id, so they are ours)."""
     killed = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    os.kill(int(entry), SIGKILL)
-                    killed.append(int(entry))
-            except (ProcessLookupError, PermissionError):
-                pass
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
     return killed
 
 
