@@ -21,9 +21,9 @@ from typing import Any
 
 from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.fanout import parallel
-from primectl.deploy.gateway import open_ssh
+from primectl.deploy.gateway import connect
 from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
-from primectl.deploy.transport import HostUnreachable, Transport, connect, known_hosts_path
+from primectl.deploy.transport import HostUnreachable, Transport, known_hosts_path
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan
 
@@ -49,9 +49,6 @@ class ConnectionPolicy:
         if host.connection == "ssh" and (idle := keeper.persist_s()):
             return keeper.KeptTransport(host, known_hosts=known_hosts_path(self.known_hosts),
                                         accept_new_host_keys=self.accept_new_host_keys, path=keeper.ensure(idle))
-        if host.connection == "ssh":
-            return open_ssh(host, known_hosts=known_hosts_path(self.known_hosts),
-                            accept_new_host_keys=self.accept_new_host_keys)
         return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys)
 
 

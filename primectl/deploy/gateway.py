@@ -22,7 +22,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, host_keys_for
+from primectl.deploy.transport import (
+    HostUnreachable,
+    LocalTransport,
+    OnProgress,
+    SSHTransport,
+    Transport,
+    host_keys_for,
+    known_hosts_path,
+)
 from primectl.plan.model import HostPlan
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -238,6 +246,14 @@ def gateways(known_hosts: str, accept_new_host_keys: bool) -> Gateways:
     """This process's head-node connections for one host-key policy."""
     with _GATEWAYS_LOCK:
         return _GATEWAYS.setdefault((known_hosts, accept_new_host_keys), Gateways(known_hosts, accept_new_host_keys))
+
+
+def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
+    """Open the right transport for a host: local, SSH, or SSH through its head node (`via`). Here rather than
+    in transport.py, which this module builds on."""
+    if host.connection == "local":
+        return LocalTransport(host)
+    return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
 
 
 def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool) -> SSHTransport:

@@ -574,13 +574,6 @@ def _sftp_makedirs(sftp: Any, path: str) -> None:
         sftp.mkdir(d)
 
 
-def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
-    """Open the right transport for a host."""
-    if host.connection == "local":
-        return LocalTransport(host)
-    return SSHTransport(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
-
-
 def known_hosts_path(known_hosts: str | None) -> str:
     """The known_hosts file a policy names, or the user's own."""
     return os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
