@@ -1,4 +1,6 @@
-"""The host agent's loader: the agent is uploaded once per host and version, verified by hash, then imported."""
+"""The host agent's loader: the agent is uploaded once per host and version, verified by hash, then imported.
+
+Each test gives the loader a cache of its own (XDG_CACHE_HOME), as each host has its own login user's cache."""
 
 from __future__ import annotations
 
@@ -7,14 +9,16 @@ import os
 import subprocess
 from pathlib import Path
 
-from primectl.deploy.transport import AGENT_DIR, agent_hash, agent_source, loader_command
+from primectl.deploy.transport import AGENT_DIR, KEEP_AGENT_VERSIONS, agent_hash, agent_source, loader_command
 
 
-def start(workdir: Path, *, payload: bytes | None = None) -> tuple[list[str], dict | None, subprocess.Popen]:
+def start(workdir: Path, cache: Path, *, payload: bytes | None = None) -> tuple[list[str], dict | None, subprocess.Popen]:
     """Run the loader as a host would, with one op's request sent at once (before the loader answers, as a
-    session does); answer `send` with `payload` (the agent source by default)."""
+    session does); answer `send` with `payload` (the agent source by default). `cache` is the login user's
+    XDG_CACHE_HOME."""
     proc = subprocess.Popen(["sh", "-c", loader_command(str(workdir), "serve")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "XDG_CACHE_HOME": str(cache)})
     assert proc.stdin and proc.stdout
     proc.stdin.write((json.dumps({"op": "read", "args": {"workdir": str(workdir), "path": "nothing"}}) + "\n").encode())
     proc.stdin.flush()
@@ -37,46 +41,89 @@ def start(workdir: Path, *, payload: bytes | None = None) -> tuple[list[str], di
     return said, result, proc
 
 
-def cached(workdir: Path) -> Path:
-    return workdir / AGENT_DIR / agent_hash()[:16] / "primectl_agent.py"
+def cached(where: Path) -> Path:
+    """The cached copy in a cache directory (`cache/primectl/agent`, or a workdir's `agent`)."""
+    return where / agent_hash()[:16] / "primectl_agent.py"
 
 
-def test_first_start_uploads_into_a_missing_workdir_then_imports_the_cached_copy(tmp_path: Path) -> None:
-    wd = tmp_path / "not" / "yet"
-    said, result, _ = start(wd)
+def test_first_start_uploads_into_a_missing_cache_then_imports_the_cached_copy(tmp_path: Path) -> None:
+    wd, cache = tmp_path / "wd", tmp_path / "not" / "yet"
+    said, result, _ = start(wd, cache)
     assert said == ['{"agent": "send"}', '{"agent": "ready"}']
     assert result and result["ok"]
-    assert cached(wd).read_text() == agent_source()
-    said, result, _ = start(wd)
+    home = cache / "primectl" / "agent"
+    assert cached(home).read_text() == agent_source()
+    assert not (wd / AGENT_DIR).exists()  # the login user's cache holds it, not the deployment
+    said, result, _ = start(wd, cache)
     assert said == ['{"agent": "ready"}'] and result and result["ok"]
-    assert list((cached(wd).parent / "__pycache__").glob("primectl_agent.*.pyc"))  # the bytecode cache applies
-    assert [p.name for p in cached(wd).parent.iterdir() if p.name.endswith(".tmp")] == []
+    assert list((cached(home).parent / "__pycache__").glob("primectl_agent.*.pyc"))  # the bytecode cache applies
+    assert [p.name for p in cached(home).parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_new_deployment_on_the_host_uses_the_copy_already_there(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    start(tmp_path / "first", cache)
+    said, result, _ = start(tmp_path / "second", cache)
+    assert said == ['{"agent": "ready"}'] and result and result["ok"]
+
+
+def test_the_cache_keeps_the_newest_versions_only(tmp_path: Path) -> None:
+    home = tmp_path / "cache" / "primectl" / "agent"
+    for i in range(KEEP_AGENT_VERSIONS + 2):  # older versions, oldest first
+        (home / f"old{i}").mkdir(parents=True)
+        (home / f"old{i}" / "primectl_agent.py").write_text("# an older agent\n")
+        os.utime(home / f"old{i}", (1000 + i, 1000 + i))
+    start(tmp_path / "wd", tmp_path / "cache")
+    assert sorted(p.name for p in home.iterdir()) == sorted(
+        [agent_hash()[:16]] + [f"old{i}" for i in range(3, KEEP_AGENT_VERSIONS + 2)])
 
 
 def test_a_damaged_cached_copy_is_replaced(tmp_path: Path) -> None:
-    start(tmp_path)
-    cached(tmp_path).write_text("import os; os._exit(7)\n")
-    said, result, _ = start(tmp_path)
+    cache = tmp_path / "cache"
+    start(tmp_path, cache)
+    cached(cache / "primectl" / "agent").write_text("import os; os._exit(7)\n")
+    said, result, _ = start(tmp_path, cache)
     assert said[0] == '{"agent": "send"}' and result and result["ok"]
-    assert cached(tmp_path).read_text() == agent_source()
+    assert cached(cache / "primectl" / "agent").read_text() == agent_source()
 
 
 def test_an_upload_that_does_not_match_the_hash_is_refused(tmp_path: Path) -> None:
-    said, result, proc = start(tmp_path, payload=b"print('not the agent')\n")
+    said, result, proc = start(tmp_path, tmp_path / "cache", payload=b"print('not the agent')\n")
     assert said == ['{"agent": "send"}'] and result is None
     assert proc.returncode != 0
     assert proc.stderr and b"does not match its hash" in proc.stderr.read()
-    assert not cached(tmp_path).exists()
+    assert not (tmp_path / "cache" / "primectl").exists()
 
 
-def test_an_unwritable_cache_still_serves_from_memory(tmp_path: Path) -> None:
-    if os.geteuid() == 0:  # root writes anywhere: block the directory with a file instead
-        (tmp_path / AGENT_DIR).write_text("in the way")
+def block(path: Path) -> None:
+    """Make `path` unwritable for the loader: root writes anywhere, so a file stands where the directory goes."""
+    if os.geteuid() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("in the way")
     else:
-        tmp_path.chmod(0o500)
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o500)
+
+
+def test_an_unwritable_user_cache_falls_back_to_the_workdir(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    block(cache / "primectl")
+    said, result, _ = start(tmp_path / "wd", cache)
+    assert said == ['{"agent": "send"}', '{"agent": "ready"}'] and result and result["ok"]
+    assert cached(tmp_path / "wd" / AGENT_DIR).read_text() == agent_source()
+    said, result, _ = start(tmp_path / "wd", cache)
+    assert said == ['{"agent": "ready"}'] and result and result["ok"]
+
+
+def test_no_writable_cache_still_serves_from_memory(tmp_path: Path) -> None:
+    cache, wd = tmp_path / "cache", tmp_path / "wd"
+    block(cache / "primectl")
+    block(wd / AGENT_DIR)
     try:
-        said, result, _ = start(tmp_path)
+        said, result, _ = start(wd, cache)
     finally:
-        tmp_path.chmod(0o700)
+        for p in (cache / "primectl", wd / AGENT_DIR):
+            if p.is_dir():
+                p.chmod(0o700)
     assert said == ['{"agent": "send"}', '{"agent": "ready"}']
     assert result and result["ok"]

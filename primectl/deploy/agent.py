@@ -519,8 +519,8 @@ def op_tail(h: Host) -> TailResult:
 
 
 def op_purge(h: Host) -> Result:
-    """Remove everything primectl put under the workdir (this agent's cached source too: it runs from memory now,
-    and the next connection uploads it again)."""
+    """Remove everything primectl put under the workdir (the agent's source too, where it was cached there: this
+    agent runs from memory now). The copy in the login user's cache stays: other deployments share it."""
     import shutil
 
     for sub in (*Layout.PURGED, AGENT_DIR):

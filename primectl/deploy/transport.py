@@ -39,6 +39,7 @@ class HostUnreachable(DeployError):
 
 
 DROP = "# agent-source: drop"
+KEEP_AGENT_VERSIONS = 4  # cached agent versions a host keeps (operators with different primectl versions share it)
 
 
 def with_protocol(module_source: str, label: str) -> str:
@@ -102,52 +103,71 @@ def progress_line(obj: dict[str, Any], on_progress: OnProgress | None) -> bool:
 
 
 # The agent is cached on each host, keyed by the hash of its source, and imported as a module (so Python's
-# bytecode cache applies): a connection starts this small loader, which says `ready` when the cached copy is
+# bytecode cache applies): a connection starts this small loader, which says `ready` when a cached copy is
 # there and intact, or `send` when it needs the source (then `<length>` and the bytes come on stdin; it
-# checks them against the hash and writes them atomically, creating the directories). Where the directory
-# cannot be written, the received source runs from memory. A session (`serve`) sends its first request right
-# after the command, before the loader has answered, so that a host costs one round trip, not two: the
-# loader reads that line first and hands it to the agent.
+# checks them against the hash and writes them atomically, creating the directories). The copy lives in the
+# login user's cache (`$XDG_CACHE_HOME` or ~/.cache, under primectl/agent), shared by every deployment on the
+# host, so that a new deployment (each variant of a sweep) neither uploads nor compiles it again; the loader
+# keeps the newest few versions there. Where that cannot be written, the copy goes under the deployment's
+# workdir, and where neither can, the received source runs from memory. A session (`serve`) sends its first
+# request right after the command, before the loader has answered, so that a host costs one round trip, not
+# two: the loader reads that line first and hands it to the agent.
 LOADER = """\
 import os, sys
 try:
     from _sha256 import sha256
 except ImportError:
     from hashlib import sha256
-d, h = sys.argv[1], sys.argv[2]
+w, h = sys.argv[1], sys.argv[2]
 args = sys.argv[3:]
 if args == ['serve']:
     args.append(sys.stdin.buffer.readline().decode())
-p = os.path.join(d, h[:16])
-f = os.path.join(p, 'primectl_agent.py')
-try:
-    with open(f, 'rb') as x:
-        hit = sha256(x.read()).hexdigest() == h
-except OSError:
-    hit = False
-if not hit:
+c = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'primectl', 'agent')
+dirs = [d for d in (c, w) if os.path.isabs(d)]
+data = None
+for d in dirs:
+    p = os.path.join(d, h[:16])
+    try:
+        with open(os.path.join(p, 'primectl_agent.py'), 'rb') as x:
+            if sha256(x.read()).hexdigest() == h:
+                break
+    except OSError:
+        pass
+else:
     sys.stdout.write('{"agent": "send"}\\n'); sys.stdout.flush()
     data = sys.stdin.buffer.read(int(sys.stdin.buffer.readline()))
     if sha256(data).hexdigest() != h:
         sys.exit('primectl agent: the uploaded source does not match its hash')
-    try:
-        os.makedirs(p, exist_ok=True)
-        t = '%s.%d.tmp' % (f, os.getpid())
-        with open(t, 'wb') as x:
-            x.write(data); x.flush(); os.fsync(x.fileno())
-        os.replace(t, f)
-        hit = True
-    except OSError:
-        pass
+    for d in dirs:
+        p = os.path.join(d, h[:16])
+        f = os.path.join(p, 'primectl_agent.py')
+        try:
+            os.makedirs(p, exist_ok=True)
+            t = '%s.%d.tmp' % (f, os.getpid())
+            with open(t, 'wb') as x:
+                x.write(data); x.flush(); os.fsync(x.fileno())
+            os.replace(t, f)
+        except OSError:
+            continue
+        data = None
+        try:
+            old = sorted(os.listdir(d), key=lambda n: os.stat(os.path.join(d, n)).st_mtime)[:-KEEP]
+        except OSError:
+            old = []
+        if old:
+            import shutil
+            for n in old:
+                shutil.rmtree(os.path.join(d, n), ignore_errors=True)
+        break
 sys.stdout.write('{"agent": "ready"}\\n'); sys.stdout.flush()
-if hit:
+if data is None:
     sys.path.insert(0, p)
     import primectl_agent
     sys.exit(primectl_agent.main(['primectl_agent'] + args))
 m = sys.modules['primectl_agent'] = type(sys)('primectl_agent')
 exec(compile(data, 'primectl_agent', 'exec'), m.__dict__)
 sys.exit(m.main(['primectl_agent'] + args))
-"""
+""".replace("KEEP", str(KEEP_AGENT_VERSIONS))
 
 
 @functools.cache
