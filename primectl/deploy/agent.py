@@ -46,11 +46,14 @@ from primectl.deploy.protocol import (  # agent-source: drop
     TailResult,
     WaitSpec,
     back_into_balancer,
+    copy_tree,
     json_dumps,
     json_loads,
+    json_pretty,
     kill_session,
     read_json,
     reap_exited,
+    remove_tree,
     run_probe,
     spawn_session,
     starttime,
@@ -65,11 +68,13 @@ if TYPE_CHECKING:
 
 
 class LazyPattern:
-    """A regular expression compiled when it is first used: `import re` is a fifth of the agent's start-up, and
-    most operations match nothing."""
+    """A regular expression compiled when it is first used: `import re` costs as much CPU as the agent's own
+    start-up, and most operations match nothing. `maybe` is a cheap test that every text it matches passes: a
+    text that fails it is not searched, so a plain log line never imports re."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, maybe: Callable[[str], bool] = lambda text: True):
         self.source = source
+        self.maybe = maybe
         self._compiled: re.Pattern[str] | None = None
 
     def _pattern(self) -> re.Pattern[str]:
@@ -81,11 +86,11 @@ class LazyPattern:
 
     def search(self, text: str) -> re.Match[str] | None:
         """re.Pattern.search."""
-        return self._pattern().search(text)
+        return self._pattern().search(text) if self.maybe(text) else None
 
     def sub(self, repl: str, text: str) -> str:
         """re.Pattern.sub."""
-        return self._pattern().sub(repl, text)
+        return self._pattern().sub(repl, text) if self.maybe(text) else text
 
 
 class Host:
@@ -168,12 +173,10 @@ def _taken(address: str, ports: list[int]) -> list[int]:
 
 def op_lock(h: Host) -> LockResult:
     """Take the cluster lock, or say who holds it; `force` breaks a lock."""
-    import shutil
-
     lay = h.layout
     os.makedirs(lay.workdir, exist_ok=True)
     if h.args.get("force"):
-        shutil.rmtree(lay.lock, ignore_errors=True)
+        remove_tree(lay.lock)
     try:
         os.mkdir(lay.lock)
     except FileExistsError:
@@ -185,11 +188,9 @@ def op_lock(h: Host) -> LockResult:
 
 def op_unlock(h: Host) -> LockResult:
     """Release the lock if `token` holds it (or unconditionally with `force`)."""
-    import shutil
-
     owner = read_json(h.layout.lock_owner) or {}
     if h.args.get("force") or owner.get("token") == h.args.get("token"):
-        shutil.rmtree(h.layout.lock, ignore_errors=True)
+        remove_tree(h.layout.lock)
         return {"ok": True}
     return {"ok": False, "owner": owner, "error": "held by another run"}
 
@@ -215,9 +216,7 @@ def op_stage(h: Host) -> Result:
             archive = f.read()
     tmp = f"{rel}.partial"
     if os.path.exists(tmp):
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
     os.makedirs(tmp)
     try:
         unpack_files(archive, tmp)
@@ -234,8 +233,6 @@ def op_stage(h: Host) -> Result:
 
 def _share_model(lay: Layout, rel: str) -> None:
     """A generated model that names a shared copy gets one under models/ (once: the name is its content's)."""
-    import shutil
-
     mark = os.path.join(rel, "model", ".primectl-shared-name")
     if not os.path.exists(mark):
         return
@@ -245,8 +242,8 @@ def _share_model(lay: Layout, rel: str) -> None:
     if os.path.isdir(shared):
         return
     tmp = f"{shared}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(os.path.join(rel, "model"), tmp)
+    remove_tree(tmp)
+    copy_tree(os.path.join(rel, "model"), tmp)
     os.replace(tmp, shared)
 
 
@@ -363,8 +360,10 @@ def last_log_line(path: str) -> str:
 
 # What a service logs about our own readiness probe (Dynamo's system server logs each 503 it answers):
 # never what it is busy with.
-PROBE_ECHO = LazyPattern(r"tower_http::trace|\bGET /(health|live|ready)\b")
-LOG_STAMP = LazyPattern(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+")  # a leading ISO time: the line says when, we say how long
+PROBE_ECHO = LazyPattern(r"tower_http::trace|\bGET /(health|live|ready)\b",
+                         lambda text: "tower_http::trace" in text or "GET /" in text)
+# a leading ISO time: the line says when, we say how long
+LOG_STAMP = LazyPattern(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+", lambda text: text[:4].isdigit())
 
 
 class WaitReport:
@@ -456,23 +455,20 @@ def op_probe(h: Host) -> ProbeResult:
 
 def op_write_state(h: Host) -> Result:
     """Record what runs here, then drop releases nothing refers to (keeping the last few)."""
-    import shutil
-
     lay, state = h.layout, h.args["state"]
-    import json  # state.json is read by people too: indented, which only json's Python encoder does
-
-    write_atomic(lay.state, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(lay.state, (json_pretty(state) + "\n").encode())  # read by people too: indented
     keep = {state.get("revision"), state.get("previous_revision")}
     keep |= {s.get("release") for s in state.get("services", {}).values()}
     if os.path.isdir(lay.releases):
         releases = sorted(os.listdir(lay.releases), key=lambda r: os.path.getmtime(lay.release(r)))
         for r in releases[:-KEEP_RELEASES]:
             if r not in keep:
-                shutil.rmtree(lay.release(r), ignore_errors=True)
+                remove_tree(lay.release(r))
     return {"ok": True}
 
 
-ANSI_ESCAPE = LazyPattern(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+ANSI_ESCAPE = LazyPattern(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])",
+                          lambda text: "\x1b" in text)
 
 
 def readable(text: str) -> str:
@@ -481,7 +477,8 @@ def readable(text: str) -> str:
     return "".join(c for c in text if c in "\t\n" or c >= " ")
 
 
-ERROR_LINE = LazyPattern(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): \S")
+ERROR_LINE = LazyPattern(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): \S",
+                         lambda text: "Error: " in text or "Exception: " in text)
 
 
 def _tail_file(path: str, lines: int) -> str:
@@ -521,14 +518,8 @@ def op_tail(h: Host) -> TailResult:
 def op_purge(h: Host) -> Result:
     """Remove everything primectl put under the workdir (the agent's source too, where it was cached there: this
     agent runs from memory now). The copy in the login user's cache stays: other deployments share it."""
-    import shutil
-
     for sub in (*Layout.PURGED, AGENT_DIR):
-        path = h.layout.path(sub)
-        if os.path.islink(path) or os.path.isfile(path):
-            os.unlink(path)
-        elif os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
+        remove_tree(h.layout.path(sub))
     return {"ok": True}
 
 
@@ -593,7 +584,7 @@ def op_install_progress(h: Host) -> InstallProgress:
 
 
 AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/primectl_agent.py, the cached copy of this source
-DOWNLOADED = LazyPattern(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)")
+DOWNLOADED = LazyPattern(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)", lambda text: text.startswith("Downloading "))
 
 OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}
 
