@@ -31,3 +31,20 @@ def test_each_failure_is_returned_for_its_own_host() -> None:
 @pytest.mark.parametrize("items", [[], ["only"]])
 def test_no_host_and_one_host(items: list[str]) -> None:
     assert parallel(str.upper, items) == {i: i.upper() for i in items}
+
+
+def test_a_fan_out_inside_a_fan_out_completes() -> None:
+    # each outer call fans out again (a head node reaching its trays, say); the inner calls must not wait for
+    # threads the outer ones hold
+    results = parallel(lambda rack: sorted(parallel(lambda tray: f"{rack}/{tray}", range(3)).values()), ["r1", "r2"])
+    assert results == {"r1": ["r1/0", "r1/1", "r1/2"], "r2": ["r2/0", "r2/1", "r2/2"]}
+
+
+def test_threads_are_reused_from_one_fan_out_to_the_next() -> None:
+    def thread_name(_: int) -> str:
+        return threading.current_thread().name
+
+    used: set[str] = set()
+    for _ in range(20):  # an up fans out this way, once per step
+        used |= set(parallel(thread_name, range(8)).values())
+    assert len(used) < 40, len(used)  # a pool per fan-out would have started 160 threads
