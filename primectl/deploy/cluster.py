@@ -9,6 +9,8 @@ a host except `lock`/`unlock`.
 
 from __future__ import annotations
 
+import functools
+import gc
 import getpass
 import os
 import socket
@@ -105,6 +107,14 @@ def fail_on_errors(results: dict[str, Any], what: str, *, before_changes: bool =
         raise DeployError(f"{what} failed on {len(errors)} host(s){unchanged}:\n  " + "\n  ".join(errors))
 
 
+@functools.cache
+def freeze_startup_heap() -> None:
+    """Exempt what the process holds before its first fan-out (imported modules, the plan) from the cyclic
+    garbage collector, once per process. A full collection during a 72-host `up` traversed all of it: about
+    90 ms of the controller's CPU, one ms a host. What is created later is collected as before."""
+    gc.freeze()
+
+
 def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[str] | None = None,
                  include_dropped: bool = False, tolerate_unreachable: bool = False,
                  probes: Callable[[str], list[dict[str, Any]]] | None = None) -> Cluster:
@@ -119,6 +129,7 @@ def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[
     view, instead of failing (preflight reports both). `probes` gives each host's
     probes to run in the same round trip (`status`); the view holds their results.
     """
+    freeze_startup_heap()
     cluster = Cluster(plan, say)
     names = plan.deployed_hosts() if hosts is None else hosts
 
