@@ -212,3 +212,39 @@ def test_the_last_log_line_is_what_the_service_is_busy_with_not_its_answer_to_ou
         f.write("2026-12-01T19:58:49.179849Z  INFO loading: Loading safetensors 10%\rLoading safetensors 60%\n"
                 "2026-12-01T19:58:51.775355Z ERROR tower_http::trace::on_failure: response failed status=503\n")
     assert last_log_line(str(log)) == "Loading safetensors 60%"
+
+
+class FlushedWrites(io.StringIO):
+    """A stdout that keeps what each flush would have sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    def flush(self) -> None:
+        self.sent.append(self.getvalue())
+        self.seek(0)
+        self.truncate()
+
+
+def test_a_wait_ends_with_its_last_progress_line_and_its_result_in_one_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over SSH each write the agent flushes is a packet the controller's connection reads (72 hosts, 72 of
+    them): the line that says `ready` and the result right behind it leave the agent together."""
+    import json
+    import socket
+
+    from primectl.deploy import agent
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        wait = {"workdir": str(tmp_path), "progress_s": 1.0, "waits": [
+            {"name": "decode-0", "probe": {"kind": "tcp", "host": "127.0.0.1", "port": listening.getsockname()[1]}}]}
+        out = FlushedWrites()
+        monkeypatch.setattr("sys.stdout", out)
+        monkeypatch.setattr("sys.stdin", io.StringIO(""))
+        agent.serve(json.dumps({"op": "wait", "args": wait}) + "\n")
+    last = out.sent[-1].splitlines()
+    assert json.loads(last[-1])["ok"] is True
+    assert [row["phase"] for row in json.loads(last[-2])["progress"]] == ["ready"]

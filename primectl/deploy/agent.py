@@ -105,9 +105,14 @@ class Host:
         self._prober = prober
         self._emit = emit
 
-    def emit(self, progress: Progress) -> None:
-        """Send a progress line ahead of the result, if the caller asked for them."""
-        if self._emit is not None and self.args.get("progress_s") is not None:
+    def emit(self, progress: Progress, *, last: bool = False) -> None:
+        """Send a progress line ahead of the result, if the caller asked for them. The `last` one, written just
+        before the result, goes out with it: one packet for the controller's connection to read, not two."""
+        if self._emit is None or self.args.get("progress_s") is None:
+            return
+        if last and self._emit is write_line:
+            write_line(progress, flush=False)
+        else:
             self._emit(progress)
 
     def liveness(self, name: str, unit: str) -> Liveness:
@@ -293,11 +298,12 @@ def op_start(h: Host) -> StartResult:
 
 def op_start_wait(h: Host) -> StartResult:
     """Start services, then wait for their probes, in one round trip."""
-    WaitReport(h, h.args["waits"], time.time()).tick(force=True, logs=False)  # "starting" (the logs are old ones)
+    report = WaitReport(h, h.args["waits"], time.time())
+    report.tick(force=True, logs=False)  # "starting" (the logs are old ones)
     started = op_start(h)
     if not started.get("ok"):
         return started
-    result = op_wait(h)
+    result = op_wait(h, report)
     if result.get("ok"):
         for svc in h.args["services"]:  # ready again: back into the balancer's rotation it was drained from
             spec = svc.get("drain")
@@ -380,17 +386,20 @@ class WaitReport:
         self.changed = False
 
     def set(self, name: str, phase: str, probe: str | None = None) -> None:
-        """Record what a service's probe saw (and its phase); ready/exited/timeout fix its elapsed time."""
+        """Record what a service's probe saw (and its phase); ready/exited/timeout fix its elapsed time. A change
+        to `waiting` (its first probe missed) is shown by the next line that is due, within `progress_s`: a
+        line of its own would cost each host one more packet, for a service most often ready a moment later."""
         row = self.rows[name]
-        self.changed |= row["phase"] != phase
+        self.changed |= row["phase"] != phase and phase != "waiting"
         row["phase"] = phase
         if probe is not None:
             row["probe"] = probe
         if phase in ("ready", "exited", "timeout"):
             row["elapsed"] = round(time.time() - self.started, 1)
 
-    def tick(self, *, force: bool = False, logs: bool = True) -> None:
-        """Emit a progress line when one is due (or `force`); `logs`: with each service's last log line."""
+    def tick(self, *, force: bool = False, logs: bool = True, last: bool = False) -> None:
+        """Emit a progress line when one is due (or `force`); `logs`: with each service's last log line; `last`:
+        the wait ends with it."""
         if self.every is None:
             return
         now = time.time()
@@ -401,16 +410,17 @@ class WaitReport:
                 row["elapsed"] = round(now - self.started, 1)
             if logs and row["phase"] != "ready" and name != "gate":
                 row["log"] = last_log_line(self.h.layout.log(name))
-        self.h.emit({"progress": [ServiceProgress(**r) for r in self.rows.values()]})
+        self.h.emit({"progress": [ServiceProgress(**r) for r in self.rows.values()]}, last=last)
         self.last, self.changed = now, False
 
 
-def op_wait(h: Host) -> StartResult:
-    """Wait until every probe passes; fail fast if a watched service exits."""
+def op_wait(h: Host, report: WaitReport | None = None) -> StartResult:
+    """Wait until every probe passes; fail fast if a watched service exits. `report`: the progress lines of a
+    wait that has said where it stands already (start_wait's `starting`), so that the next is due later."""
     pending = {w["name"]: w for w in h.args["waits"]}
     retry = ProbeRetry({n: w["probe"] for n, w in pending.items()})
     started = time.time()
-    report = WaitReport(h, h.args["waits"], started)
+    report = report or WaitReport(h, h.args["waits"], started)
     detail: dict[str, str] = {}
     ready: list[str] = []
     while pending:
@@ -418,7 +428,7 @@ def op_wait(h: Host) -> StartResult:
         for name, w in list(pending.items()):
             if w.get("unit") and not h.liveness(name, w["unit"]).get("alive"):
                 report.set(name, "exited")
-                report.tick(force=True)
+                report.tick(force=True, last=True)
                 return {"ok": False, "code": CODE_EXITED, "service": name, "ready": ready,
                         "error": f"{name} exited before it became ready"}
             if not retry.due(name, now):
@@ -432,12 +442,12 @@ def op_wait(h: Host) -> StartResult:
             timeout = float(w["probe"].get("timeout_s", 60))
             if now - started > timeout:
                 report.set(name, "timeout", detail[name])
-                report.tick(force=True)
+                report.tick(force=True, last=True)
                 return {"ok": False, "code": CODE_TIMEOUT, "service": name, "ready": ready,
                         "error": f"{name} not ready after {timeout:g}s ({detail[name]})"}
             report.set(name, "waiting", detail[name])
             retry.missed(name, now)
-        report.tick()
+        report.tick(last=not pending)
         if pending:
             time.sleep(0.05)
     return {"ok": True, "ready": ready, "seconds": round(time.time() - started, 3)}
@@ -605,10 +615,12 @@ def dispatch(op: str, args: dict[str, Any], supervisor: Supervisor | None = None
     return result
 
 
-def write_line(obj: Any) -> None:
-    """One JSON line on stdout, sent at once (progress lines must not wait in a buffer)."""
+def write_line(obj: Any, *, flush: bool = True) -> None:
+    """One JSON line on stdout, sent at once (progress lines must not wait in a buffer), or with the next line
+    that is (`flush=False`)."""
     sys.stdout.write(json_dumps(obj) + "\n")
-    sys.stdout.flush()
+    if flush:
+        sys.stdout.flush()
 
 
 def serve(first: str = "") -> int:

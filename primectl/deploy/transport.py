@@ -111,7 +111,8 @@ def progress_line(obj: dict[str, Any], on_progress: OnProgress | None) -> bool:
 # keeps the newest few versions there. Where that cannot be written, the copy goes under the deployment's
 # workdir, and where neither can, the received source runs from memory. A session (`serve`) sends its first
 # request right after the command, before the loader has answered, so that a host costs one round trip, not
-# two: the loader reads that line first and hands it to the agent.
+# two: the loader reads that line first and hands it to the agent. Its `ready` goes out with the answer to
+# that request, in one packet.
 LOADER = """\
 import os, sys
 try:
@@ -159,7 +160,7 @@ else:
             for n in old:
                 shutil.rmtree(os.path.join(d, n), ignore_errors=True)
         break
-sys.stdout.write('{"agent": "ready"}\\n'); sys.stdout.flush()
+sys.stdout.write('{"agent": "ready"}\\n')
 if data is None:
     sys.path.insert(0, p)
     import primectl_agent
