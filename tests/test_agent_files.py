@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 from primectl.deploy.protocol import copy_tree, json_pretty, remove_tree
@@ -21,7 +22,7 @@ STATE = {
 
 def test_state_is_written_exactly_as_json_writes_it_indented() -> None:
     assert json_pretty(STATE) == json.dumps(STATE, indent=2, sort_keys=True)
-    for value in ({}, [], "x", 0, None, [STATE]):
+    for value in ({}, [], "x", 0, None, [STATE], OrderedDict(b=OrderedDict(a=(1, {})), a=[])):
         assert json_pretty(value) == json.dumps(value, indent=2, sort_keys=True)
 
 

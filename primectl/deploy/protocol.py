@@ -477,15 +477,20 @@ def copy_tree(src: str, dst: str) -> None:
 def json_pretty(obj: Any, level: int = 0) -> str:
     """`json.dumps(obj, indent=2, sort_keys=True)` for string-keyed data, without importing json (it imports re:
     7 ms of a host agent's CPU): files people read, such as state.json."""
-    pad = "  " * (level + 1)
-    if isinstance(obj, dict) and obj:
-        items = [f"{pad}{json_dumps(k)}: {json_pretty(v, level + 1)}" for k, v in sorted(obj.items())]
-    elif isinstance(obj, (list, tuple)) and obj:
-        items = [pad + json_pretty(v, level + 1) for v in obj]
-    else:
+    if not obj or not isinstance(obj, (dict, list, tuple)):
         return json_dumps(obj)
-    opening, closing = ("{", "}") if isinstance(obj, dict) else ("[", "]")
+    pad = "  " * (level + 1)
+    if isinstance(obj, dict):
+        items = [f"{pad}{json_dumps(k)}: {json_pretty(v, level + 1) if v and isinstance(v, _NESTED) else json_dumps(v)}"
+                 for k, v in sorted(obj.items())]
+        opening, closing = "{", "}"
+    else:
+        items = [pad + (json_pretty(v, level + 1) if v and isinstance(v, _NESTED) else json_dumps(v)) for v in obj]
+        opening, closing = "[", "]"
     return opening + "\n" + ",\n".join(items) + "\n" + "  " * level + closing
+
+
+_NESTED = (dict, list, tuple)
 
 
 def starttime(pid: int) -> str | None:

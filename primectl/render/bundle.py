@@ -12,7 +12,6 @@ bundle's files. The Plan is the only input.
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 import zlib
 from collections.abc import Callable, Mapping
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import jinja2
 
-from primectl.deploy.protocol import WATCH_ENV, Layout
+from primectl.deploy.protocol import WATCH_ENV, Layout, json_pretty
 from primectl.deploy.protocol import unit_name as protocol_unit_name
 from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
@@ -75,6 +74,7 @@ def template(name: str) -> jinja2.Template:
     return _env().get_template(name)
 
 
+@lru_cache(maxsize=4096)
 def shell_word(value: str) -> str:
     """Quote one word for bash; the release marker becomes "${release_dir}", the pid marker "$$"."""
     return '"$$"'.join(_release_word(p) for p in value.split(PID)) or "''"
@@ -194,7 +194,7 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
         "supervisor": plan.supervisor, "runtime_key": plan.runtime_key, "services": services,
         "files": {p: digest(b).hex() for p, b in sorted(files.items())},
     }
-    files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    files[MANIFEST] = (json_pretty(manifest) + "\n").encode()
     modes[MANIFEST] = 0o644
     return Bundle(host.name, files, modes, revision, manifest)
 
