@@ -16,13 +16,13 @@ from primectl.render.bundle import pack_files
 
 def test_files_arrive_with_their_content_and_modes(tmp_path: Path) -> None:
     files = {"bin/frontend.sh": b"#!/bin/bash\nexec true\n", "config/a b.json": b"{}", "model/w.bin": bytes(range(256)) * 9,
-             "empty": b""}
+             "model/big.bin": bytes(range(256)) * 64, "empty": b""}  # under and over 4 KiB: packed two ways
     archive = pack_files(files, {"bin/frontend.sh": 0o755})
     assert len(archive) < sum(len(v) for v in files.values())  # compressed
     assert pack_files(files, {"bin/frontend.sh": 0o755}) == archive  # the same bytes for the same files
     into = tmp_path / "rel"
     into.mkdir()
-    assert unpack_files(archive, str(into)) == 4
+    assert unpack_files(archive, str(into)) == 5
     for path, data in files.items():
         assert (into / path).read_bytes() == data
     assert stat.S_IMODE(os.stat(into / "bin/frontend.sh").st_mode) & 0o100
@@ -59,10 +59,15 @@ def test_content_every_host_shares_is_computed_once_while_each_hosts_own_comes_a
         calls.append(data)
         return data[:1]
 
-    cached = once_per_content(work)
+    cached = once_per_content(4096)(work)
     shared = b"tokenizer" * 1000
     for host in range(200):
         cached(shared)
         cached(b"manifest of host %d " % host * 400)  # over 4 KiB, one per host
     assert calls.count(shared) == 1, f"the shared content was computed {calls.count(shared)} times"
     assert len(calls) == 201
+    small = once_per_content(0)(work)  # what costs more to compute than to look up is remembered at any size
+    calls.clear()
+    for _host in range(200):
+        small(b"config.json")
+    assert calls == [b"config.json"]

@@ -199,26 +199,33 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
     return Bundle(host.name, files, modes, revision, manifest)
 
 
-def once_per_content(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
-    """`fn` of a file's content, computed once per process for content of 4 KiB and more: every host's bundle
-    holds the same generated model files. The 64 most recently used are kept, so content every host shares
-    stays while each host's own (its manifest) comes and goes."""
-    remembered = lru_cache(maxsize=64)(fn)
+def once_per_content(smallest: int) -> Callable[[Callable[[bytes], bytes]], Callable[[bytes], bytes]]:
+    """`fn` of a file's content, computed once per process for content of `smallest` bytes and more: every
+    host's bundle holds the same generated model files. The 64 most recently used are kept, so content every
+    host shares stays while each host's own (its manifest) comes and goes."""
 
-    def cached(data: bytes) -> bytes:
-        return remembered(data) if len(data) >= 4096 else fn(data)
+    def wrap(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+        remembered = lru_cache(maxsize=64)(fn)
 
-    return cached
+        def cached(data: bytes) -> bytes:
+            return remembered(data) if len(data) >= smallest else fn(data)
+
+        return cached
+
+    return wrap
 
 
-@once_per_content
+@once_per_content(4096)  # a smaller file hashes about as fast as it is looked up
 def digest(data: bytes) -> bytes:
     """sha256 of a file's content."""
     return hashlib.sha256(data).digest()
 
 
-@once_per_content
+@once_per_content(0)  # setting up a compressor costs more than a look-up, however small the file
 def _compressed(data: bytes) -> bytes:
+    if len(data) < 4096:  # zlib's default state (256 KiB) costs ten times more to set up than such a file to pack
+        packer = zlib.compressobj(1, zlib.DEFLATED, 12, 4)
+        return packer.compress(data) + packer.flush()
     return zlib.compress(data, 1)
 
 
