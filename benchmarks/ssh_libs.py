@@ -141,7 +141,7 @@ async def asyncssh_one(h: Any, key: str, known_hosts: str) -> None:
 def idle_cost(hosts: list[Any], key: str, kh: str, seconds: float = 2.0) -> None:
     """Controller CPU per host and second while connections are held open and idle (`up` holds one per host for
     the whole command; PRIMECTL_KEEP_CONNECTIONS's keeper holds them between commands): paramiko as it comes
-    (its reader thread wakes every 0.1 s) and primectl's SSHTransport (it wakes every READER_WAKE_S)."""
+    (its reader thread wakes every 0.1 s) and primectl's SSHTransport (it blocks until data comes)."""
     import paramiko
 
     from primectl.deploy.transport import SSHTransport, host_keys_for, tune_paramiko

@@ -52,3 +52,45 @@ def test_the_mac_check_still_refuses_a_wrong_mac() -> None:
     tune_paramiko()
     assert paramiko.util.constant_time_bytes_eq(b"\x01" * 32, b"\x01" * 32)
     assert not paramiko.util.constant_time_bytes_eq(b"\x01" * 32, b"\x01" * 31 + b"\x02")
+
+
+class CountingSocket:
+    """A socket that counts its reads (the reader's cost is mostly its system calls)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.reads = sock, 0
+
+    def recv(self, n: int) -> bytes:
+        self.reads += 1
+        return self.sock.recv(n)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_packets_that_arrive_together_are_read_in_one_read_and_come_out_whole() -> None:
+    import paramiko.packet
+
+    tune_paramiko()
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.05)
+    counted = CountingSocket(ours)
+    packetizer = paramiko.packet.Packetizer(counted)
+    theirs.sendall(b"first-block|rest of the first packet|second packet|third")
+    assert packetizer.read_all(12) == b"first-block|"
+    assert packetizer.read_all(25) == b"rest of the first packet|"
+    assert packetizer.read_all(14) == b"second packet|"
+    assert counted.reads == 1, f"{counted.reads} reads for what came in one"
+    threading.Timer(0.2, theirs.sendall, args=(b"-and more",)).start()  # the rest comes later, after timeouts
+    assert packetizer.read_all(14) == b"third-and more"
+    theirs.close()
+    with pytest.raises(EOFError):  # the peer closed: no partial packet comes out
+        packetizer.read_all(1)
+
+
+def test_a_closed_reader_stops_at_its_next_wake() -> None:
+    packetizer, theirs = _reader()
+    threading.Timer(0.1, packetizer.close).start()  # type: ignore[attr-defined]
+    with pytest.raises(EOFError):
+        packetizer.read_all(4)  # type: ignore[attr-defined]
+    theirs.close()

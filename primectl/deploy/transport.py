@@ -319,6 +319,63 @@ def tune_paramiko() -> None:
     packetizer.start_handshake = start_handshake
     packetizer.handshake_timed_out = handshake_timed_out
     packetizer.complete_handshake = complete_handshake
+    packetizer.read_all = buffered_read_all(packetizer.read_all)
+
+
+READ_CHUNK = 32768  # what one read from an SSH socket may take beyond the bytes asked for
+
+
+def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
+    """paramiko's Packetizer.read_all, reading what the socket holds rather than exactly what it needs: paramiko
+    reads each packet in two reads (its first block, then the rest), and a socket with a timeout makes each read
+    two system calls (poll, then recv), so most of its reader thread's time went to the kernel, and several
+    packets that arrive together (a channel's EOF, exit status and close) took six. The surplus waits in the
+    buffer paramiko keeps for what it over-reads after the version line. `exact` (paramiko's own) serves a
+    Packetizer that does not have the attributes this one reads."""
+
+    def read_all(self: Any, n: int, check_rekey: bool = False) -> bytes:
+        try:
+            buf: bytes = self._Packetizer__remainder
+            sock = self._Packetizer__socket
+        except AttributeError:
+            return exact(self, n, check_rekey)
+        if len(buf) >= n:
+            self._Packetizer__remainder = buf[n:]
+            return buf[:n]
+        parts, have = [buf], len(buf)
+        while have < n:
+            if self.handshake_timed_out():
+                raise EOFError()
+            try:
+                got = sock.recv(max(n - have, READ_CHUNK))
+            except (TimeoutError, BlockingIOError):
+                if self._Packetizer__closed:
+                    raise EOFError() from None
+                if check_rekey and not have and self._Packetizer__need_rekey:
+                    raise paramiko_need_rekey() from None
+                self._check_keepalive()
+                continue
+            except OSError:
+                if self._Packetizer__closed:
+                    raise EOFError() from None
+                raise
+            if not got:
+                raise EOFError()
+            parts.append(got)
+            have += len(got)
+        data = b"".join(parts)
+        self._Packetizer__remainder = data[n:]
+        return data[:n]
+
+    return read_all
+
+
+def paramiko_need_rekey() -> Exception:
+    """paramiko's signal to its reader that a rekey it asked for is due."""
+    from paramiko.ssh_exception import NeedRekeyException
+
+    signal: Exception = NeedRekeyException()
+    return signal
 
 
 _KNOWN_HOSTS_INDEX: dict[str, tuple[tuple[int, int, int], dict[str, list[str]], list[str]]] = {}
@@ -400,9 +457,6 @@ def _private_key(path: str) -> Any:
         return _PKEYS[stamp]
 
 
-READER_WAKE_S = 2.0  # how often a connected paramiko transport's reader thread wakes when nothing arrives
-
-
 class SSHTransport:
     """`connection: ssh`: one paramiko connection that verifies host keys against known_hosts. Agent calls and
     uploads use it directly; shell commands go through a Fabric Connection on the same link, made when first
@@ -446,9 +500,10 @@ class SSHTransport:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: {exc}") from None
         # paramiko's reader thread wakes every 0.1 s to look for a close: ~0.6 ms of CPU a second per host,
         # more than a fresh `up` spends on its handshake at 72 hosts. close() shuts the socket down, which
-        # wakes the reader at once, so after the handshake it only needs to wake for paramiko's own aborts.
+        # wakes the reader at once, so after the handshake the socket blocks: a socket with a timeout costs
+        # two system calls a read or write (poll first), and sends and reads are most of the connection's cost.
         try:
-            client.get_transport().sock.settimeout(READER_WAKE_S)
+            client.get_transport().sock.settimeout(None)
         except OSError as exc:  # the host closed the connection right after logging us in
             client.close()
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): connection lost: {exc}") from None
