@@ -1,6 +1,6 @@
 """Fan-out benchmark for `up`: how the apply layer scales from 1 to 18 SSH hosts.
 
-Starts 18 real OpenSSH servers on 127.0.0.2-19 (tests/integration/sshhosts.py) and
+Starts 18 real OpenSSH servers on 127.0.0.2-19 (tests/integration/sshhosts.py; `sshd -r` where it has it) and
 times `primectl.pipeline.up` in-process (so CLI start-up and recipe
 loading/rendering are NOT counted) for a deployment on 1, 6 and 18 hosts, then a
 zero-change `up` on 18 hosts. Services are the FAKE engine runtime
