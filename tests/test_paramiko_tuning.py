@@ -54,18 +54,14 @@ def test_the_mac_check_still_refuses_a_wrong_mac() -> None:
     assert not paramiko.util.constant_time_bytes_eq(b"\x01" * 32, b"\x01" * 31 + b"\x02")
 
 
-class CountingSocket:
+class CountingSocket(socket.socket):
     """A socket that counts its reads (the reader's cost is mostly its system calls)."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.reads = sock, 0
+    reads = 0
 
-    def recv(self, n: int) -> bytes:
+    def recv(self, n: int, flags: int = 0) -> bytes:
         self.reads += 1
-        return self.sock.recv(n)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.sock, name)
+        return super().recv(n, flags)
 
 
 def test_packets_that_arrive_together_are_read_in_one_read_and_come_out_whole() -> None:
@@ -73,8 +69,8 @@ def test_packets_that_arrive_together_are_read_in_one_read_and_come_out_whole() 
 
     tune_paramiko()
     ours, theirs = socket.socketpair()
-    ours.settimeout(0.05)
-    counted = CountingSocket(ours)
+    counted = CountingSocket(fileno=ours.detach())
+    counted.settimeout(0.05)
     packetizer = paramiko.packet.Packetizer(counted)
     theirs.sendall(b"first-block|rest of the first packet|second packet|third")
     assert packetizer.read_all(12) == b"first-block|"
@@ -93,4 +89,30 @@ def test_a_closed_reader_stops_at_its_next_wake() -> None:
     threading.Timer(0.1, packetizer.close).start()  # type: ignore[attr-defined]
     with pytest.raises(EOFError):
         packetizer.read_all(4)  # type: ignore[attr-defined]
+    theirs.close()
+
+
+def test_paramikos_own_close_wakes_a_reader_blocked_on_a_socket_without_timeout() -> None:
+    """Once logged in, primectl's sockets block; paramiko closes from its reader thread on a disconnect or a bad
+    MAC, and closing a descriptor alone wakes no thread blocked on it (a call sending would hang for good)."""
+    import paramiko.packet
+
+    tune_paramiko()
+    ours, theirs = socket.socketpair()  # blocking, as after the handshake
+    packetizer = paramiko.packet.Packetizer(ours)
+    ended: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            packetizer.read_all(4)
+        except BaseException as exc:  # what ended the read is the result
+            ended.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.2)  # blocked in recv
+    packetizer.close()
+    reader.join(2)
+    assert not reader.is_alive(), "the read still blocks 2 s after paramiko closed its packetizer"
+    assert ended and isinstance(ended[0], EOFError), ended
     theirs.close()

@@ -68,6 +68,9 @@ def test_content_every_host_shares_is_computed_once_while_each_hosts_own_comes_a
     assert len(calls) == 201
     small = once_per_content(0)(work)  # what costs more to compute than to look up is remembered at any size
     calls.clear()
-    for _host in range(200):
+    for host in range(200):
         small(b"config.json")
-    assert calls == [b"config.json"]
+        small(shared)
+        for i in range(80):  # a host with many small files of its own
+            small(b"bin/worker-%d.sh of host %d" % (i, host))
+    assert calls.count(b"config.json") == 1 and calls.count(shared) == 1, "shared content was computed again"

@@ -292,11 +292,15 @@ class _AcceptNewPolicy:
 
 @functools.cache
 def tune_paramiko() -> None:
-    """Two of paramiko's per-connection costs, made cheap with the same behaviour:
+    """paramiko's per-connection costs, made cheap with the same behaviour:
     - each received packet's MAC is compared a byte at a time in Python (a seventh of the controller's CPU at
       72 hosts); hmac.compare_digest is the same constant-time check in C;
     - each handshake starts a threading.Timer thread only to flag its timeout; a deadline read where paramiko
-      asks (its reader checks between reads) flags the same timeout with no thread."""
+      asks (its reader checks between reads) flags the same timeout with no thread;
+    - each packet took two reads (`buffered_read_all`), and the socket blocks once logged in (SSHTransport), so
+      paramiko's own close shuts the socket down before it closes it: closing a descriptor does not wake a
+      thread blocked in a read or a write on it, and paramiko closes from its reader thread (a disconnect, a bad
+      MAC) while a call may be sending."""
     import hmac
 
     import paramiko.packet
@@ -320,6 +324,20 @@ def tune_paramiko() -> None:
     packetizer.handshake_timed_out = handshake_timed_out
     packetizer.complete_handshake = complete_handshake
     packetizer.read_all = buffered_read_all(packetizer.read_all)
+    packetizer.close = shut_down_first(packetizer.close)
+
+
+def shut_down_first(close: Callable[[Any], None]) -> Callable[[Any], None]:
+    """paramiko's Packetizer.close, after a shutdown of its socket (which wakes whatever blocks on it)."""
+
+    def shut_then_close(self: Any) -> None:
+        sock = getattr(self, "_Packetizer__socket", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        close(self)
+
+    return shut_then_close
 
 
 READ_CHUNK = 32768  # what one read from an SSH socket may take beyond the bytes asked for
@@ -331,13 +349,15 @@ def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
     two system calls (poll, then recv), so most of its reader thread's time went to the kernel, and several
     packets that arrive together (a channel's EOF, exit status and close) took six. The surplus waits in the
     buffer paramiko keeps for what it over-reads after the version line. `exact` (paramiko's own) serves a
-    Packetizer that does not have the attributes this one reads."""
+    Packetizer that does not have the attributes this one reads, or whose socket is not a socket."""
 
     def read_all(self: Any, n: int, check_rekey: bool = False) -> bytes:
         try:
             buf: bytes = self._Packetizer__remainder
             sock = self._Packetizer__socket
         except AttributeError:
+            return exact(self, n, check_rekey)
+        if not isinstance(sock, socket.socket):  # a ProxyCommand's recv waits for all it is asked for
             return exact(self, n, check_rekey)
         if len(buf) >= n:
             self._Packetizer__remainder = buf[n:]

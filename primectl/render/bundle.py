@@ -201,14 +201,17 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
 
 def once_per_content(smallest: int) -> Callable[[Callable[[bytes], bytes]], Callable[[bytes], bytes]]:
     """`fn` of a file's content, computed once per process for content of `smallest` bytes and more: every
-    host's bundle holds the same generated model files. The 64 most recently used are kept, so content every
-    host shares stays while each host's own (its manifest) comes and goes."""
+    host's bundle holds the same generated model files. The most recently used are kept, 64 of 4 KiB and more
+    and 256 smaller ones apart, so content every host shares stays while each host's own (its manifest, its
+    scripts) comes and goes, and a host's many small files never push the big shared ones out."""
 
     def wrap(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
-        remembered = lru_cache(maxsize=64)(fn)
+        big, small = lru_cache(maxsize=64)(fn), lru_cache(maxsize=256)(fn)
 
         def cached(data: bytes) -> bytes:
-            return remembered(data) if len(data) >= smallest else fn(data)
+            if len(data) >= 4096:
+                return big(data) if len(data) >= smallest else fn(data)
+            return small(data) if len(data) >= smallest else fn(data)
 
         return cached
 
