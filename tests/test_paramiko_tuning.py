@@ -116,3 +116,15 @@ def test_paramikos_own_close_wakes_a_reader_blocked_on_a_socket_without_timeout(
     assert not reader.is_alive(), "the read still blocks 2 s after paramiko closed its packetizer"
     assert ended and isinstance(ended[0], EOFError), ended
     theirs.close()
+
+
+def test_a_rekey_paramiko_asked_for_is_signalled_to_its_reader_while_nothing_arrives() -> None:
+    import paramiko.packet
+
+    packetizer, theirs = _reader()
+    packetizer._trigger_rekey()  # type: ignore[attr-defined]  # what paramiko does after sending its rekey limit
+    with pytest.raises(paramiko.packet.NeedRekeyException):
+        packetizer.read_all(4, check_rekey=True)  # type: ignore[attr-defined]
+    theirs.sendall(b"abcd")
+    assert packetizer.read_all(4, check_rekey=True) == b"abcd"  # type: ignore[attr-defined]
+    theirs.close()

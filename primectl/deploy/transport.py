@@ -350,6 +350,7 @@ def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
     packets that arrive together (a channel's EOF, exit status and close) took six. The surplus waits in the
     buffer paramiko keeps for what it over-reads after the version line. `exact` (paramiko's own) serves a
     Packetizer that does not have the attributes this one reads, or whose socket is not a socket."""
+    from paramiko.packet import NeedRekeyException
 
     def read_all(self: Any, n: int, check_rekey: bool = False) -> bytes:
         try:
@@ -372,7 +373,7 @@ def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
                 if self._Packetizer__closed:
                     raise EOFError() from None
                 if check_rekey and not have and self._Packetizer__need_rekey:
-                    raise paramiko_need_rekey() from None
+                    raise NeedRekeyException() from None
                 self._check_keepalive()
                 continue
             except OSError:
@@ -388,14 +389,6 @@ def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
         return data[:n]
 
     return read_all
-
-
-def paramiko_need_rekey() -> Exception:
-    """paramiko's signal to its reader that a rekey it asked for is due."""
-    from paramiko.ssh_exception import NeedRekeyException
-
-    signal: Exception = NeedRekeyException()
-    return signal
 
 
 _KNOWN_HOSTS_INDEX: dict[str, tuple[tuple[int, int, int], dict[str, list[str]], list[str]]] = {}
