@@ -64,16 +64,11 @@ OPTIONAL_KEYS = (("drain", "address"),)
 def _compact_encoder() -> Any:
     """`json.dumps(value, sort_keys=True, separators=(",", ":"))` as one C encoder made once (json.dumps makes
     a new one per call: most of a hash's cost at 22 hashes a service)."""
-    try:
-        from _json import make_encoder
-    except ImportError:
+    make = getattr(json.encoder, "c_make_encoder", None)  # None where the C accelerator is missing
+    if make is None:
         return partial(json.dumps, sort_keys=True, separators=(",", ":"))
-
-    def unserializable(obj: Any) -> Any:
-        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-    encode = make_encoder(None, unserializable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False,
-                          True)
+    encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ":", ",", True,
+                  False, True)
     return lambda value: "".join(encode(value, 0))
 
 

@@ -209,9 +209,9 @@ def once_per_content(smallest: int) -> Callable[[Callable[[bytes], bytes]], Call
         big, small = lru_cache(maxsize=64)(fn), lru_cache(maxsize=256)(fn)
 
         def cached(data: bytes) -> bytes:
-            if len(data) >= 4096:
-                return big(data) if len(data) >= smallest else fn(data)
-            return small(data) if len(data) >= smallest else fn(data)
+            if len(data) < smallest:
+                return fn(data)
+            return big(data) if len(data) >= 4096 else small(data)
 
         return cached
 
