@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -52,6 +53,30 @@ def test_a_copied_tree_matches_what_shutil_copies(tmp_path: Path) -> None:
     shutil.copytree(tmp_path / "src", tmp_path / "theirs", symlinks=True)
     assert listing(tmp_path / "ours") == listing(tmp_path / "theirs")
     assert (tmp_path / "ours" / "link").is_symlink() and (tmp_path / "ours" / "dirlink").is_symlink()
+
+
+def test_a_linked_copy_shares_each_file_with_its_source_and_reads_the_same(tmp_path: Path) -> None:
+    tree(tmp_path / "src")
+    copy_tree(str(tmp_path / "src"), str(tmp_path / "linked"), link=True)
+    assert listing(tmp_path / "linked") == listing(tmp_path / "src")
+    for rel in ("config.json", "sub/weights.bin", "sub/run.sh", "sub/deeper/empty"):
+        assert (tmp_path / "linked" / rel).stat().st_ino == (tmp_path / "src" / rel).stat().st_ino, rel
+    assert (tmp_path / "linked" / "link").is_symlink() and (tmp_path / "linked" / "dirlink").is_symlink()
+
+
+def test_a_linked_copy_across_filesystems_copies_instead(tmp_path: Path) -> None:
+    other = Path("/dev/shm")  # tmpfs: another filesystem than the test's tmp_path (links fail with EXDEV)
+    if not other.is_dir() or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        other = tmp_path  # same filesystem here: the listing check below still holds
+    src = Path(tempfile.mkdtemp(dir=other))
+    try:
+        tree(src / "src")
+        copy_tree(str(src / "src"), str(tmp_path / "copied"), link=True)
+        assert listing(tmp_path / "copied") == listing(src / "src")
+        if other != tmp_path:  # copies, not links: a link across filesystems cannot be made
+            assert (tmp_path / "copied" / "config.json").stat().st_dev != (src / "src" / "config.json").stat().st_dev
+    finally:
+        shutil.rmtree(src)
 
 
 def test_a_removed_tree_is_gone_and_what_its_links_point_at_stays(tmp_path: Path) -> None:

@@ -248,7 +248,7 @@ def _share_model(lay: Layout, rel: str) -> None:
         return
     tmp = f"{shared}.partial"
     remove_tree(tmp)
-    copy_tree(os.path.join(rel, "model"), tmp)
+    copy_tree(os.path.join(rel, "model"), tmp, link=True)  # releases are never written to once staged
     os.replace(tmp, shared)
 
 
@@ -397,6 +397,10 @@ class WaitReport:
         if phase in ("ready", "exited", "timeout"):
             row["elapsed"] = round(time.time() - self.started, 1)
 
+    def next_due(self) -> float:
+        """When the next periodic progress line is due (inf when the caller asked for none)."""
+        return float("inf") if self.every is None else self.last + float(self.every)
+
     def tick(self, *, force: bool = False, logs: bool = True, last: bool = False) -> None:
         """Emit a progress line when one is due (or `force`); `logs`: with each service's last log line; `last`:
         the wait ends with it."""
@@ -414,6 +418,11 @@ class WaitReport:
         self.last, self.changed = now, False
 
 
+# How often a wait checks that the services it awaits still run (a probe that fails says less: it also fails
+# while a service loads). Each check reads a pidfile and /proc (or asks systemd) per service.
+LIVENESS_EVERY_S = 0.25
+
+
 def op_wait(h: Host, report: WaitReport | None = None) -> StartResult:
     """Wait until every probe passes; fail fast if a watched service exits. `report`: the progress lines of a
     wait that has said where it stands already (start_wait's `starting`), so that the next is due later."""
@@ -423,10 +432,14 @@ def op_wait(h: Host, report: WaitReport | None = None) -> StartResult:
     report = report or WaitReport(h, h.args["waits"], started)
     detail: dict[str, str] = {}
     ready: list[str] = []
+    next_liveness = 0.0
     while pending:
         now = time.time()
+        watch = now >= next_liveness
+        if watch:
+            next_liveness = now + LIVENESS_EVERY_S
         for name, w in list(pending.items()):
-            if w.get("unit") and not h.liveness(name, w["unit"]).get("alive"):
+            if watch and w.get("unit") and not h.liveness(name, w["unit"]).get("alive"):
                 report.set(name, "exited")
                 report.tick(force=True, last=True)
                 return {"ok": False, "code": CODE_EXITED, "service": name, "ready": ready,
@@ -448,8 +461,9 @@ def op_wait(h: Host, report: WaitReport | None = None) -> StartResult:
             report.set(name, "waiting", detail[name])
             retry.missed(name, now)
         report.tick(last=not pending)
-        if pending:
-            time.sleep(0.05)
+        if pending:  # until the next probe, liveness check or progress line is due
+            wake = min(next_liveness, retry.next_due(pending), report.next_due())
+            time.sleep(min(max(wake - time.time(), 0.005), LIVENESS_EVERY_S))
     return {"ok": True, "ready": ready, "seconds": round(time.time() - started, 3)}
 
 

@@ -28,7 +28,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
     from typing import Any, TypedDict
 elif __name__.startswith("primectl."):  # imported by primectl, not sent as the agent: the real TypedDict
     from typing import TypedDict
@@ -391,6 +391,7 @@ def unpack_files(archive: bytes, into: str) -> int:
     import zlib
 
     at, count = 0, 0
+    made: set[str] = set()
     while at < len(archive):
         end = archive.find(b"\n", at)
         words = archive[at:end].split(b" ", 2) if end >= 0 else []
@@ -405,7 +406,10 @@ def unpack_files(archive: bytes, into: str) -> int:
         except zlib.error as exc:
             raise ValueError(f"not a release archive ({path}: {exc})") from None
         target = os.path.join(into, path)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        parent = os.path.dirname(target)
+        if parent not in made:  # files come in path order: each directory is made once, not once per file
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, int(words[0], 8) & 0o777)
         try:
             view = memoryview(data)
@@ -458,8 +462,10 @@ def remove_tree(path: str) -> None:
         pass
 
 
-def copy_tree(src: str, dst: str) -> None:
-    """Copy a directory tree: files with their permission bits, symlinks as symlinks (`dst` must not exist)."""
+def copy_tree(src: str, dst: str, *, link: bool = False) -> None:
+    """Copy a directory tree: files with their permission bits, symlinks as symlinks (`dst` must not exist).
+    With `link`, a file becomes a hard link to its source where the filesystem allows one (no data copied, no
+    inode allocated), a copy where not: for trees nobody writes to once made."""
     for root, dirs, names in os.walk(src):
         target = os.path.join(dst, os.path.relpath(root, src))
         os.makedirs(target, exist_ok=root != src)
@@ -468,6 +474,12 @@ def copy_tree(src: str, dst: str) -> None:
             if os.path.islink(source):
                 os.symlink(os.readlink(source), copy)
                 continue
+            if link:
+                try:
+                    os.link(source, copy)
+                    continue
+                except OSError:  # another filesystem, or one without hard links: copy it
+                    link = False
             with open(source, "rb") as f, open(copy, "wb") as g:
                 while chunk := f.read(1 << 20):
                     g.write(chunk)
@@ -983,6 +995,10 @@ class ProbeRetry:
     def due(self, name: str, now: float) -> bool:
         """Whether `name` is to be probed at `now`."""
         return now >= self.next_try[name]
+
+    def next_due(self, names: Iterable[str]) -> float:
+        """The earliest time one of `names` is to be probed."""
+        return min((self.next_try[n] for n in names), default=float("inf"))
 
     def missed(self, name: str, now: float) -> None:
         """`name`'s probe at `now` did not pass: schedule the next one."""
