@@ -128,3 +128,13 @@ def test_a_rekey_paramiko_asked_for_is_signalled_to_its_reader_while_nothing_arr
     theirs.sendall(b"abcd")
     assert packetizer.read_all(4, check_rekey=True) == b"abcd"  # type: ignore[attr-defined]
     theirs.close()
+
+
+def test_debug_text_from_a_server_is_escaped_as_paramiko_escapes_it() -> None:
+    import paramiko.util
+
+    tune_paramiko()
+    assert paramiko.util.safe_string(b"/root/.ssh/authorized_keys:1: key options: agent-forwarding") == (
+        b"/root/.ssh/authorized_keys:1: key options: agent-forwarding")
+    assert paramiko.util.safe_string(b"tab\there \xff\x00 del\x7f") == b"tab%09here %FF%00 del\x7f"
+    assert paramiko.util.safe_string(b"") == b""
