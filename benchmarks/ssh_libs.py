@@ -1,26 +1,28 @@
-"""SSH library benchmark: the controller's CPU to reach a host and run one command, paramiko/Fabric vs asyncssh.
+"""SSH library benchmark: the controller's CPU to reach a host and run one command, and per round trip on an
+open session: paramiko/Fabric vs asyncssh, libssh2 (ssh2-python) and the OpenSSH client.
 
 Starts N real OpenSSH servers on loopback (tests/integration/sshhosts.py) and, per
 library, connects to each (host key checked against known_hosts, ed25519 key auth),
 runs `true`, reads its exit status and closes: first one host at a time (the CPU
-per host is clean there), then all hosts at once (threads for paramiko/Fabric, one
+per host is clean there), then all hosts at once (threads for paramiko/Fabric/libssh2, one
 event loop for asyncssh). CPU is this process's getrusage (user + system), so the
-sshd side does not count. Prints ms of controller CPU per host and the ratio. paramiko is set up as primectl's SSHTransport sets it up (its
-own known_hosts entries only, MACs checked in C); Fabric adds its Connection and
-`run` (what primectl uses for shell commands) on top of that. The OpenSSH client (`ssh`, a child process:
-its CPU counts as the controller's once it is reaped) runs with its default key exchange (`openssh`:
+sshd side does not count. Prints ms of controller CPU per host and the ratio. paramiko is set up as primectl's
+SSHTransport sets it up (its own known_hosts entries only, MACs checked in C, AES-GCM first); Fabric adds its
+Connection and `run` (what primectl uses for shell commands) on top of that. The OpenSSH client (`ssh`, a child
+process: its CPU counts as the controller's once it is reaped) runs with its default key exchange (`openssh`:
 sntrup761x25519, ~100 ms of CPU) and with curve25519 (`ssh-x25519`, what paramiko negotiates); `ssh-mux5` is
 one ControlMaster connection plus 5 commands multiplexed over it (what one primectl command makes per host).
-Measured here (2 cores, 18 hosts, parallel): paramiko 5.7 ms, Fabric 9.0, ssh-x25519 14.6, ssh-mux5 52 (each
-multiplexed `ssh` costs ~7.5 ms to exec): in-process paramiko is the cheapest way to reach a host.
-Last, connections held open and idle: paramiko as it comes spends ~0.6 ms of CPU per host and second (its
-reader wakes ten times a second); primectl's SSHTransport, whose socket blocks until data comes, ~0.003.
+Then the CPU of one 301-byte line and its echo on an open session (`cat`): what each agent call costs once
+connected. Last, connections held open and idle: paramiko as it comes spends ~0.6 ms of CPU per host and
+second (its reader wakes ten times a second); primectl's SSHTransport, whose socket blocks until data comes, ~0.003.
+Measured here (2 cores, 18 hosts, parallel; 2026-12-06): libssh2 1.5-1.7 ms, paramiko 4.2-4.4, asyncssh 5.6-5.9,
+Fabric 7.1-8.2, ssh-x25519 18.6, ssh-mux5 54; a round trip 0.032 ms with libssh2, 0.112 with paramiko.
 
     unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/ssh_libs.py --hosts 18'
 
-asyncssh is not a primectl dependency: install it where this python finds it
-(e.g. `pip install --target /tmp/pylib asyncssh` and PYTHONPATH=/tmp/pylib); without
-it only paramiko and Fabric are measured.
+asyncssh and ssh2-python are not primectl dependencies: install them where this python finds them
+(e.g. `pip install --target /tmp/pylib asyncssh ssh2-python` and PYTHONPATH=/tmp/pylib); each one that is
+missing is left out.
 """
 
 from __future__ import annotations
@@ -142,6 +144,108 @@ async def asyncssh_one(h: Any, key: str, known_hosts: str) -> None:
         assert r.exit_status == 0
 
 
+def libssh2_one(h: Any, key: str, known_hosts: str) -> None:
+    """ssh2-python: libssh2 (C) under a thin binding; the host key is checked against known_hosts by libssh2."""
+    import socket
+
+    from ssh2 import knownhost
+    from ssh2.session import Session
+
+    with socket.create_connection((h.address, h.port), timeout=10) as sock:
+        s = Session()
+        s.handshake(sock)
+        known = s.knownhost_init()
+        known.readfile(known_hosts)
+        host_key, _ = s.hostkey()
+        known.checkp(h.address.encode(), h.port, host_key,
+                     knownhost.LIBSSH2_KNOWNHOST_TYPE_PLAIN | knownhost.LIBSSH2_KNOWNHOST_KEYENC_RAW)  # raises if not
+        s.userauth_publickey_fromfile("root", key)
+        chan = s.open_session()
+        chan.execute("true")
+        chan.wait_eof()
+        chan.close()
+        chan.wait_closed()
+        assert chan.get_exit_status() == 0
+        s.disconnect()
+
+
+ROUND_TRIPS = 30  # line round trips per connection in `round_trip_cost`: what agent calls exchange
+LINE = b"x" * 300 + b"\n"
+
+
+def round_trip_cost(hosts: list[Any], key: str, kh: str) -> dict[str, float]:
+    """Controller CPU per line round trip on an open session (`cat` echoes each line back): what each agent call
+    costs once connected. paramiko as primectl's SSHTransport sets it up (tuned, socket blocking once logged
+    in); libssh2 where installed. Connections are opened first and not counted."""
+    import paramiko
+
+    from primectl.deploy.transport import host_keys_for, tune_paramiko
+
+    def via_paramiko(h: Any) -> tuple[Callable[[], None], Callable[[], None]]:
+        c = paramiko.SSHClient()
+        c._host_keys = host_keys_for(kh, h.address, h.port)
+        c.set_missing_host_key_policy(paramiko.RejectPolicy())
+        c.connect(h.address, port=h.port, username="root", key_filename=key, look_for_keys=False,
+                  allow_agent=False, timeout=10)
+        c.get_transport().sock.settimeout(None)
+        chan = c.get_transport().open_session()
+        chan.exec_command("cat")
+        out = chan.makefile("rb")
+
+        def once() -> None:
+            chan.sendall(LINE)
+            assert out.readline() == LINE
+
+        return once, c.close
+
+    def via_libssh2(h: Any) -> tuple[Callable[[], None], Callable[[], None]]:
+        import socket
+
+        from ssh2.session import Session
+
+        sock = socket.create_connection((h.address, h.port), timeout=10)
+        s = Session()
+        s.handshake(sock)
+        s.userauth_publickey_fromfile("root", key)
+        chan = s.open_session()
+        chan.execute("cat")
+
+        def once() -> None:
+            chan.write(LINE)
+            got = b""
+            while len(got) < len(LINE):
+                got += chan.read()[1]
+            assert got == LINE
+
+        def close() -> None:
+            s.disconnect()
+            sock.close()
+
+        return once, close
+
+    tune_paramiko()
+    kinds = [("paramiko", via_paramiko)]
+    try:
+        import ssh2  # noqa: F401
+
+        kinds.append(("libssh2", via_libssh2))
+    except ImportError:
+        pass
+    out = {}
+    for label, open_one in kinds:
+        held = [open_one(h) for h in hosts]
+        c0 = cpu()
+        for once, _ in held:
+            for _ in range(ROUND_TRIPS):
+                once()
+        spent = cpu() - c0
+        for _, close in held:
+            close()
+        out[label] = spent / len(hosts) / ROUND_TRIPS * 1000
+        print(f"  round trip, {label:9}: {out[label]:6.3f} ms controller CPU per {len(LINE)}-byte line and its echo")
+    return out
+
+
 def idle_cost(hosts: list[Any], key: str, kh: str, seconds: float = 2.0) -> None:
     """Controller CPU per host and second while connections are held open and idle (`up` holds one per host for
     the whole command; PRIMECTL_KEEP_CONNECTIONS's keeper holds them between commands): paramiko as it comes
@@ -231,7 +335,13 @@ def main() -> int:
 
         libs.append(("asyncssh", asyncssh_one, True))
     except ImportError:
-        print("asyncssh is not installed: measuring paramiko and Fabric only", file=sys.stderr)
+        print("asyncssh is not installed: not measured", file=sys.stderr)
+    try:
+        import ssh2  # noqa: F401
+
+        libs.append(("libssh2", libssh2_one, False))
+    except ImportError:
+        print("ssh2-python (libssh2) is not installed: not measured", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="primectl-sshlibs-") as tmp:
         cluster = start_hosts(Path(tmp) / "hosts", opts.hosts)
         kh = str(cluster.base / "known_hosts")
@@ -244,6 +354,7 @@ def main() -> int:
             for name, one, is_async in libs:
                 one(cluster.hosts[0], key, kh) if not is_async else asyncio.run(one(cluster.hosts[0], key, kh))  # warm
                 results[name] = measure(name, cluster.hosts, key, kh, one, is_async)
+            trips = round_trip_cost(cluster.hosts, key, kh)
             idle_cost(cluster.hosts, key, kh)
         finally:
             kill_leftovers(cluster.base)
@@ -253,6 +364,11 @@ def main() -> int:
             ratio = results["paramiko"][label] / results["asyncssh"][label]
             winner = "asyncssh" if ratio > 1 else "paramiko"
             print(f"paramiko/asyncssh controller CPU per host, {label}: {ratio:.2f}x ({winner} is cheaper)")
+    if "libssh2" in results:
+        for label in ("sequential", "parallel"):
+            print(f"paramiko/libssh2 controller CPU per host, {label}: "
+                  f"{results['paramiko'][label] / results['libssh2'][label]:.2f}x")
+        print(f"paramiko/libssh2 controller CPU per round trip: {trips['paramiko'] / trips['libssh2']:.2f}x")
     return 0
 
 
