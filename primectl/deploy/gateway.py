@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from primectl.deploy.transport import (
+    KEEPALIVE_INTERVAL_S,
+    KEEPALIVE_PROBES,
     HostUnreachable,
     LocalTransport,
     OnProgress,
@@ -36,7 +38,8 @@ from primectl.plan.model import HostPlan
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", "UserKnownHostsFile=/dev/null", "-o", "GlobalKnownHostsFile=/dev/null",
                "-o", "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org", "-o", "ConnectTimeout=10",
-               "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR")
+               "-o", f"ServerAliveInterval={KEEPALIVE_INTERVAL_S}", "-o", f"ServerAliveCountMax={KEEPALIVE_PROBES}",
+               "-o", "LogLevel=ERROR")
 # sshd serves at most MaxSessions (10 by default) sessions on one connection: each host behind a head keeps an
 # agent session, so one connection carries at most 8 hosts, and 2 sessions are left for uploads and commands.
 SESSIONS_PER_LINK = 10

@@ -9,6 +9,7 @@ result (`{"progress": ...}`, never `ok`), as they come.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import io
@@ -290,6 +291,28 @@ class _AcceptNewPolicy:
                 f.write(f"{sep}{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+# A host that loses power or its link sends no FIN: a blocked read would wait for the call's own limit (a
+# service's start-up budget: up to hours for a big model), a kept connection ~15 min of retransmissions. The
+# kernel probes an idle connection instead, and gives up on data nobody acknowledges, after about as long as
+# the head nodes' ssh clients take to (they probe at the same interval, as many times: gateway.py).
+KEEPALIVE_IDLE_S = 15
+KEEPALIVE_INTERVAL_S = 15
+KEEPALIVE_PROBES = 3
+DEAD_PEER_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
+
+
+def detect_dead_peer(sock: Any) -> None:
+    """Have the kernel end `sock` (its reads and writes fail with ETIMEDOUT) once the peer has answered nothing
+    for DEAD_PEER_S seconds, idle or not. Costs no CPU here: the kernel sends the probes."""
+    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a ProxyCommand's pipe, a tunnel: the link's own end decides
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
+
+
 @functools.cache
 def tune_paramiko() -> None:
     """paramiko's per-connection costs, made cheap with the same behaviour:
@@ -393,7 +416,9 @@ def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
                 raise EOFError()
             try:
                 got = sock.recv(max(n - have, READ_CHUNK))
-            except (TimeoutError, BlockingIOError):
+            except (TimeoutError, BlockingIOError) as exc:
+                if exc.errno == errno.ETIMEDOUT:  # the kernel gave up on the peer (detect_dead_peer), not a poll
+                    raise
                 if self._Packetizer__closed:
                     raise EOFError() from None
                 if check_rekey and not have and self._Packetizer__need_rekey:
@@ -541,6 +566,7 @@ class SSHTransport:
         # two system calls a read or write (poll first), and sends and reads are most of the connection's cost.
         try:
             client.get_transport().sock.settimeout(None)
+            detect_dead_peer(client.get_transport().sock)
         except OSError as exc:  # the host closed the connection right after logging us in
             client.close()
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): connection lost: {exc}") from None
@@ -576,7 +602,16 @@ class SSHTransport:
                 return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
             except Exception as exc:  # the link dropped: this host is unreachable now
                 self._close_agent()
-                raise HostUnreachable(f"{self.host.name}: connection lost: {type(exc).__name__}: {exc}") from None
+                raise HostUnreachable(f"{self.host.name}: connection lost: {self._why_lost(exc)}") from None
+
+    def _why_lost(self, exc: BaseException) -> str:
+        """What ended the connection: the reader's own error where it had one (a peer that stopped answering
+        is named so), else what the call saw."""
+        saved = getattr(self.client.get_transport(), "saved_exception", None)
+        if isinstance(saved, OSError) and saved.errno == errno.ETIMEDOUT:
+            return (f"no answer for {DEAD_PEER_S:g}s (the host, or the network to it, is down; "
+                    "a host that only restarted sshd would have closed the connection)")
+        return f"{type(exc).__name__}: {exc}"
 
     def alive(self) -> bool:
         """Whether the SSH connection is still up (a kept one is checked before each command reuses it)."""
