@@ -306,11 +306,14 @@ def detect_dead_peer(sock: Any) -> None:
     for DEAD_PEER_S seconds, idle or not. Costs no CPU here: the kernel sends the probes."""
     if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return  # a ProxyCommand's pipe, a tunnel: the link's own end decides
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
+    for level, name, value in ((socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+                               (socket.IPPROTO_TCP, "TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+                               (socket.IPPROTO_TCP, "TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                               (socket.IPPROTO_TCP, "TCP_KEEPCNT", KEEPALIVE_PROBES),
+                               (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", DEAD_PEER_S * 1000)):
+        # best effort: a kernel or sandbox without one of these still gets a working connection
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(level, getattr(socket, name), value)
 
 
 @functools.cache
