@@ -10,6 +10,8 @@ import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
+import pytest
+
 from primectl.deploy.protocol import copy_tree, json_pretty, remove_tree
 
 STATE = {
@@ -67,14 +69,13 @@ def test_a_linked_copy_shares_each_file_with_its_source_and_reads_the_same(tmp_p
 def test_a_linked_copy_across_filesystems_copies_instead(tmp_path: Path) -> None:
     other = Path("/dev/shm")  # tmpfs: another filesystem than the test's tmp_path (links fail with EXDEV)
     if not other.is_dir() or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
-        other = tmp_path  # same filesystem here: the listing check below still holds
+        pytest.skip("needs /dev/shm on a filesystem of its own (Debian mounts a tmpfs there)")
     src = Path(tempfile.mkdtemp(dir=other))
     try:
         tree(src / "src")
         copy_tree(str(src / "src"), str(tmp_path / "copied"), link=True)
         assert listing(tmp_path / "copied") == listing(src / "src")
-        if other != tmp_path:  # copies, not links: a link across filesystems cannot be made
-            assert (tmp_path / "copied" / "config.json").stat().st_dev != (src / "src" / "config.json").stat().st_dev
+        assert (tmp_path / "copied" / "config.json").stat().st_dev != (src / "src" / "config.json").stat().st_dev
     finally:
         shutil.rmtree(src)
 
