@@ -202,3 +202,33 @@ def test_measured_over_predicted_is_recorded_and_read_back_by_a_later_sweep(tmp_
     assert got["earlier"]["tok_s_per_user"] == {"median": 2.0, "n": 1}  # the first sweep, not this one
     lines = (tmp_path / "predictor-accuracy.jsonl").read_text().splitlines()
     assert [json.loads(x)["hardware"] for x in lines] == [plan.hardware.profile] * 2
+
+
+def test_resume_predicts_a_variant_measured_before_the_interrupt_but_not_yet_predicted(tmp_path: Path) -> None:
+    """Ctrl-C can land between a variant's last measurement and its prediction: `--resume` measures nothing
+    again, predicts what is missing and reports every variant with its prediction."""
+    from primectl.bench.sweep import run
+    from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.pipeline import UpOptions
+
+    base = tmp_path / "demo.yaml"
+    base.write_text(DEMO.read_text())
+    root = tmp_path / "sw"
+    sw = prepare(base, [parse_vary("decode.workers=1,2")], SweepSpec(base=str(base), sla="ttft_p90_ms<=800",
+                                                                     predict=True), root)
+    knee = {"tok_s_per_user": 20.0, "output_tok_s_per_gpu": 40.0, "ttft_p90_ms": 300.0, "itl_p90_ms": 9.0,
+            "ttft_p50_ms": 200.0}
+    first, second = sw.state["order"]
+    for vid in (first, second):
+        sw.result(vid)["repeats"].append({"index": 1, "knee": 2, "knee_figures": knee, "probes": []})
+    sw.result(first)["prediction"] = {"concurrency": 2, "status": "n/a", "reason": "given"}
+    sw.state["status"] = "interrupted"
+    sw.save()
+
+    said: list[str] = []
+    done = run(load(root), UpOptions(connection=ConnectionPolicy()), said.append)
+    assert not any("deploying" in line for line in said), said  # nothing was deployed or measured again
+    assert done.state["status"] == "done"
+    assert done.state["results"][first]["prediction"]["reason"] == "given"  # kept, not predicted again
+    assert done.state["results"][second]["prediction"]["status"] == "n/a"  # the CPU demo has no perf database
+    assert all(row["prediction"]["status"] == "n/a" for row in done.state["summary"])

@@ -193,7 +193,12 @@ def run(sweep: Sweep, up_options: UpOptions, say: Say) -> Sweep:
         for vid in sweep.state["order"]:
             res = sweep.result(vid)
             v = sweep.variant(vid)
-            if res.get("failed") or len(res["repeats"]) >= spec.repeat:
+            if res.get("failed"):
+                continue
+            if len(res["repeats"]) >= spec.repeat:
+                if spec.predict and "prediction" not in res:  # interrupted after measuring, before predicting
+                    res["prediction"] = _predict(sweep.plans[vid], opts, res, say)
+                    sweep.save()
                 continue
             plan = sweep.plans[vid]
             say(f"sweep: {vid} ({v['label']}): deploying")
