@@ -139,7 +139,8 @@ def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[t
     ax.set_xlabel("tok/s per user (interactivity)")
     ax.set_ylabel("output tok/s per GPU (efficiency)")
     ax.set_title(f"{title}\n(line: mean per concurrency, labelled; dots: single probes; stars: knees)", fontsize=9)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # nothing measured and no SLA line: nothing to name
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
