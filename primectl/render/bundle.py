@@ -199,10 +199,13 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
     return Bundle(host.name, files, modes, revision, manifest)
 
 
+SMALL_FILE = 4096  # bytes: below this, a file is a script or a config, cheap to hash and packed with a small window
+
+
 def once_per_content(smallest: int) -> Callable[[Callable[[bytes], bytes]], Callable[[bytes], bytes]]:
     """`fn` of a file's content, computed once per process for content of `smallest` bytes and more: every
-    host's bundle holds the same generated model files. The most recently used are kept, 64 of 4 KiB and more
-    and 256 smaller ones apart, so content every host shares stays while each host's own (its manifest, its
+    host's bundle holds the same generated model files. The most recently used are kept, 64 of SMALL_FILE bytes
+    and more and 256 smaller ones apart, so content every host shares stays while each host's own (its manifest, its
     scripts) comes and goes, and a host's many small files never push the big shared ones out."""
 
     def wrap(fn: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
@@ -211,14 +214,14 @@ def once_per_content(smallest: int) -> Callable[[Callable[[bytes], bytes]], Call
         def cached(data: bytes) -> bytes:
             if len(data) < smallest:
                 return fn(data)
-            return big(data) if len(data) >= 4096 else small(data)
+            return big(data) if len(data) >= SMALL_FILE else small(data)
 
         return cached
 
     return wrap
 
 
-@once_per_content(4096)  # a smaller file hashes about as fast as it is looked up
+@once_per_content(SMALL_FILE)  # a smaller file hashes about as fast as it is looked up
 def digest(data: bytes) -> bytes:
     """sha256 of a file's content."""
     return hashlib.sha256(data).digest()
@@ -226,7 +229,7 @@ def digest(data: bytes) -> bytes:
 
 @once_per_content(0)  # setting up a compressor costs more than a look-up, however small the file
 def _compressed(data: bytes) -> bytes:
-    if len(data) < 4096:  # zlib's default state (256 KiB) costs ten times more to set up than such a file to pack
+    if len(data) < SMALL_FILE:  # zlib's default state (256 KiB) costs ten times more to set up than such a file to pack
         packer = zlib.compressobj(1, zlib.DEFLATED, 12, 4)
         return packer.compress(data) + packer.flush()
     return zlib.compress(data, 1)
