@@ -568,8 +568,9 @@ class SSHTransport:
         # wakes the reader at once, so after the handshake the socket blocks: a socket with a timeout costs
         # two system calls a read or write (poll first), and sends and reads are most of the connection's cost.
         try:
-            client.get_transport().sock.settimeout(None)
-            detect_dead_peer(client.get_transport().sock)
+            sock = client.get_transport().sock
+            sock.settimeout(None)
+            detect_dead_peer(sock)
         except OSError as exc:  # the host closed the connection right after logging us in
             client.close()
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): connection lost: {exc}") from None
