@@ -102,17 +102,24 @@ def openssh_mux(h: Any, key: str, known_hosts: str, commands: int = 5) -> None:
                 master.wait()
 
 
-def paramiko_one(h: Any, key: str, known_hosts: str) -> None:
+def paramiko_client(h: Any, key: str, known_hosts: str) -> Any:
+    """A logged-in paramiko SSHClient, set up as primectl's SSHTransport sets paramiko up: this host's known_hosts
+    entries only, an unknown key refused."""
     import paramiko
 
     from primectl.deploy.transport import host_keys_for, tune_paramiko
 
-    tune_paramiko()  # as primectl's SSHTransport sets paramiko up
+    tune_paramiko()
     c = paramiko.SSHClient()
     c._host_keys = host_keys_for(known_hosts, h.address, h.port)
     c.set_missing_host_key_policy(paramiko.RejectPolicy())
     c.connect(h.address, port=h.port, username="root", key_filename=key, look_for_keys=False, allow_agent=False,
               timeout=10)
+    return c
+
+
+def paramiko_one(h: Any, key: str, known_hosts: str) -> None:
+    c = paramiko_client(h, key, known_hosts)
     chan = c.get_transport().open_session()
     chan.exec_command("true")
     assert chan.recv_exit_status() == 0
@@ -144,14 +151,25 @@ async def asyncssh_one(h: Any, key: str, known_hosts: str) -> None:
         assert r.exit_status == 0
 
 
-def libssh2_one(h: Any, key: str, known_hosts: str) -> None:
-    """ssh2-python: libssh2 (C) under a thin binding; the host key is checked against known_hosts by libssh2."""
+def libssh2_installed() -> bool:
+    """Whether ssh2-python (libssh2) can be imported here."""
+    try:
+        import ssh2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def libssh2_session(h: Any, key: str, known_hosts: str) -> tuple[Any, Any]:
+    """A logged-in ssh2-python session and its socket: libssh2 (C) under a thin binding, the host key checked
+    against known_hosts by libssh2."""
     import socket
 
     from ssh2 import knownhost
     from ssh2.session import Session
 
-    with socket.create_connection((h.address, h.port), timeout=10) as sock:
+    sock = socket.create_connection((h.address, h.port), timeout=10)
+    try:
         s = Session()
         s.handshake(sock)
         known = s.knownhost_init()
@@ -160,6 +178,15 @@ def libssh2_one(h: Any, key: str, known_hosts: str) -> None:
         known.checkp(h.address.encode(), h.port, host_key,
                      knownhost.LIBSSH2_KNOWNHOST_TYPE_PLAIN | knownhost.LIBSSH2_KNOWNHOST_KEYENC_RAW)  # raises if not
         s.userauth_publickey_fromfile("root", key)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, s
+
+
+def libssh2_one(h: Any, key: str, known_hosts: str) -> None:
+    sock, s = libssh2_session(h, key, known_hosts)
+    with sock:
         chan = s.open_session()
         chan.execute("true")
         chan.wait_eof()
@@ -177,16 +204,8 @@ def round_trip_cost(hosts: list[Any], key: str, kh: str) -> dict[str, float]:
     """Controller CPU per line round trip on an open session (`cat` echoes each line back): what each agent call
     costs once connected. paramiko as primectl's SSHTransport sets it up (tuned, socket blocking once logged
     in); libssh2 where installed. Connections are opened first and not counted."""
-    import paramiko
-
-    from primectl.deploy.transport import host_keys_for, tune_paramiko
-
     def via_paramiko(h: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-        c = paramiko.SSHClient()
-        c._host_keys = host_keys_for(kh, h.address, h.port)
-        c.set_missing_host_key_policy(paramiko.RejectPolicy())
-        c.connect(h.address, port=h.port, username="root", key_filename=key, look_for_keys=False,
-                  allow_agent=False, timeout=10)
+        c = paramiko_client(h, key, kh)
         c.get_transport().sock.settimeout(None)
         chan = c.get_transport().open_session()
         chan.exec_command("cat")
@@ -199,14 +218,7 @@ def round_trip_cost(hosts: list[Any], key: str, kh: str) -> dict[str, float]:
         return once, c.close
 
     def via_libssh2(h: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-        import socket
-
-        from ssh2.session import Session
-
-        sock = socket.create_connection((h.address, h.port), timeout=10)
-        s = Session()
-        s.handshake(sock)
-        s.userauth_publickey_fromfile("root", key)
+        sock, s = libssh2_session(h, key, kh)
         chan = s.open_session()
         chan.execute("cat")
 
@@ -223,14 +235,7 @@ def round_trip_cost(hosts: list[Any], key: str, kh: str) -> dict[str, float]:
 
         return once, close
 
-    tune_paramiko()
-    kinds = [("paramiko", via_paramiko)]
-    try:
-        import ssh2  # noqa: F401
-
-        kinds.append(("libssh2", via_libssh2))
-    except ImportError:
-        pass
+    kinds = [("paramiko", via_paramiko)] + ([("libssh2", via_libssh2)] if libssh2_installed() else [])
     out = {}
     for label, open_one in kinds:
         held = [open_one(h) for h in hosts]
@@ -250,25 +255,17 @@ def idle_cost(hosts: list[Any], key: str, kh: str, seconds: float = 2.0) -> None
     """Controller CPU per host and second while connections are held open and idle (`up` holds one per host for
     the whole command; PRIMECTL_KEEP_CONNECTIONS's keeper holds them between commands): paramiko as it comes
     (its reader thread wakes every 0.1 s) and primectl's SSHTransport (it blocks until data comes)."""
-    import paramiko
-
-    from primectl.deploy.transport import SSHTransport, host_keys_for, tune_paramiko
+    from primectl.deploy.transport import SSHTransport
     from primectl.plan.model import HostPlan
 
-    def plain(h: Any) -> Any:
-        c = paramiko.SSHClient()
-        c._host_keys = host_keys_for(kh, h.address, h.port)
-        c.set_missing_host_key_policy(paramiko.RejectPolicy())
-        c.connect(h.address, port=h.port, username="root", key_filename=key, look_for_keys=False,
-                  allow_agent=False, timeout=10)
-        return c
+    def plain(h: Any) -> Any:  # its socket keeps paramiko's timeout: its reader wakes every 0.1 s
+        return paramiko_client(h, key, kh)
 
     def primectl(h: Any) -> Any:
         return SSHTransport(HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=key,
                                      connection="ssh", workdir="/tmp", gpus=0), known_hosts=kh,
                             accept_new_host_keys=False)
 
-    tune_paramiko()
     for label, open_one in (("paramiko as is", plain), ("primectl SSHTransport", primectl)):
         held = [open_one(h) for h in hosts]
         time.sleep(0.3)
@@ -336,11 +333,9 @@ def main() -> int:
         libs.append(("asyncssh", asyncssh_one, True))
     except ImportError:
         print("asyncssh is not installed: not measured", file=sys.stderr)
-    try:
-        import ssh2  # noqa: F401
-
+    if libssh2_installed():
         libs.append(("libssh2", libssh2_one, False))
-    except ImportError:
+    else:
         print("ssh2-python (libssh2) is not installed: not measured", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="primectl-sshlibs-") as tmp:
         cluster = start_hosts(Path(tmp) / "hosts", opts.hosts)
