@@ -107,7 +107,8 @@ def paramiko_client(h: Any, key: str, known_hosts: str) -> Any:
     entries only, an unknown key refused."""
     import paramiko
 
-    from primectl.deploy.transport import host_keys_for, tune_paramiko
+    from primectl.deploy.known_hosts import host_keys_for
+    from primectl.deploy.transport import tune_paramiko
 
     tune_paramiko()
     c = paramiko.SSHClient()
@@ -130,7 +131,8 @@ def fabric_one(h: Any, key: str, known_hosts: str) -> None:
     import paramiko
     from fabric import Connection
 
-    from primectl.deploy.transport import host_keys_for, tune_paramiko
+    from primectl.deploy.known_hosts import host_keys_for
+    from primectl.deploy.transport import tune_paramiko
 
     tune_paramiko()
     c = Connection(h.address, user="root", port=h.port, connect_timeout=10,

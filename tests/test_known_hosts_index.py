@@ -7,7 +7,7 @@ from pathlib import Path
 
 import paramiko
 
-from primectl.deploy.transport import host_keys_for
+from primectl.deploy.known_hosts import host_keys_for
 
 
 def keygen(path: Path) -> paramiko.PKey:

@@ -22,16 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from primectl.deploy.known_hosts import host_keys_for, known_hosts_path
 from primectl.deploy.transport import (
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,
+    ChannelStream,
     HostUnreachable,
     LocalTransport,
     OnProgress,
     SSHTransport,
     Transport,
-    host_keys_for,
-    known_hosts_path,
 )
 from primectl.plan.model import HostPlan
 
@@ -167,7 +167,7 @@ class ViaTransport(SSHTransport):
                                       f"{self.head.name}: {text[1]}") from None
             raise
 
-    def _start_agent(self, timeout: float | None, first: bytes) -> tuple[Any, Any, Any]:
+    def _start_agent(self, timeout: float | None, first: bytes) -> ChannelStream:
         """The agent's session, in one of the link's sessions (given back when it closes). A transport that was
         closed starts none: its slot on the link is given back (the keeper may close one another command is
         about to use)."""
@@ -183,7 +183,7 @@ class ViaTransport(SSHTransport):
             if not self._released:
                 self._agent = started  # under the lock: a close() from here on closes it
                 return started
-        started[0].close()
+        started.chan.close()
         self.link.sessions.release()
         raise HostUnreachable(f"{self.host.name}: its connection through {self.head.name} was closed")
 

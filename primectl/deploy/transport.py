@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 from importlib.resources import files
-from pathlib import Path
 from typing import Any, Protocol
 
 from primectl.deploy.agent import AGENT_DIR
+from primectl.deploy.known_hosts import host_keys_for, record_host_key
 from primectl.deploy.protocol import Progress
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan
@@ -101,6 +101,87 @@ def progress_line(obj: dict[str, Any], on_progress: OnProgress | None) -> bool:
         except Exception:  # showing progress must never fail the operation
             pass
     return True
+
+
+class AgentStream(Protocol):
+    """A started agent session, as the agent's line protocol uses it (over paramiko or libssh2)."""
+
+    def send(self, data: bytes) -> None:
+        """Write all of `data` to the agent's stdin."""
+        ...
+
+    def readline(self) -> bytes:
+        """The agent's next output line (stdout and stderr merged); b"" once it has ended. TimeoutError when
+        nothing came within the limit."""
+        ...
+
+    def limit(self, seconds: float | None) -> None:
+        """The time limit for each send and read from now on (None: no limit)."""
+        ...
+
+
+class ChannelStream:
+    """A paramiko channel as an AgentStream."""
+
+    def __init__(self, chan: Any):
+        self.chan = chan
+        self._stdin, self._stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
+
+    def send(self, data: bytes) -> None:
+        self._stdin.write(data)
+        self._stdin.flush()
+
+    def readline(self) -> bytes:
+        line: bytes = self._stdout.readline()
+        return line
+
+    def limit(self, seconds: float | None) -> None:
+        self.chan.settimeout(seconds)
+
+
+def agent_request(op: str, args: dict[str, Any]) -> bytes:
+    """One request line for a serving agent."""
+    return (json.dumps({"op": op, "args": args}) + "\n").encode()
+
+
+def agent_timed_out(timeout: float | None) -> dict[str, Any]:
+    """The result of an agent call that got no answer within its limit."""
+    return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
+
+
+def start_agent_session(stream: AgentStream, first: bytes) -> None:
+    """The loader's side of a new session (see LOADER): send the `first` request, then the agent's source if the
+    host asks for it; returns once the agent has started, its answer to `first` still to be read."""
+    stream.send(first)
+    said: list[bytes] = []
+    while True:
+        line = stream.readline()
+        if not line:
+            text = b"".join(said).decode(errors="replace").strip()[-2000:]
+            raise EOFError(f"the host agent did not start: {text or 'no output'}")
+        if line.startswith(b'{"agent": "send"}'):
+            source = agent_source().encode()
+            stream.send(b"%d\n" % len(source) + source)
+        elif line.startswith(b'{"agent": "ready"}'):
+            return
+        else:
+            said.append(line)
+
+
+def agent_answer(stream: AgentStream, timeout: float | None, on_progress: OnProgress | None) -> dict[str, Any]:
+    """Read one call's progress lines (to `on_progress`), then its result. Progress lines do not extend the
+    call's time limit."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        line = stream.readline()
+        if not line:
+            raise EOFError("agent session closed")
+        if line.startswith(b"{"):
+            result: dict[str, Any] = json.loads(line)
+            if not progress_line(result, on_progress):
+                return result
+            if deadline is not None:
+                stream.limit(max(0.01, deadline - time.monotonic()))
 
 
 # The agent is cached on each host, keyed by the hash of its source, and imported as a module (so Python's
@@ -270,9 +351,6 @@ class LocalTransport:
         pass
 
 
-_KNOWN_HOSTS_LOCK = threading.Lock()
-
-
 class _AcceptNewPolicy:
     """Trust-on-first-use: record an unknown host key; a changed key is still refused by paramiko."""
 
@@ -281,14 +359,7 @@ class _AcceptNewPolicy:
 
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
-        path = Path(self.known_hosts)
-        # Hosts connect in parallel, each client holding only the keys it loaded: append this one
-        # entry (never rewrite the file from one client's view, which drops the others' new keys).
-        with _KNOWN_HOSTS_LOCK:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            sep = "\n" if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n") else ""
-            with open(path, "a") as f:
-                f.write(f"{sep}{hostname} {key.get_name()} {key.get_base64()}\n")
+        record_host_key(self.known_hosts, hostname, key.get_name(), key.get_base64())
 
 
 # A host that loses power or its link sends no FIN: a blocked read would wait for the call's own limit (a
@@ -299,6 +370,12 @@ KEEPALIVE_IDLE_S = 15
 KEEPALIVE_INTERVAL_S = 15
 KEEPALIVE_PROBES = 3
 DEAD_PEER_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
+
+
+def peer_silent() -> str:
+    """Why a connection ended when the kernel gave up on a peer that answered nothing (detect_dead_peer)."""
+    return (f"no answer for {DEAD_PEER_S:g}s (the host, or the network to it, is down; "
+            "a host that only restarted sshd would have closed the connection)")
 
 
 def detect_dead_peer(sock: Any) -> None:
@@ -443,61 +520,6 @@ def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
     return read_all
 
 
-_KNOWN_HOSTS_INDEX: dict[str, tuple[tuple[int, int, int], dict[str, list[str]], list[str]]] = {}
-_KNOWN_HOSTS_INDEX_LOCK = threading.Lock()
-
-
-def _known_hosts_index(path: str) -> tuple[dict[str, list[str]], list[str]]:
-    """known_hosts lines by plain host name, plus the hashed (`|1|`) lines; re-read when the file changes."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {}, []
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-    with _KNOWN_HOSTS_INDEX_LOCK:
-        cached = _KNOWN_HOSTS_INDEX.get(path)
-        if cached and cached[0] == stamp:
-            return cached[1], cached[2]
-        by_name: dict[str, list[str]] = {}
-        hashed: list[str] = []
-        with open(path) as f:
-            for raw in f:
-                line = raw.strip()
-                if not line or line[0] == "#":
-                    continue
-                names = line.split(None, 1)[0].split(",")
-                for name in dict.fromkeys(names):
-                    if name.startswith("|1|"):
-                        if line not in hashed[-1:]:
-                            hashed.append(line)
-                    else:
-                        by_name.setdefault(name, []).append(line)
-        _KNOWN_HOSTS_INDEX[path] = (stamp, by_name, hashed)
-        return by_name, hashed
-
-
-def host_keys_for(path: str, address: str, port: int) -> Any:
-    """The known_hosts entries that can match this host, parsed as paramiko's HostKeys.load parses them."""
-    import paramiko
-
-    name = address if port == 22 else f"[{address}]:{port}"
-    by_name, hashed = _known_hosts_index(path)
-    keys = paramiko.HostKeys()
-    for lineno, line in enumerate([*by_name.get(name, []), *hashed], 1):
-        try:
-            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-        except paramiko.SSHException:
-            continue
-        if entry is None:
-            continue
-        for h in list(entry.hostnames):
-            if keys.check(h, entry.key):
-                entry.hostnames.remove(h)
-        if entry.hostnames:
-            keys._entries.append(entry)
-    return keys
-
-
 _PKEYS: dict[tuple[str, int, int], Any] = {}
 _PKEYS_LOCK = threading.Lock()
 
@@ -532,7 +554,7 @@ class SSHTransport:
 
         tune_paramiko()
         self.host = host
-        self._agent: tuple[Any, Any, Any] | None = None
+        self._agent: ChannelStream | None = None
         self._agent_lock = threading.Lock()
         self._fabric: Any = None
         self._sftp: Any = None
@@ -579,31 +601,18 @@ class SSHTransport:
               on_progress: OnProgress | None = None) -> dict[str, Any]:
         """One agent call over a long-lived `serve` channel: the agent starts once per connection, with the
         first call's request sent along with its command."""
-        request = (json.dumps({"op": op, "args": args}) + "\n").encode()
+        request = agent_request(op, args)
         with self._agent_lock:
             try:
                 if self._agent is None:
                     self._agent = self._start_agent(timeout, request)
-                    chan, stdin, stdout = self._agent
                 else:
-                    chan, stdin, stdout = self._agent
-                    chan.settimeout(timeout)
-                    stdin.write(request)
-                    stdin.flush()
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while True:
-                    line = stdout.readline()
-                    if not line:
-                        raise EOFError("agent session closed")
-                    if line.startswith(b"{"):
-                        result: dict[str, Any] = json.loads(line)
-                        if not progress_line(result, on_progress):
-                            return result
-                        if deadline is not None:  # progress lines do not extend the operation's time limit
-                            chan.settimeout(max(0.01, deadline - time.monotonic()))
+                    self._agent.limit(timeout)
+                    self._agent.send(request)
+                return agent_answer(self._agent, timeout, on_progress)
             except TimeoutError:
                 self._close_agent()
-                return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
+                return agent_timed_out(timeout)
             except Exception as exc:  # the link dropped: this host is unreachable now
                 self._close_agent()
                 raise HostUnreachable(f"{self.host.name}: connection lost: {self._why_lost(exc)}") from None
@@ -613,16 +622,15 @@ class SSHTransport:
         is named so), else what the call saw."""
         saved = getattr(self.client.get_transport(), "saved_exception", None)
         if isinstance(saved, OSError) and saved.errno == errno.ETIMEDOUT:
-            return (f"no answer for {DEAD_PEER_S:g}s (the host, or the network to it, is down; "
-                    "a host that only restarted sshd would have closed the connection)")
+            return peer_silent()
         return f"{type(exc).__name__}: {exc}"
 
     def alive(self) -> bool:
         """Whether the SSH connection is still up (a kept one is checked before each command reuses it)."""
         t = self.client.get_transport()
-        return t is not None and t.is_active() and (self._agent is None or not self._agent[0].closed)
+        return t is not None and t.is_active() and (self._agent is None or not self._agent.chan.closed)
 
-    def _start_agent(self, timeout: float | None, first: bytes) -> tuple[Any, Any, Any]:
+    def _start_agent(self, timeout: float | None, first: bytes) -> ChannelStream:
         """Open the session the agent serves on, with its `first` request (uploading the agent's source once per
         host and version); returns once the agent has started, its answer to `first` still to be read."""
         chan = self.client.get_transport().open_session()
@@ -630,23 +638,9 @@ class SSHTransport:
             chan.set_combine_stderr(True)
             chan.settimeout(timeout)
             chan.exec_command(self.command(loader_command(self.host.workdir, "serve")))
-            stdin, stdout = chan.makefile_stdin("wb"), chan.makefile("rb")
-            stdin.write(first)
-            stdin.flush()
-            said: list[bytes] = []
-            while True:
-                line = stdout.readline()
-                if not line:
-                    text = b"".join(said).decode(errors="replace").strip()[-2000:]
-                    raise EOFError(f"the host agent did not start: {text or 'no output'}")
-                if line.startswith(b'{"agent": "send"}'):
-                    source = agent_source().encode()
-                    stdin.write(b"%d\n" % len(source) + source)
-                    stdin.flush()
-                elif line.startswith(b'{"agent": "ready"}'):
-                    return chan, stdin, stdout
-                else:
-                    said.append(line)
+            stream = ChannelStream(chan)
+            start_agent_session(stream, first)
+            return stream
         except BaseException:
             chan.close()  # a session that did not start is given back to sshd (it counts them: MaxSessions)
             raise
@@ -654,7 +648,7 @@ class SSHTransport:
     def _close_agent(self) -> None:
         if self._agent is not None:
             try:
-                self._agent[0].close()
+                self._agent.chan.close()
             except Exception:
                 pass
             self._agent = None
@@ -724,8 +718,3 @@ def _sftp_makedirs(sftp: Any, path: str) -> None:
             path = posixpath.dirname(path)
     for d in reversed(missing):
         sftp.mkdir(d)
-
-
-def known_hosts_path(known_hosts: str | None) -> str:
-    """The known_hosts file a policy names, or the user's own."""
-    return os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
