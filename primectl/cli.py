@@ -97,9 +97,11 @@ def _plan(path: Path) -> Plan:
 
 def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.deploy.gateway import ssh_client
     from primectl.deploy.keeper import persist_s
 
-    persist_s()  # a bad PRIMECTL_KEEP_CONNECTIONS is refused before any host is reached
+    persist_s()  # a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused before any host is reached
+    ssh_client()
     return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
 
 

@@ -15,6 +15,7 @@ exchange is curve25519, the one primectl's own connections make (OpenSSH's post-
 
 from __future__ import annotations
 
+import os
 import posixpath
 import shlex
 import threading
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from primectl.deploy.known_hosts import host_keys_for, known_hosts_path
+from primectl.deploy.libssh2_transport import Libssh2Transport, libssh2_available
 from primectl.deploy.transport import (
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,
@@ -30,9 +32,11 @@ from primectl.deploy.transport import (
     HostUnreachable,
     LocalTransport,
     OnProgress,
+    SSHConnection,
     SSHTransport,
     Transport,
 )
+from primectl.errors import Refused
 from primectl.plan.model import HostPlan
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -259,10 +263,28 @@ def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bo
     return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
 
 
-def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool) -> SSHTransport:
-    """A `connection: ssh` host's connection: through its head node's ssh client when it has `via`, else direct."""
+SSH_CLIENT_ENV = "PRIMECTL_SSH_CLIENT"
+SSH_CLIENTS = ("libssh2", "paramiko")
+
+
+def ssh_client() -> str:
+    """The client agent calls to directly reached hosts use: `PRIMECTL_SSH_CLIENT`, libssh2 when unset (paramiko
+    where ssh2-python is not installed)."""
+    raw = os.environ.get(SSH_CLIENT_ENV, "").strip()
+    if raw and raw not in SSH_CLIENTS:
+        raise Refused(f"{SSH_CLIENT_ENV}={raw!r}: give one of {', '.join(SSH_CLIENTS)} (unset: libssh2)")
+    return raw or ("libssh2" if libssh2_available() else "paramiko")
+
+
+def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool,
+             shell: bool = False) -> SSHConnection:
+    """A `connection: ssh` host's connection: through its head node's ssh client when it has `via`, else direct,
+    with agent calls on libssh2 (on paramiko with PRIMECTL_SSH_CLIENT=paramiko, or where ssh2-python is not
+    installed). `shell`: a connection for shell commands and uploads only (Fabric's, on paramiko)."""
     if host.via is not None:
         return ViaTransport(host, gateways(known_hosts, accept_new_host_keys))
+    if not shell and ssh_client() == "libssh2":
+        return Libssh2Transport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
     return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
 
 

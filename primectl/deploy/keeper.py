@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from primectl.deploy.gateway import forget_head_failures, open_ssh
-from primectl.deploy.transport import HostUnreachable, OnProgress, SSHTransport, agent_hash
+from primectl.deploy.transport import HostUnreachable, OnProgress, SSHConnection, agent_hash
 from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan
 
@@ -98,7 +98,7 @@ class Keeper:
 
     def __init__(self, idle_s: float):
         self.idle_s = idle_s
-        self.conns: dict[str, SSHTransport] = {}
+        self.conns: dict[str, SSHConnection] = {}
         self.lock = threading.Lock()
         self.opening: dict[str, threading.Lock] = {}
         self.busy = 0
@@ -106,7 +106,7 @@ class Keeper:
         self.used: dict[str, float] = {}  # key -> when a request last finished with its connection
         self.inflight: dict[str, int] = {}  # key -> requests using its connection now
 
-    def transport(self, key: str, host: HostPlan, req: dict[str, Any]) -> SSHTransport:
+    def transport(self, key: str, host: HostPlan, req: dict[str, Any]) -> SSHConnection:
         """The kept connection for `key`, opened (or opened again) when needed."""
         with self.lock:
             gate = self.opening.setdefault(key, threading.Lock())
@@ -133,7 +133,7 @@ class Keeper:
                 self.used[key] = time.monotonic()
 
     def _answer(self, key: str, host: HostPlan, req: dict[str, Any], progress: OnProgress) -> dict[str, Any]:
-        t: SSHTransport | None = None
+        t: SSHConnection | None = None
         try:
             t = self.transport(key, host, req)
             if req.get("kind") == "open":
@@ -330,12 +330,13 @@ class KeptTransport:
         self._req: dict[str, Any] = {"host": host.model_dump(mode="json"), "known_hosts": known_hosts,
                                      "accept_new": accept_new_host_keys}
         self._path = path
-        self._direct: SSHTransport | None = None
+        self._direct: SSHConnection | None = None
         self._ask({"kind": "open"}, None)  # connect now: an unreachable host fails here, as a direct one does
 
-    def _own(self) -> SSHTransport:
+    def _own(self) -> SSHConnection:
         if self._direct is None:
-            self._direct = open_ssh(self.host, known_hosts=self._known_hosts, accept_new_host_keys=self._accept_new)
+            self._direct = open_ssh(self.host, known_hosts=self._known_hosts, accept_new_host_keys=self._accept_new,
+                                   shell=True)
         return self._direct
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,

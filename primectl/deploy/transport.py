@@ -19,6 +19,7 @@ import posixpath
 import selectors
 import shlex
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,14 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Release the connection."""
+        ...
+
+
+class SSHConnection(Transport, Protocol):
+    """A connection to a host over SSH, which may be kept between commands."""
+
+    def alive(self) -> bool:
+        """Whether the connection is still up (a kept one is checked before a command reuses it)."""
         ...
 
 
@@ -391,6 +400,19 @@ def detect_dead_peer(sock: Any) -> None:
         # best effort: a kernel or sandbox without one of these still gets a working connection
         with contextlib.suppress(OSError, AttributeError):
             sock.setsockopt(level, getattr(socket, name), value)
+
+
+def kernel_gave_up_on_peer(sock: socket.socket) -> bool:
+    """Whether `sock`'s peer had acknowledged nothing for longer than keepalive lets a live one be silent (the
+    kernel's TCP_INFO, still there once the connection has ended): the connection ended because the kernel gave
+    up on the peer (detect_dead_peer), not because the peer closed it. For a client that does not keep the
+    error its read got (libssh2)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        (last_ack_recv_ms,) = struct.unpack_from("I", info, 56)  # struct tcp_info: tcpi_last_ack_recv
+    except (OSError, struct.error, AttributeError):
+        return False
+    return bool(last_ack_recv_ms >= (DEAD_PEER_S - KEEPALIVE_INTERVAL_S) * 1000)
 
 
 @functools.cache

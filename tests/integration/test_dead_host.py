@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[2])
     from primectl.deploy import transport
+    from primectl.deploy.libssh2_transport import Libssh2Transport
     from primectl.deploy.transport import HostUnreachable, SSHTransport
     from primectl.plan.model import HostPlan
     from tests.integration import sshhosts
@@ -65,8 +66,8 @@ SCRIPT = textwrap.dedent("""
         h.start()
         host = HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=str(key),
                         connection="ssh", workdir=str(base / "wd"), gpus=0)
-        link = SSHTransport(host, known_hosts=str(cluster.known_hosts(base / "known_hosts")),
-                            accept_new_host_keys=False)
+        client = {"paramiko": SSHTransport, "libssh2": Libssh2Transport}[sys.argv[3]]
+        link = client(host, known_hosts=str(cluster.known_hosts(base / "known_hosts")), accept_new_host_keys=False)
         args = {"workdir": host.workdir, "supervisor": "process"}
         out["before"] = link.agent("read", args | {"path": "none"}, 30)["ok"]
         started = []
@@ -97,8 +98,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_host_that_goes_silent_is_reported_unreachable_after_the_dead_peer_time(tmp_path: Path) -> None:
-    r = subprocess.run(["unshare", "--net", "--", sys.executable, "-c", SCRIPT, str(tmp_path), str(REPO)],
+@pytest.mark.parametrize("client", ["paramiko", "libssh2"])
+def test_a_host_that_goes_silent_is_reported_unreachable_after_the_dead_peer_time(tmp_path: Path, client: str) -> None:
+    r = subprocess.run(["unshare", "--net", "--", sys.executable, "-c", SCRIPT, str(tmp_path), str(REPO), client],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

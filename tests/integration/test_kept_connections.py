@@ -87,6 +87,36 @@ def test_a_bad_keep_connections_value_is_refused_before_any_host_is_touched(depl
     assert not deployment.workdir("h1").exists(), "a host was changed despite the bad setting"
 
 
+def test_a_bad_ssh_client_is_refused_before_any_host_is_touched(deployment: Deployment) -> None:
+    r = deployment.up(env={"PRIMECTL_SSH_CLIENT": "openssh"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "PRIMECTL_SSH_CLIENT='openssh': give one of libssh2, paramiko" in r.stderr + r.stdout
+    assert not deployment.workdir("h1").exists(), "a host was changed despite the bad setting"
+
+
+def test_paramiko_serves_every_command_when_asked_fake_engine(deployment: Deployment,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from primectl.deploy import libssh2_transport
+    from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.pipeline import UpOptions, up
+    from primectl.planner.build import plan_recipe
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a libssh2 connection was made despite PRIMECTL_SSH_CLIENT=paramiko")
+
+    monkeypatch.setattr(libssh2_transport.Libssh2Transport, "__init__", refuse)
+    monkeypatch.setenv("PRIMECTL_SSH_CLIENT", "paramiko")
+    plan = plan_recipe(deployment.path)[1]
+    said: list[str] = []
+    result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
+                                smoke=False), said.append)
+    assert len(result.started) == len(plan.services), "\n".join(said)
+    r = deployment.cli("status", "-o", "json", env={"PRIMECTL_SSH_CLIENT": "paramiko"})
+    assert r.returncode == 0 and json.loads(r.stdout)["healthy"] is True, r.stdout + r.stderr
+    again = deployment.up_ok(env={"PRIMECTL_SSH_CLIENT": "paramiko"})
+    assert "no changes" in again.stderr, again.stderr
+
+
 def test_a_kept_connection_no_command_uses_is_closed_but_one_in_use_is_not(ssh_hosts: SSHHosts,
                                                                           tmp_path: Path) -> None:
     """A sweep moves from deployment to deployment, each with its own workdir: the keeper closes the connections

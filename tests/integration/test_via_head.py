@@ -16,7 +16,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from primectl.deploy import gateway
+from primectl.deploy import gateway, libssh2_transport
 from primectl.deploy.cluster import ConnectionPolicy
 from primectl.pipeline import UpOptions, up
 from primectl.plan.model import HostPlan
@@ -47,6 +47,13 @@ def test_hosts_behind_a_head_node_are_deployed_through_it_fake_engine(deployment
         connect(self, hostname, *args, **kwargs)
 
     monkeypatch.setattr(paramiko.SSHClient, "connect", spy)
+    direct = libssh2_transport.Libssh2Transport.__init__
+
+    def spy_direct(self: libssh2_transport.Libssh2Transport, host: HostPlan, **kwargs: Any) -> None:
+        reached.append(host.address)  # h1's own agent calls go on libssh2
+        direct(self, host, **kwargs)
+
+    monkeypatch.setattr(libssh2_transport.Libssh2Transport, "__init__", spy_direct)
     # one host per connection to the head here, as 8 are on a rack (sshd's MaxSessions is 10 by default)
     monkeypatch.setattr(gateway, "HOSTS_PER_LINK", 1)
     plan = plan_recipe(path)[1]
