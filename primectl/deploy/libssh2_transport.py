@@ -5,10 +5,15 @@ libssh2 is a C library that makes a connection and its round trips for about a t
 calls cost. Shell commands and uploads (provisioning, preflight) are not on that path: they go through Fabric
 on a paramiko connection of their own, opened the first time one is needed.
 
-Trust is paramiko's, the same known_hosts and policy: a host must present a key known_hosts has for it, of a type
-it lists, or with --accept-new-host-keys, a host with no entry has its key appended; a changed key is refused.
-A libssh2 session is not thread-safe: one call at a time uses it, and close() from another thread shuts the
-socket down (which wakes a blocked call at once) and leaves the session to be freed by the last call out.
+Trust is known_hosts', as OpenSSH reads it: a host that has entries there must present one of those keys (a key
+of another type, or another key, is refused as CHANGED); a host with none is refused, or with
+--accept-new-host-keys has its key appended.
+
+A libssh2 session is not thread-safe: one call at a time uses it (a lock). close() from another thread only
+shuts the socket down, which wakes a blocked call at once; the descriptor is closed when the session that uses
+it is freed, never under libssh2. A channel is never freed while libssh2 would wait on it: ssh2-python frees a
+channel without releasing the GIL, and libssh2 waits there for the host's close, which sshd sends only once the
+agent has exited.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from primectl.deploy.known_hosts import host_entry_name, host_key_blobs, record_host_key
@@ -44,6 +50,7 @@ CIPHERS_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 RSA_SIGNATURES = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")  # one `ssh-rsa` key, three signature algorithms
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
 READ_SIZE = 65536
+LIBSSH2_ERROR_EAGAIN = -37  # libssh2.h: a non-blocking step that has to be tried again
 EXTENDED_DATA_MERGE = 2  # libssh2.h LIBSSH2_CHANNEL_EXTENDED_DATA_MERGE (ssh2-python does not export it)
 
 
@@ -88,9 +95,14 @@ class Libssh2Stream:
         self._buf = b""
 
     def send(self, data: bytes) -> None:
+        from ssh2.exceptions import Timeout
+
         view = memoryview(data)
         while view:
-            _, n = self.chan.write(bytes(view[:READ_SIZE]))
+            try:
+                _, n = self.chan.write(bytes(view[:READ_SIZE]))
+            except Timeout:
+                raise TimeoutError() from None
             view = view[n:]
 
     def readline(self) -> bytes:
@@ -132,6 +144,7 @@ class Libssh2Transport:
         self._known_hosts, self._accept_new, self._connect_timeout = known_hosts, accept_new_host_keys, connect_timeout
         self._lock = threading.Lock()  # one call at a time on the session
         self._agent: Libssh2Stream | None = None
+        self._closing: list[Any] = []  # channels whose close went out, kept until the host's close has come
         self._closed = False
         self._shell: SSHTransport | None = None
         self._shell_lock = threading.Lock()
@@ -192,10 +205,12 @@ class Libssh2Transport:
         keytype = _blob_type(blob)
         if blob in known.get(keytype, []):
             return
-        if known.get(keytype):
-            expected = base64.b64encode(known[keytype][0]).decode()
+        if known:  # another key, or a key of a type it has none of: what a man in the middle would present
+            listed = keytype if keytype in known else next(iter(known))
+            expected = f"{listed} {base64.b64encode(known[listed][0]).decode()[:16]}..."
             self._drop()
-            raise HostUnreachable(f"{where}: host key CHANGED (expected {expected[:16]}...); refusing to connect")
+            raise HostUnreachable(f"{where}: host key CHANGED (expected {expected}, got {keytype}); "
+                                  "refusing to connect")
         if not self._accept_new:
             self._drop()
             raise HostUnreachable(f"{where}: unknown host key (not in {self._known_hosts}); verify it and add it "
@@ -248,29 +263,56 @@ class Libssh2Transport:
             raise HostUnreachable(f"{where}: cannot connect: no answer to the login within "
                                   f"{self._connect_timeout:g}s") from None
         except Exception as exc:
+            why = str(exc) or self._last_error()
             self._drop()
-            raise HostUnreachable(f"{where}: cannot connect: {type(exc).__name__}: {exc}") from None
+            raise HostUnreachable(f"{where}: cannot connect: {type(exc).__name__}: {why}") from None
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
               on_progress: OnProgress | None = None) -> dict[str, Any]:
         """One agent call over a long-lived `serve` channel, as SSHTransport.agent (the first call's request
-        goes with the command that starts the agent)."""
+        goes with the command that starts the agent).
+
+        libssh2 waits in C and retries a wait a signal interrupted, so Ctrl-C would reach the main thread only
+        once the call returned. A call from the main thread runs on a thread of its own, which the main thread
+        waits for where Ctrl-C reaches it at once; the call still goes on to its end (its answer read, so that
+        the next call on this connection, which waits for it, does not get it instead)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._call(op, args, timeout, on_progress)
+        outcome: list[dict[str, Any] | BaseException] = []
+
+        def call() -> None:
+            try:
+                outcome.append(self._call(op, args, timeout, on_progress))
+            except BaseException as exc:  # handed to the caller
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call, name=f"primectl-agent-{self.host.name}", daemon=True)
+        worker.start()
+        worker.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def _call(self, op: str, args: dict[str, Any], timeout: float | None,
+              on_progress: OnProgress | None) -> dict[str, Any]:
+        from ssh2.exceptions import Timeout
+
         request = agent_request(op, args)
         with self._lock:
             if self._closed:
                 raise HostUnreachable(f"{self.host.name}: connection lost: it was closed")
             try:
+                self._finish_closing()
                 self._session.set_timeout(_ms(timeout))
                 if self._agent is None:
                     self._agent = self._start_agent(request)
                 else:
                     self._agent.send(request)
                 return agent_answer(self._agent, timeout, on_progress)
-            except TimeoutError:
+            except (TimeoutError, Timeout):
                 self._close_agent()
                 return agent_timed_out(timeout)
             except Exception as exc:  # the link dropped: this host is unreachable now
-                self._agent = None
                 why = self._why_lost(exc)
                 self._closed = True
                 raise HostUnreachable(f"{self.host.name}: connection lost: {why}") from None
@@ -292,17 +334,30 @@ class Libssh2Transport:
         return stream
 
     def _close_agent(self) -> None:
-        """End the agent's session: its close goes out, and is not waited for (libssh2's close waits for the
-        host's, which sshd sends only once the agent has exited: an agent that did not answer in time may be
-        busy for long). The agent reads EOF and exits."""
+        """End the agent's session: its close goes out now (the agent reads EOF and exits), and the channel is
+        kept until the host's close has come (see the module's docstring)."""
         stream, self._agent = self._agent, None
         if stream is not None:
-            self._session.set_blocking(False)
-            try:
-                with contextlib.suppress(Exception):
-                    stream.chan.close()
-            finally:
-                self._session.set_blocking(True)
+            self._nonblocking(stream.chan.close)
+            self._closing.append(stream.chan)
+
+    def _finish_closing(self) -> None:
+        """Let go of the closed channels the host has answered by now."""
+        if self._closing:
+            self._nonblocking(self._keep_unanswered)
+
+    def _keep_unanswered(self) -> None:
+        self._closing = [c for c in self._closing if c.close() == LIBSSH2_ERROR_EAGAIN]
+
+    def _nonblocking(self, step: Callable[[], Any]) -> None:
+        """Run one libssh2 step without waiting (its errors ignored: a step it could not finish is tried again
+        or ends with the connection)."""
+        self._session.set_blocking(False)
+        try:
+            with contextlib.suppress(Exception):
+                step()
+        finally:
+            self._session.set_blocking(True)
 
     def _why_lost(self, exc: BaseException) -> str:
         """What ended the connection: a peer the kernel gave up on is named so, else what libssh2 said."""
@@ -319,27 +374,24 @@ class Libssh2Transport:
         if not self._lock.acquire(blocking=False):
             return True  # a call is using it: it finds out for itself
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            if not readable:
+            if self._closed:
+                return False
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            if not poller.poll(0):
                 return True
             if not self._sock.recv(1, socket.MSG_PEEK):
                 return False  # the host closed the connection
             if self._agent is not None:
-                self._session.set_blocking(False)  # take in what came (an EOF, a keepalive request), wait for none
-                try:
-                    self._agent.take_pending()
-                finally:
-                    self._session.set_blocking(True)
+                self._nonblocking(self._agent.take_pending)  # an EOF, a keepalive request: taken in, none waited for
                 return not self._agent.chan.eof()
             return True
         except Exception:
             return False
         finally:
+            if self._closed:
+                self._drop()
             self._lock.release()
-
-    def command(self, command: str) -> str:
-        """A shell command as this transport's connection runs it (as is: it reaches this host directly)."""
-        return command
 
     def _shell_transport(self) -> SSHTransport:
         """The paramiko connection that shell commands and uploads take, opened when first needed."""
@@ -362,7 +414,7 @@ class Libssh2Transport:
 
     def close(self) -> None:
         """Close the connection. The shutdown ends a call blocked in it at once (from any thread); the session is
-        freed here or, when a call is still using it, by that call."""
+        let go here or, when a call is using it, by that call."""
         self._closed = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -377,9 +429,12 @@ class Libssh2Transport:
             shell.close()
 
     def _drop(self) -> None:
-        """Free the session and the socket (the host's sshd ends the agent's session with the connection)."""
+        """Let the session go (the host's sshd ends the agent's session with the connection). The socket is shut
+        down, not closed: libssh2 still uses its descriptor when it frees the session and its channels (which,
+        the connection being down, wait for nothing), and the session closes it then."""
         self._closed = True
-        self._agent = None
-        self._session = None
         with contextlib.suppress(OSError):
-            self._sock.close()
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._agent = None
+        self._closing = []
+        self._session = None
