@@ -16,14 +16,22 @@ def keygen(path: Path) -> paramiko.PKey:
     return paramiko.Ed25519Key.from_private_key_file(str(path))
 
 
-def test_plain_bracketed_and_hashed_entries(tmp_path: Path) -> None:
+def known_hosts(tmp_path: Path) -> tuple[Path, paramiko.PKey, paramiko.PKey]:
+    """A known_hosts file with comments, plain, bracketed, hashed, marked and broken lines; its two keys."""
     k1, k2 = keygen(tmp_path / "k1"), keygen(tmp_path / "k2")
     hashed = paramiko.HostKeys.hash_host("[10.0.0.9]:2222")
     kh = tmp_path / "known_hosts"
     kh.write_text(f"# comment\n\n10.0.0.1 {k1.get_name()} {k1.get_base64()}\n"
                   f"[10.0.0.1]:2200,10.0.0.7 {k2.get_name()} {k2.get_base64()}\n"
                   f"{hashed} {k2.get_name()} {k2.get_base64()}\n"
-                  "10.0.0.1 garbage\n")
+                  f"@revoked 10.0.0.1 {k2.get_name()} {k2.get_base64()}\n"
+                  "10.0.0.1 garbage\n"
+                  "10.0.0.1 ssh-ed25519 not!base64\n")
+    return kh, k1, k2
+
+
+def test_plain_bracketed_and_hashed_entries(tmp_path: Path) -> None:
+    kh, k1, k2 = known_hosts(tmp_path)
     plain = host_keys_for(str(kh), "10.0.0.1", 22)
     assert plain.check("10.0.0.1", k1) and not plain.check("10.0.0.1", k2)
     assert not plain.check("[10.0.0.1]:2200", k2)  # another host's entry is not there
@@ -47,15 +55,7 @@ def test_the_index_follows_the_file(tmp_path: Path) -> None:
 
 def test_host_key_blobs_are_what_paramiko_accepts(tmp_path: Path) -> None:
     """The keys libssh2's connections accept for a host (its wire blobs) are the ones paramiko's would."""
-    k1, k2 = keygen(tmp_path / "k1"), keygen(tmp_path / "k2")
-    hashed = paramiko.HostKeys.hash_host("[10.0.0.9]:2222")
-    kh = tmp_path / "known_hosts"
-    kh.write_text(f"10.0.0.1 {k1.get_name()} {k1.get_base64()}\n"
-                  f"[10.0.0.1]:2200,10.0.0.7 {k2.get_name()} {k2.get_base64()}\n"
-                  f"{hashed} {k2.get_name()} {k2.get_base64()}\n"
-                  f"@revoked 10.0.0.1 {k2.get_name()} {k2.get_base64()}\n"
-                  "10.0.0.1 garbage\n"
-                  "10.0.0.1 ssh-ed25519 not!base64\n")
+    kh, k1, k2 = known_hosts(tmp_path)
     assert host_key_blobs(str(kh), "10.0.0.1", 22) == {"ssh-ed25519": [k1.asbytes()]}
     assert host_key_blobs(str(kh), "10.0.0.1", 2200) == {"ssh-ed25519": [k2.asbytes()]}
     assert host_key_blobs(str(kh), "10.0.0.7", 22) == {"ssh-ed25519": [k2.asbytes()]}

@@ -102,7 +102,7 @@ def host_keys_for(path: str, address: str, port: int) -> Any:
     for lineno, line in enumerate([*by_name.get(host_entry_name(address, port), []), *hashed], 1):
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-        except paramiko.SSHException:
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey):  # a line that does not parse: no key
             continue
         if entry is None:
             continue
