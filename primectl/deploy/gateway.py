@@ -35,6 +35,7 @@ from primectl.deploy.transport import (
     SSHConnection,
     SSHTransport,
     Transport,
+    peer_silent,
 )
 from primectl.errors import Refused
 from primectl.plan.model import HostPlan
@@ -170,6 +171,11 @@ class ViaTransport(SSHTransport):
                 raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.host.port}) through "
                                       f"{self.head.name}: {text[1]}") from None
             raise
+
+    def _why_lost(self, exc: BaseException) -> str:
+        """What ended the call: a head node that stopped answering is named as the one that did."""
+        why = super()._why_lost(exc)
+        return peer_silent(self.head.name) if why == peer_silent() else why
 
     def _start_agent(self, timeout: float | None, first: bytes) -> ChannelStream:
         """The agent's session, in one of the link's sessions (given back when it closes). A transport that was

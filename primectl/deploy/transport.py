@@ -381,8 +381,11 @@ KEEPALIVE_PROBES = 3
 DEAD_PEER_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
 
 
-def peer_silent() -> str:
-    """Why a connection ended when the kernel gave up on a peer that answered nothing (detect_dead_peer)."""
+def peer_silent(head: str | None = None) -> str:
+    """Why a connection ended when the kernel gave up on a peer that answered nothing (detect_dead_peer): the
+    host, or the head node it is reached through."""
+    if head is not None:
+        return f"no answer from its head node {head} for {DEAD_PEER_S:g}s (the head node, or the network to it, is down)"
     return (f"no answer for {DEAD_PEER_S:g}s (the host, or the network to it, is down; "
             "a host that only restarted sshd would have closed the connection)")
 

@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[2])
     from primectl.deploy import transport
+    from primectl.deploy.gateway import ViaTransport, gateways
     from primectl.deploy.libssh2_transport import Libssh2Transport
     from primectl.deploy.transport import HostUnreachable, SSHTransport
     from primectl.plan.model import HostPlan
@@ -62,12 +63,21 @@ SCRIPT = textwrap.dedent("""
         sshhosts.SSHD = str(wrapper)
         key, authorized = sshhosts.client_keys(base)
         h = sshhosts.SSHHost("h1", "10.213.0.2", 22, base / "h1", authorized)
-        cluster = sshhosts.SSHHosts(base, [h], key)
+        # "via": h1 is a head node; the host is t1, reached through it (in h1's namespace, its link stays up)
+        t = sshhosts.SSHHost("t1", "10.213.0.2", 2222, base / "t1", authorized)
+        cluster = sshhosts.SSHHosts(base, [h, t], key)
         h.start()
         host = HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=str(key),
                         connection="ssh", workdir=str(base / "wd"), gpus=0)
-        client = {"paramiko": SSHTransport, "libssh2": Libssh2Transport}[sys.argv[3]]
-        link = client(host, known_hosts=str(cluster.known_hosts(base / "known_hosts")), accept_new_host_keys=False)
+        known_hosts = str(cluster.known_hosts(base / "known_hosts"))
+        if sys.argv[3] == "via":
+            t.start()
+            host = HostPlan(name=t.name, address=t.address, port=t.port, user="root", identity_file=None, connection="ssh",
+                            workdir=str(base / "wd"), gpus=0, via=host, via_identity_file=str(key))
+            link = ViaTransport(host, gateways(known_hosts, False))
+        else:
+            client = {"paramiko": SSHTransport, "libssh2": Libssh2Transport}[sys.argv[3]]
+            link = client(host, known_hosts=known_hosts, accept_new_host_keys=False)
         args = {"workdir": host.workdir, "supervisor": "process"}
         out["before"] = link.agent("read", args | {"path": "none"}, 30)["ok"]
         started = []
@@ -91,21 +101,27 @@ SCRIPT = textwrap.dedent("""
     finally:
         if cluster is not None:  # the host's sessions and agents too: nothing reaches them to end them
             sshhosts.kill_leftovers(cluster.base)
-            cluster.hosts[0].kill_hard()
+            for each in cluster.hosts:
+                each.kill_hard()
         holder.kill()
         holder.wait()
     print(json.dumps(out))
 """)
 
 
-@pytest.mark.parametrize("client", ["paramiko", "libssh2"])
+@pytest.mark.parametrize("client", ["paramiko", "libssh2", "via"])
 def test_a_host_that_goes_silent_is_reported_unreachable_after_the_dead_peer_time(tmp_path: Path, client: str) -> None:
+    """Reached directly (on either client), the host is named; reached through a head node that goes silent,
+    the head is."""
     r = subprocess.run(["unshare", "--net", "--", sys.executable, "-c", SCRIPT, str(tmp_path), str(REPO), client],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["before"] is True
     assert "result" not in out, out  # the call was given up on before its own 25 s limit
-    assert "h1: connection lost: no answer for 3s (the host, or the network to it, is down" in out["error"], out
+    if client == "via":
+        assert ("t1: connection lost: no answer from its head node h1 for 3s (the head node, or the network to it, "
+                "is down)") in out["error"], out
+    else:
+        assert "h1: connection lost: no answer for 3s (the host, or the network to it, is down" in out["error"], out
     assert 2.5 < out["after_s"] < 15, out
-
