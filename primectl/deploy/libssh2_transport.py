@@ -189,7 +189,7 @@ class Libssh2Transport:
         if isinstance(exc, Timeout):
             return HostUnreachable(f"{where}: cannot connect: no SSH handshake within {self._connect_timeout:g}s")
         return HostUnreachable(f"{where}: cannot connect: SSH handshake failed: {type(exc).__name__}: "
-                               f"{exc or self._last_error()}")
+                               f"{str(exc) or self._last_error()}")
 
     def _last_error(self) -> str:
         """libssh2's own message for the last failure (ssh2-python's exceptions often carry none)."""
