@@ -172,10 +172,9 @@ class ViaTransport(SSHTransport):
                                       f"{self.head.name}: {text[1]}") from None
             raise
 
-    def _why_lost(self, exc: BaseException) -> str:
-        """What ended the call: a head node that stopped answering is named as the one that did."""
-        why = super()._why_lost(exc)
-        return peer_silent(self.head.name) if why == peer_silent() else why
+    def _silence(self) -> str:
+        """The connection the kernel gave up on is the head node's: it is named as the one that stopped answering."""
+        return peer_silent(self.head.name)
 
     def _start_agent(self, timeout: float | None, first: bytes) -> ChannelStream:
         """The agent's session, in one of the link's sessions (given back when it closes). A transport that was

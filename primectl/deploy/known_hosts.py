@@ -94,23 +94,17 @@ def host_key_blobs(path: str, address: str, port: int) -> dict[str, list[bytes]]
 
 
 def host_keys_for(path: str, address: str, port: int) -> Any:
-    """The known_hosts entries that can match this host, parsed as paramiko's HostKeys.load parses them."""
+    """This host's known_hosts keys (host_key_blobs) as paramiko's HostKeys, the first of each type, as paramiko's
+    own lookup takes them; a key paramiko cannot load is left out."""
     import paramiko
 
-    by_name, hashed = _index(path)
+    name = host_entry_name(address, port)
     keys = paramiko.HostKeys()
-    for lineno, line in enumerate([*by_name.get(host_entry_name(address, port), []), *hashed], 1):
+    for keytype, blobs in host_key_blobs(path, address, port).items():
         try:
-            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey):  # a line that does not parse: no key
+            keys.add(name, keytype, paramiko.PKey.from_type_string(keytype, blobs[0]))
+        except Exception:  # a type this paramiko does not have (ssh-dss), or a blob that is not that type's
             continue
-        if entry is None:
-            continue
-        for h in list(entry.hostnames):
-            if keys.check(h, entry.key):
-                entry.hostnames.remove(h)
-        if entry.hostnames:
-            keys._entries.append(entry)
     return keys
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import select
 import socket
@@ -69,17 +70,13 @@ def _blob_type(blob: bytes) -> str:
     return blob[4:4 + n].decode(errors="replace")
 
 
-_CIPHERS: list[str] = []
+@functools.cache
+def _ciphers() -> str:
+    """libssh2's ciphers, CIPHERS_FIRST first."""
+    from ssh2.session import LIBSSH2_METHOD_CRYPT_CS, Session
 
-
-def _ciphers(session: Any) -> str:
-    """libssh2's ciphers, CIPHERS_FIRST first (the same for every session: worked out once)."""
-    from ssh2.session import LIBSSH2_METHOD_CRYPT_CS
-
-    if not _CIPHERS:
-        offered = session.supported_algs(LIBSSH2_METHOD_CRYPT_CS)
-        _CIPHERS.append(",".join([*CIPHERS_FIRST, *(c for c in offered if c not in CIPHERS_FIRST)]))
-    return _CIPHERS[0]
+    offered = Session().supported_algs(LIBSSH2_METHOD_CRYPT_CS)
+    return ",".join([*CIPHERS_FIRST, *(c for c in offered if c not in CIPHERS_FIRST)])
 
 
 def _ms(seconds: float | None) -> int:
@@ -162,7 +159,7 @@ class Libssh2Transport:
         known = host_key_blobs(known_hosts, host.address, host.port)
         try:
             for method in (LIBSSH2_METHOD_CRYPT_CS, LIBSSH2_METHOD_CRYPT_SC):
-                session.method_pref(method, _ciphers(session))
+                session.method_pref(method, _ciphers())
             self._prefer_known_key_types(known)
             session.handshake(sock)
         except Exception as exc:

@@ -647,8 +647,12 @@ class SSHTransport:
         is named so), else what the call saw."""
         saved = getattr(self.client.get_transport(), "saved_exception", None)
         if isinstance(saved, OSError) and saved.errno == errno.ETIMEDOUT:
-            return peer_silent()
+            return self._silence()
         return f"{type(exc).__name__}: {exc}"
+
+    def _silence(self) -> str:
+        """What a connection the kernel gave up on says: the host stopped answering."""
+        return peer_silent()
 
     def alive(self) -> bool:
         """Whether the SSH connection is still up (a kept one is checked before each command reuses it)."""
