@@ -20,9 +20,9 @@ Fabric 7.1-8.2, ssh-x25519 18.6, ssh-mux5 54; a round trip 0.032 ms with libssh2
 
     unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/ssh_libs.py --hosts 18'
 
-asyncssh and ssh2-python are not primectl dependencies: install them where this python finds them
-(e.g. `pip install --target /tmp/pylib asyncssh ssh2-python` and PYTHONPATH=/tmp/pylib); each one that is
-missing is left out.
+asyncssh is not a primectl dependency: install it where this python finds it (e.g. `pip install --target
+/tmp/pylib asyncssh` and PYTHONPATH=/tmp/pylib); without it, its row is left out. ssh2-python (libssh2) is one:
+primectl's agent calls to directly reached hosts use it (primectl/deploy/libssh2_transport.py).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from primectl.deploy.libssh2_transport import libssh2_available  # noqa: E402
 from tests.integration.sshhosts import kill_leftovers, netns_problem, start_hosts, stop_on_sigterm  # noqa: E402
 
 
@@ -153,15 +154,6 @@ async def asyncssh_one(h: Any, key: str, known_hosts: str) -> None:
         assert r.exit_status == 0
 
 
-def libssh2_installed() -> bool:
-    """Whether ssh2-python (libssh2) can be imported here."""
-    try:
-        import ssh2  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def libssh2_session(h: Any, key: str, known_hosts: str) -> tuple[Any, Any]:
     """A logged-in ssh2-python session and its socket: libssh2 (C) under a thin binding, the host key checked
     against known_hosts by libssh2."""
@@ -237,7 +229,7 @@ def round_trip_cost(hosts: list[Any], key: str, kh: str) -> dict[str, float]:
 
         return once, close
 
-    kinds = [("paramiko", via_paramiko)] + ([("libssh2", via_libssh2)] if libssh2_installed() else [])
+    kinds = [("paramiko", via_paramiko)] + ([("libssh2", via_libssh2)] if libssh2_available() else [])
     out = {}
     for label, open_one in kinds:
         held = [open_one(h) for h in hosts]
@@ -335,7 +327,7 @@ def main() -> int:
         libs.append(("asyncssh", asyncssh_one, True))
     except ImportError:
         print("asyncssh is not installed: not measured", file=sys.stderr)
-    if libssh2_installed():
+    if libssh2_available():
         libs.append(("libssh2", libssh2_one, False))
     else:
         print("ssh2-python (libssh2) is not installed: not measured", file=sys.stderr)
