@@ -12,4 +12,6 @@ exec /usr/bin/etcd \
   --listen-peer-urls http://@node:head@:2380 \
   --initial-advertise-peer-urls http://@node:head@:2380 \
   --initial-cluster glm53-etcd=http://@node:head@:2380 \
-  --initial-cluster-state new
+  --initial-cluster-state new \
+  --heartbeat-interval 20 \
+  --election-timeout 100

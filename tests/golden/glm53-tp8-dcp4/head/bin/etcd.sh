@@ -12,4 +12,6 @@ exec /usr/bin/etcd \
   --listen-peer-urls http://10.20.0.10:2380 \
   --initial-advertise-peer-urls http://10.20.0.10:2380 \
   --initial-cluster glm53-tp8-dcp4-etcd=http://10.20.0.10:2380 \
-  --initial-cluster-state new
+  --initial-cluster-state new \
+  --heartbeat-interval 20 \
+  --election-timeout 100
