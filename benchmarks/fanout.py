@@ -236,6 +236,8 @@ def main() -> int:
         print(f"started {biggest} sshd hosts in {t_start:.2f}s; timing pipeline.up in-process "
               f"(CLI start-up and recipe loading not counted; rendering is part of up); best of {opts.repeat}")
         results: dict[int, float] = {}
+        busy_s: dict[int, float] = {}  # the machine's busy CPU during the best fresh up of each size
+        hosts_ms: dict[int, float] = {}  # the simulated hosts' CPU per host during it
         cpu_ms: dict[int, float] = {}
         noop: dict[int, list[float]] = {}
         status_s: dict[int, float] = {}
@@ -243,7 +245,7 @@ def main() -> int:
         try:
             run = 0
             for n in sizes:
-                times = []
+                times: list[float] = []
                 for rep in range(opts.repeat):
                     run += 1
                     name = f"fan{n}-r{rep}"
@@ -257,10 +259,13 @@ def main() -> int:
                     secs, res, controller, busy = measured_up(partial(up, plan, options, quiet),
                                                               profile if profiled else None)
                     assert len(res.started) == len(plan.services), res
+                    if secs < min(times, default=float("inf")):
+                        busy_s[n], hosts_ms[n] = busy, max(0.0, busy - controller) / n * 1000
                     times.append(secs)
                     cpu_ms[n] = min(cpu_ms.get(n, float("inf")), controller / n * 1000)
                     print(f"  up on {n:2} host(s), {len(plan.services):2} services: {secs:.3f}s; controller CPU "
-                          f"{controller:.2f}s ({controller / n * 1000:.1f} ms per host)")
+                          f"{controller:.2f}s ({controller / n * 1000:.1f} ms per host); simulated hosts "
+                          f"{max(0.0, busy - controller) / n * 1000:.0f} ms CPU per host")
                     if profiled:
                         print(profile.report(secs))
                         cores = os.cpu_count() or 1
@@ -300,10 +305,12 @@ def main() -> int:
             if left:
                 print(f"safety net killed {len(left)} leftover process(es)", file=sys.stderr)
 
+    cores = os.cpu_count() or 1
     print()
-    print("host count  T(up) best  controller CPU per host (fresh up, best)")
+    print("host count  T(up) best  controller CPU per host  simulated hosts' CPU per host  floor: busy CPU / "
+          f"{cores} cores (fresh up, best)")
     for n in sizes:
-        print(f"{n:10}  {results[n]:9.3f}s  " + (f"{cpu_ms[n]:.1f} ms" if n in cpu_ms else "-"))
+        print(f"{n:10}  {results[n]:9.3f}s  {cpu_ms[n]:20.1f} ms  {hosts_ms[n]:26.0f} ms  {busy_s[n] / cores:8.3f}s")
     ok = True
     if 1 in results and biggest != 1:
         print(f"T({biggest})/T(1) = {results[biggest] / results[1]:.2f}")
@@ -312,6 +319,11 @@ def main() -> int:
         good = ratio <= TARGET_RATIO
         ok &= good
         print(f"T({biggest})/T(18) = {ratio:.2f}  (target <= {TARGET_RATIO:g}) {'OK' if good else 'MISSED'}")
+        # No schedule does the work of an `up` faster than its CPU divided among the cores: that bounds the
+        # ratio from below, whatever the controller does, while the simulated hosts share this machine.
+        print(f"  on this machine T({biggest}) >= {busy_s[biggest] / cores:.3f}s (its busy CPU / {cores} cores, "
+              f"{hosts_ms[biggest]:.0f} ms of it per simulated host), so T({biggest})/T(18) >= "
+              f"{busy_s[biggest] / cores / results[18]:.2f} with this T(18)")
     if biggest in cpu_ms:
         good = cpu_ms[biggest] <= TARGET_CPU_MS_PER_HOST
         ok &= good
