@@ -9,12 +9,14 @@ head's connection and one agent session per host through it. A connection no com
 seconds is closed (a recipe that dropped the host, a sweep that moved on to another deployment); the keeper
 exits once no command has used it for that long, and `primectl disconnect` stops it at once.
 
+A command talks to the keeper over one Unix connection per host: its first line names the host (and opens
+the SSH connection), each later line is one agent operation, answered by its progress lines and result.
 Trust is unchanged. A host's key is checked when its connection opens, with the known_hosts file and
 host-key policy of the command that opened it. A command with another file or policy gets a connection of
 its own, since the key of a kept connection includes both. The socket lives in a directory only its user
 can enter, and the keeper serves only peers with its own uid (SO_PEERCRED). A keeper serves one agent
-version: its socket is named after the agent's hash (and the network namespace), so an upgraded primectl
-starts a keeper of its own.
+version and one version of this protocol: its socket is named after both (and the network namespace), so an
+upgraded primectl starts a keeper of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any, cast
 
 from primectl.deploy.gateway import forget_head_failures, open_ssh
 from primectl.deploy.transport import HostUnreachable, OnProgress, SSHConnection, agent_hash
@@ -38,6 +41,7 @@ from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan
 
 ENV = "PRIMECTL_KEEP_CONNECTIONS"
+PROTOCOL = 2  # 2: a command's Unix connection carries all of one host's operations, not one each
 
 
 def persist_s() -> float:
@@ -69,7 +73,7 @@ def socket_path() -> str:
         netns = os.stat("/proc/self/ns/net").st_ino
     except OSError:
         netns = 0
-    return os.path.join(run_dir(), f"keeper-{agent_hash()[:12]}-{netns}.sock")
+    return os.path.join(run_dir(), f"keeper-{agent_hash()[:12]}-p{PROTOCOL}-{netns}.sock")
 
 
 _DIR_FDS: dict[str, int] = {}
@@ -123,10 +127,16 @@ class Keeper:
         """What one request gets: `open` connects, anything else runs an agent operation."""
         host = HostPlan.model_validate(req["host"])
         key = _key(host, req["known_hosts"], req["accept_new"])
+        with self._holding(key):
+            return self._answer(key, host, req, progress)
+
+    @contextlib.contextmanager
+    def _holding(self, key: str) -> Iterator[None]:
+        """`key`'s connection is in use meanwhile: evict_unused leaves it open."""
         with self.lock:
             self.inflight[key] = self.inflight.get(key, 0) + 1
         try:
-            return self._answer(key, host, req, progress)
+            yield
         finally:
             with self.lock:
                 self.inflight[key] -= 1
@@ -152,7 +162,9 @@ class Keeper:
             return {"unreachable": f"primectl keeper: {type(exc).__name__}: {exc}"}
 
     def handle(self, conn: socket.socket) -> None:
-        """One request from a command, answered with its progress lines and result."""
+        """One command's stream for one host: its first request names the host (`open`), and every line after
+        it is an operation on that host, each answered with its progress lines and result. The host's
+        connection counts as in use until the command closes the stream."""
         with self.lock:
             self.busy += 1
         try:
@@ -160,8 +172,8 @@ class Keeper:
                 line = f.readline()
                 if not line:
                     return
-                req = json.loads(line)
-                if req.get("kind") == "stop":
+                first = json.loads(line)
+                if first.get("kind") == "stop":
                     f.write(b'{"ok": true}\n')
                     f.flush()
                     self.stop()
@@ -171,8 +183,18 @@ class Keeper:
                     f.write(json.dumps({"progress_of": p}).encode() + b"\n")
                     f.flush()
 
-                f.write(json.dumps(self.answer(req, progress)).encode() + b"\n")
-                f.flush()
+                host = HostPlan.model_validate(first["host"])
+                key = _key(host, first["known_hosts"], first["accept_new"])
+                where = {"known_hosts": first["known_hosts"], "accept_new": first["accept_new"]}
+                with self._holding(key):
+                    req = first
+                    while True:
+                        f.write(json.dumps(self._answer(key, host, req, progress)).encode() + b"\n")
+                        f.flush()
+                        line = f.readline()
+                        if not line:
+                            return
+                        req = where | json.loads(line)
         except (OSError, ValueError):
             pass  # the command went away (Ctrl-C): the operation on the host finished or timed out on its own
         finally:
@@ -327,11 +349,12 @@ class KeptTransport:
     def __init__(self, host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool, path: str):
         self.host = host
         self._known_hosts, self._accept_new = known_hosts, accept_new_host_keys
-        self._req: dict[str, Any] = {"host": host.model_dump(mode="json"), "known_hosts": known_hosts,
-                                     "accept_new": accept_new_host_keys}
         self._path = path
         self._direct: SSHConnection | None = None
-        self._ask({"kind": "open"}, None)  # connect now: an unreachable host fails here, as a direct one does
+        self._lock = threading.Lock()  # one operation at a time on the stream
+        self._stream: tuple[socket.socket, IO[bytes]] | None = None
+        with self._lock:
+            self._open()  # connect now: an unreachable host fails here, as a direct one does
 
     def _own(self) -> SSHConnection:
         if self._direct is None:
@@ -343,19 +366,33 @@ class KeptTransport:
               on_progress: OnProgress | None = None) -> dict[str, Any]:
         """Run one agent operation on the kept connection."""
         try:
-            return self._ask({"op": op, "args": args, "timeout": timeout}, on_progress, timeout)
+            with self._lock:
+                if self._stream is None:  # the last operation's stream broke off
+                    self._open()
+                return self._exchange({"op": op, "args": args, "timeout": timeout}, on_progress, timeout)
         except TimeoutError:
             return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s (kept connection)"}
 
-    def _ask(self, request: dict[str, Any], on_progress: OnProgress | None, timeout: float | None = 60
-             ) -> dict[str, Any]:
+    def _open(self) -> None:
+        """A new stream to the keeper, its first line naming this host: the keeper connects to it."""
         s = _dial(self._path)
         if s is None:
             _FOUND.discard(self._path)  # the next connection this process opens starts a keeper again
             raise HostUnreachable(f"{self.host.name}: the connection keeper went away; run the command again")
+        self._stream = (s, cast(IO[bytes], s.makefile("rwb")))
+        self._exchange({"kind": "open", "host": self.host.model_dump(mode="json"), "known_hosts": self._known_hosts,
+                        "accept_new": self._accept_new}, None, 60)
+
+    def _exchange(self, request: dict[str, Any], on_progress: OnProgress | None, timeout: float | None
+                  ) -> dict[str, Any]:
+        """Send one request on the stream and read its progress lines and result. A stream left mid-answer
+        (a time limit, Ctrl-C, the keeper gone) is closed: the next operation opens another."""
+        assert self._stream is not None
+        s, f = self._stream
         s.settimeout(None if timeout is None else timeout + 30)  # the keeper answers a timed-out agent itself first
-        with s, s.makefile("rwb") as f:
-            f.write(json.dumps(self._req | request).encode() + b"\n")
+        answered = False
+        try:
+            f.write(json.dumps(request).encode() + b"\n")
             f.flush()
             while True:
                 line = f.readline()
@@ -367,9 +404,22 @@ class KeptTransport:
                         with contextlib.suppress(Exception):
                             on_progress(msg["progress_of"])
                     continue
+                answered = True
                 if "unreachable" in msg:
                     raise HostUnreachable(msg["unreachable"])
                 return dict(msg["result"])
+        except BaseException:
+            if not answered:
+                self._close_stream()
+            raise
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            s, f = self._stream
+            self._stream = None
+            with contextlib.suppress(OSError):
+                f.close()
+            s.close()
 
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
         """A shell command, on a direct connection."""
@@ -380,7 +430,9 @@ class KeptTransport:
         self._own().put(data, path, mode)
 
     def close(self) -> None:
-        """Close the direct connection, if one was opened; the kept one stays for the next command."""
+        """Close the stream to the keeper and the direct connection, if one was opened; the kept connection
+        stays for the next command."""
+        self._close_stream()
         if self._direct is not None:
             self._direct.close()
 

@@ -155,3 +155,61 @@ def test_a_kept_connection_no_command_uses_is_closed_but_one_in_use_is_not(ssh_h
     finally:
         for t in keeper.conns.values():
             t.close()
+
+
+def test_a_commands_stream_carries_all_its_operations_on_a_host_and_holds_the_connection_until_closed(
+        ssh_hosts: SSHHosts, tmp_path: Path) -> None:
+    """One Unix connection per host and command: its operations (one past its time limit among them) go over it,
+    the host's SSH connection is never closed as unused while the command holds the stream, and it can be once
+    the command has closed it."""
+    import socket
+
+    from primectl.deploy.keeper import Keeper, KeptTransport
+    from primectl.plan.model import HostPlan
+
+    h1 = ssh_hosts.hosts[0]
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1]))
+    wd = tmp_path / "wd"
+    host = HostPlan(name=h1.name, address=h1.address, port=h1.port, user="root", gpus=0, connection="ssh",
+                    identity_file=str(ssh_hosts.client_key), workdir=str(wd))
+    keeper = Keeper(idle_s=0.5)
+    path = tmp_path / "keeper.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    streams: list[socket.socket] = []
+
+    def serve() -> None:  # serve()'s loop, without its idle exit
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            streams.append(conn)
+            threading.Thread(target=keeper.handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    t = None
+    try:
+        t = KeptTransport(host, known_hosts=known, accept_new_host_keys=False, path=str(path))
+        read = {"workdir": str(wd), "path": "nothing-here"}
+        assert t.agent("read", read, 30)["ok"]
+        slow = {"workdir": str(wd), "waits": [
+            {"name": "slow", "probe": {"kind": "command", "command": ["sleep", "3"], "timeout_s": 30}}]}
+        late = t.agent("wait", slow, 1)
+        assert late["ok"] is False and late["code"] == 4, late
+        assert t.agent("read", read, 30)["ok"], "the operation after one past its limit failed"
+        assert len(streams) == 1, f"{len(streams)} connections to the keeper for one host's operations"
+        assert keeper.evict_unused(time.monotonic() + 60) == [], "closed the connection of a command still running"
+        t.close()
+        deadline = time.monotonic() + 5
+        while keeper.inflight.get(next(iter(keeper.conns))):
+            assert time.monotonic() < deadline, "the keeper still holds the connection of a closed stream"
+            time.sleep(0.02)
+        assert len(keeper.evict_unused(time.monotonic() + 60)) == 1
+    finally:
+        if t is not None:
+            t.close()
+        listener.close()
+        for c in keeper.conns.values():
+            c.close()
