@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import os
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -180,14 +181,15 @@ def libssh2_session(h: Any, key: str, known_hosts: str) -> tuple[Any, Any]:
 
 def libssh2_one(h: Any, key: str, known_hosts: str) -> None:
     sock, s = libssh2_session(h, key, known_hosts)
-    with sock:
-        chan = s.open_session()
-        chan.execute("true")
-        chan.wait_eof()
-        chan.close()
-        chan.wait_closed()
-        assert chan.get_exit_status() == 0
-        s.disconnect()
+    chan = s.open_session()
+    chan.execute("true")
+    chan.wait_eof()
+    chan.close()
+    chan.wait_closed()
+    assert chan.get_exit_status() == 0
+    s.disconnect()
+    del chan, s  # libssh2 frees them on the descriptor: never after it is closed (and maybe reused)
+    sock.close()
 
 
 ROUND_TRIPS = 30  # line round trips per connection in `round_trip_cost`: what agent calls exchange
@@ -224,8 +226,12 @@ def round_trip_cost(hosts: list[Any], key: str, kh: str) -> dict[str, float]:
             assert got == LINE
 
         def close() -> None:
+            # Shut down, not closed: `chan` and `s` live on in `held`, and libssh2 writes a channel's close to
+            # its descriptor when it frees it. A closed descriptor may by then be another connection's (it was:
+            # the paramiko client opened next saw that packet before its banner); the session closes the
+            # socket when it is freed.
             s.disconnect()
-            sock.close()
+            sock.shutdown(socket.SHUT_RDWR)
 
         return once, close
 
