@@ -20,6 +20,7 @@ network namespace (PRIMECTL_ALLOW_HOST_NET=1 overrides):
     unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/fanout.py'
 
 Options: --sizes 1,6,18  --repeat 3 (best of)  --profile (per-operation timings of the last up of each size)
+--plot PNG (the fresh and zero-change times and the CPU floor per host count, drawn with matplotlib)
 --keep-connections S (PRIMECTL_KEEP_CONNECTIONS=S: the connection keeper holds each host's connection and agent
 between the `up`s; its CPU counts as the controller's, and what it spends while idle, holding them, is printed).
 A zero-change `up` is timed after the fresh ones at every size of 18 hosts or more (and at the biggest).
@@ -214,6 +215,8 @@ def main() -> int:
                     help="reach each rack's trays (hosts 2-18 of every 18) through its first host (`via:`)")
     ap.add_argument("--keep-connections", type=float, default=0,
                     help="seconds the connection keeper outlives the last up (0: each up connects itself)")
+    ap.add_argument("--plot", metavar="PNG",
+                    help="draw the fresh and zero-change `up` times and the CPU floor per host count (matplotlib)")
     opts = ap.parse_args()
     problem = netns_problem("unshare --net -- sh -c 'ip link set lo up && .venv/bin/python benchmarks/fanout.py'")
     if problem:
@@ -337,7 +340,46 @@ def main() -> int:
         print(f"zero-change up on {n} hosts = {best:.3f}s{verdict}")
     for n, secs in sorted(status_s.items()):
         print(f"status on {n} hosts = {secs:.3f}s (as a zero-change up costs)")
+    if opts.plot:
+        plot(Path(opts.plot), sizes, results, {n: b / cores for n, b in busy_s.items()},
+             {n: min(r) for n, r in noop.items()}, cores, opts.repeat)
+        print(f"plot: {opts.plot}")
     return 0 if ok else 1
+
+
+def plot(path: Path, sizes: list[int], fresh: dict[int, float], floor: dict[int, float], noop: dict[int, float],
+         cores: int, repeat: int) -> None:
+    """A PNG of the fresh `up` time per host count beside its CPU floor (the machine's busy CPU / cores: no
+    schedule finishes that work sooner), and the zero-change `up`s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    ax.plot(sizes, [fresh[n] for n in sizes], "o-", color="tab:blue", label=f"fresh up (best of {repeat})")
+    ax.plot(sizes, [floor[n] for n in sizes], "s--", color="tab:red",
+            label=f"floor: the machine's busy CPU / {cores} cores during it")
+    quiet_sizes = sorted(noop)
+    ax.plot(quiet_sizes, [noop[n] for n in quiet_sizes], "^-", color="tab:green",
+            label=f"zero-change up (best of {repeat})")
+    if 18 in fresh and max(sizes) > 18:
+        ax.axhline(2 * fresh[18], color="grey", linestyle=":",
+                   label=f"the goal for T({max(sizes)}): 2 x T(18) = {2 * fresh[18]:.2f}s")
+    for n in sizes:
+        ax.annotate(f"{fresh[n]:.2f}s", (n, fresh[n]), textcoords="offset points", xytext=(0, 7), ha="center",
+                    fontsize=8)
+    ax.set_xlabel("simulated hosts (one sshd each, sharing this machine's cores with primectl)")
+    ax.set_ylabel("seconds")
+    ax.set_xticks(sizes)
+    ax.set_ylim(0, max(fresh.values()) * 1.12)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"primectl up on simulated hosts: wall time and its CPU floor ({cores} cores)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
