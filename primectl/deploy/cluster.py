@@ -43,16 +43,19 @@ class ConnectionPolicy:
     accept_new_host_keys: bool = False
     connector: Connector | None = None  # None: SSH or local per host; tests pass the fake transport
 
-    def connect(self, host: HostPlan) -> Transport:
-        """Open a transport to `host` (HostUnreachable when it cannot be reached)."""
+    def connect(self, host: HostPlan, *, agent: bool = True) -> Transport:
+        """Open a transport to `host` (HostUnreachable when it cannot be reached). `agent=False`: for shell
+        commands and uploads only (`logs`), never through the connection keeper, whose kept connections serve
+        agent operations."""
         if self.connector is not None:
             return self.connector(host)
         from primectl.deploy import keeper  # here: most commands never start one
 
-        if host.connection == "ssh" and (idle := keeper.persist_s()):
+        if agent and host.connection == "ssh" and (idle := keeper.persist_s()):
             return keeper.KeptTransport(host, known_hosts=known_hosts_path(self.known_hosts),
                                         accept_new_host_keys=self.accept_new_host_keys, path=keeper.ensure(idle))
-        return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys)
+        return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys,
+                       shell=not agent)
 
 
 @dataclass

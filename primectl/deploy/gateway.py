@@ -260,12 +260,14 @@ def gateways(known_hosts: str, accept_new_host_keys: bool) -> Gateways:
         return _GATEWAYS.setdefault((known_hosts, accept_new_host_keys), Gateways(known_hosts, accept_new_host_keys))
 
 
-def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool) -> Transport:
+def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool, shell: bool = False
+            ) -> Transport:
     """Open the right transport for a host: local, SSH, or SSH through its head node (`via`). Here rather than
-    in transport.py, which this module builds on."""
+    in transport.py, which this module builds on. `shell`: see open_ssh."""
     if host.connection == "local":
         return LocalTransport(host)
-    return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys)
+    return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys,
+                    shell=shell)
 
 
 SSH_CLIENT_ENV = "PRIMECTL_SSH_CLIENT"

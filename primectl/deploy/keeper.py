@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -42,6 +43,7 @@ from primectl.plan.model import HostPlan
 
 ENV = "PRIMECTL_KEEP_CONNECTIONS"
 PROTOCOL = 2  # 2: a command's Unix connection carries all of one host's operations, not one each
+OPEN_S = 60  # how long the keeper may take to connect to a host (its own connect and login limits are shorter)
 
 
 def persist_s() -> float:
@@ -353,6 +355,7 @@ class KeptTransport:
         self._direct: SSHConnection | None = None
         self._lock = threading.Lock()  # one operation at a time on the stream
         self._stream: tuple[socket.socket, IO[bytes]] | None = None
+        self._closed = False
         with self._lock:
             self._open()  # connect now: an unreachable host fails here, as a direct one does
 
@@ -367,7 +370,11 @@ class KeptTransport:
         """Run one agent operation on the kept connection."""
         try:
             with self._lock:
-                if self._stream is None:  # the last operation's stream broke off
+                if self._closed:
+                    raise HostUnreachable(f"{self.host.name}: its connection was closed")
+                if self._stream is not None and not self._stream_open():
+                    self._close_stream()  # the keeper ended it between operations (it stopped, or died)
+                if self._stream is None:
                     self._open()
                 return self._exchange({"op": op, "args": args, "timeout": timeout}, on_progress, timeout)
         except TimeoutError:
@@ -380,8 +387,24 @@ class KeptTransport:
             _FOUND.discard(self._path)  # the next connection this process opens starts a keeper again
             raise HostUnreachable(f"{self.host.name}: the connection keeper went away; run the command again")
         self._stream = (s, cast(IO[bytes], s.makefile("rwb")))
-        self._exchange({"kind": "open", "host": self.host.model_dump(mode="json"), "known_hosts": self._known_hosts,
-                        "accept_new": self._accept_new}, None, 60)
+        try:
+            self._exchange({"kind": "open", "host": self.host.model_dump(mode="json"),
+                            "known_hosts": self._known_hosts, "accept_new": self._accept_new}, None, OPEN_S)
+        except TimeoutError:
+            self._close_stream()
+            raise HostUnreachable(f"{self.host.name}: the connection keeper did not answer within "
+                                  f"{OPEN_S + 30:g}s") from None
+        except BaseException:
+            self._close_stream()
+            raise
+
+    def _stream_open(self) -> bool:
+        """Whether the keeper still holds the stream: nothing is due on it between operations, so anything to
+        read now is its end."""
+        assert self._stream is not None
+        poller = select.poll()
+        poller.register(self._stream[0], select.POLLIN)
+        return not poller.poll(0)  # readable: its end (or bytes no request asked for)
 
     def _exchange(self, request: dict[str, Any], on_progress: OnProgress | None, timeout: float | None
                   ) -> dict[str, Any]:
@@ -389,9 +412,9 @@ class KeptTransport:
         (a time limit, Ctrl-C, the keeper gone) is closed: the next operation opens another."""
         assert self._stream is not None
         s, f = self._stream
-        s.settimeout(None if timeout is None else timeout + 30)  # the keeper answers a timed-out agent itself first
         answered = False
         try:
+            s.settimeout(None if timeout is None else timeout + 30)  # the keeper answers a timed-out agent first
             f.write(json.dumps(request).encode() + b"\n")
             f.flush()
             while True:
@@ -408,9 +431,13 @@ class KeptTransport:
                 if "unreachable" in msg:
                     raise HostUnreachable(msg["unreachable"])
                 return dict(msg["result"])
-        except BaseException:
+        except BaseException as exc:
             if not answered:
                 self._close_stream()
+            if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):  # a broken pipe: the keeper went
+                _FOUND.discard(self._path)
+                raise HostUnreachable(f"{self.host.name}: lost the connection keeper ({exc}); run the command "
+                                      "again") from None
             raise
 
     def _close_stream(self) -> None:
@@ -431,8 +458,17 @@ class KeptTransport:
 
     def close(self) -> None:
         """Close the stream to the keeper and the direct connection, if one was opened; the kept connection
-        stays for the next command."""
-        self._close_stream()
+        stays for the next command. From any thread: an operation blocked on the stream ends at once."""
+        self._closed = True
+        stream = self._stream
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream[0].shutdown(socket.SHUT_RDWR)
+        if self._lock.acquire(blocking=False):  # else the operation using it closes it as it ends
+            try:
+                self._close_stream()
+            finally:
+                self._lock.release()
         if self._direct is not None:
             self._direct.close()
 

@@ -824,7 +824,7 @@ class SSHTarget:
         from primectl.targets.ssh_observe import log_command
 
         host, command = log_command(plan, service, follow=follow, lines=tail, journal=journal)
-        t = _policy(options).connect(plan.host(host))
+        t = _policy(options).connect(plan.host(host), agent=False)
         try:
             code, _, _ = t.run(command, stream=True)
         finally:

@@ -3,6 +3,7 @@ commands, `disconnect` ends them, and a keeper or link that died is replaced wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,6 +49,9 @@ def test_kept_connections_serve_later_commands_and_disconnect_ends_them_fake_eng
         assert diff.returncode == 0 and "no changes" in diff.stdout, diff.stdout + diff.stderr
         assert serving_agents(dep) == agents, "a later command connected again instead of using the kept connection"
         assert _keeper() == keeper
+        logs = dep.cli("logs", "decode-0", env=env)  # shell commands connect directly, beside the kept agents
+        assert logs.returncode == 0 and "fake runtime: -m dynamo.mocker" in logs.stdout, logs.stdout + logs.stderr
+        assert serving_agents(dep) == agents
 
         # a host's link that dropped (its sessions killed) is opened again by the next command
         (h2_agent,) = agents["h2"]
@@ -157,41 +161,70 @@ def test_a_kept_connection_no_command_uses_is_closed_but_one_in_use_is_not(ssh_h
             t.close()
 
 
+class InProcessKeeper:
+    """A Keeper served on a Unix socket from threads of the test (serve()'s loop, without its idle exit), so that a
+    test can look at its state and end it as a dying keeper ends: its listener and every stream closed."""
+
+    def __init__(self, path: Path, idle_s: float = 0.5):
+        import socket
+
+        from primectl.deploy.keeper import Keeper
+
+        self.keeper = Keeper(idle_s=idle_s)
+        self.path = str(path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(8)
+        self.streams: list[Any] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.streams.append(conn)
+            threading.Thread(target=self.keeper.handle, args=(conn,), daemon=True).start()
+
+    def die(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for conn in self.streams:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.die()
+        for c in self.keeper.conns.values():
+            c.close()
+
+
+def _host(ssh_hosts: SSHHosts, i: int, wd: Path) -> Any:
+    from primectl.plan.model import HostPlan
+
+    h = ssh_hosts.hosts[i]
+    return HostPlan(name=h.name, address=h.address, port=h.port, user="root", gpus=0, connection="ssh",
+                    identity_file=str(ssh_hosts.client_key), workdir=str(wd))
+
+
 def test_a_commands_stream_carries_all_its_operations_on_a_host_and_holds_the_connection_until_closed(
         ssh_hosts: SSHHosts, tmp_path: Path) -> None:
     """One Unix connection per host and command: its operations (one past its time limit among them) go over it,
     the host's SSH connection is never closed as unused while the command holds the stream, and it can be once
     the command has closed it."""
-    import socket
+    from primectl.deploy.keeper import KeptTransport
 
-    from primectl.deploy.keeper import Keeper, KeptTransport
-    from primectl.plan.model import HostPlan
-
-    h1 = ssh_hosts.hosts[0]
-    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1]))
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
     wd = tmp_path / "wd"
-    host = HostPlan(name=h1.name, address=h1.address, port=h1.port, user="root", gpus=0, connection="ssh",
-                    identity_file=str(ssh_hosts.client_key), workdir=str(wd))
-    keeper = Keeper(idle_s=0.5)
-    path = tmp_path / "keeper.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(8)
-    streams: list[socket.socket] = []
-
-    def serve() -> None:  # serve()'s loop, without its idle exit
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            streams.append(conn)
-            threading.Thread(target=keeper.handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    served = InProcessKeeper(tmp_path / "keeper.sock")
+    keeper = served.keeper
     t = None
     try:
-        t = KeptTransport(host, known_hosts=known, accept_new_host_keys=False, path=str(path))
+        t = KeptTransport(_host(ssh_hosts, 0, wd), known_hosts=known, accept_new_host_keys=False, path=served.path)
         read = {"workdir": str(wd), "path": "nothing-here"}
         assert t.agent("read", read, 30)["ok"]
         slow = {"workdir": str(wd), "waits": [
@@ -199,7 +232,7 @@ def test_a_commands_stream_carries_all_its_operations_on_a_host_and_holds_the_co
         late = t.agent("wait", slow, 1)
         assert late["ok"] is False and late["code"] == 4, late
         assert t.agent("read", read, 30)["ok"], "the operation after one past its limit failed"
-        assert len(streams) == 1, f"{len(streams)} connections to the keeper for one host's operations"
+        assert len(served.streams) == 1, f"{len(served.streams)} connections to the keeper for one host's operations"
         assert keeper.evict_unused(time.monotonic() + 60) == [], "closed the connection of a command still running"
         t.close()
         deadline = time.monotonic() + 5
@@ -210,6 +243,84 @@ def test_a_commands_stream_carries_all_its_operations_on_a_host_and_holds_the_co
     finally:
         if t is not None:
             t.close()
-        listener.close()
-        for c in keeper.conns.values():
-            c.close()
+        served.close()
+
+
+def test_a_keeper_gone_between_operations_makes_the_next_one_unreachable_not_a_crash(ssh_hosts: SSHHosts,
+                                                                                     tmp_path: Path) -> None:
+    """The keeper stops (`disconnect`, killed) while a command holds its streams: the command's next operation
+    on the host fails as an unreachable host does (the command rolls back, names the host), not with a broken
+    pipe."""
+    from primectl.deploy.keeper import KeptTransport
+    from primectl.deploy.transport import HostUnreachable
+
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
+    wd = tmp_path / "wd"
+    served = InProcessKeeper(tmp_path / "keeper.sock")
+    try:
+        t = KeptTransport(_host(ssh_hosts, 0, wd), known_hosts=known, accept_new_host_keys=False, path=served.path)
+        assert t.agent("read", {"workdir": str(wd), "path": "x"}, 30)["ok"]
+        served.die()
+        with pytest.raises(HostUnreachable, match="h1: the connection keeper went away"):
+            t.agent("read", {"workdir": str(wd), "path": "x"}, 30)
+        t.close()
+    finally:
+        served.close()
+
+
+def test_closing_a_kept_transport_ends_an_operation_blocked_on_it_at_once(ssh_hosts: SSHHosts,
+                                                                          tmp_path: Path) -> None:
+    """Ctrl-C during a long wait: the command closes its connections while another thread still waits on one;
+    the close returns at once and so does the wait, and nothing is asked on that stream again."""
+    from primectl.deploy.keeper import KeptTransport
+    from primectl.deploy.transport import HostUnreachable
+
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
+    wd = tmp_path / "wd"
+    served = InProcessKeeper(tmp_path / "keeper.sock")
+    try:
+        t = KeptTransport(_host(ssh_hosts, 0, wd), known_hosts=known, accept_new_host_keys=False, path=served.path)
+        slow = {"workdir": str(wd), "waits": [
+            {"name": "slow", "probe": {"kind": "command", "command": ["sleep", "4"], "timeout_s": 6}}]}
+        ended: list[BaseException | dict[str, Any]] = []
+
+        def wait() -> None:
+            try:
+                ended.append(t.agent("wait", slow, 30))
+            except BaseException as exc:
+                ended.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        t.close()
+        waiter.join(5)
+        assert time.monotonic() - t0 < 2, f"close() and the wait took {time.monotonic() - t0:.1f}s to end"
+        assert ended and isinstance(ended[0], HostUnreachable), ended
+        with pytest.raises(HostUnreachable, match="its connection was closed"):
+            t.agent("read", {"workdir": str(wd), "path": "x"}, 30)
+    finally:
+        served.close()
+
+
+def test_a_host_the_keeper_cannot_reach_leaves_no_stream_held(ssh_hosts: SSHHosts, tmp_path: Path) -> None:
+    """A host that does not answer fails the command's connect as a direct one does, and the keeper's side of
+    that stream ends with it (else the keeper would count it as a command still running, and never go idle)."""
+    from primectl.deploy.keeper import KeptTransport
+    from primectl.deploy.transport import HostUnreachable
+    from primectl.plan.model import HostPlan
+
+    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
+    served = InProcessKeeper(tmp_path / "keeper.sock")
+    nobody = HostPlan(name="gone", address="127.0.0.250", port=22, user="root", gpus=0, connection="ssh",
+                      identity_file=str(ssh_hosts.client_key), workdir=str(tmp_path / "wd"))
+    try:
+        with pytest.raises(HostUnreachable, match="gone") as caught:  # a command keeps it, to report the host
+            KeptTransport(nobody, known_hosts=known, accept_new_host_keys=False, path=served.path)
+        deadline = time.monotonic() + 5
+        while served.keeper.busy and caught.value:
+            assert time.monotonic() < deadline, "the keeper still serves the stream of a host it could not reach"
+            time.sleep(0.02)
+    finally:
+        served.close()
