@@ -199,7 +199,9 @@ class InProcessKeeper:
 
     def close(self) -> None:
         self.die()
-        for c in self.keeper.conns.values():
+        with self.keeper.lock:  # a handler still answering may drop its connection meanwhile
+            held = list(self.keeper.conns.values())
+        for c in held:
             c.close()
 
 
