@@ -112,8 +112,9 @@ class Keeper:
         self.used: dict[str, float] = {}  # key -> when a request last finished with its connection
         self.inflight: dict[str, int] = {}  # key -> requests using its connection now
 
-    def transport(self, key: str, host: HostPlan, req: dict[str, Any]) -> SSHConnection:
-        """The kept connection for `key`, opened (or opened again) when needed."""
+    def transport(self, key: str, host: HostPlan, opening: dict[str, Any]) -> SSHConnection:
+        """The kept connection for `key`, opened (or opened again) when needed, with the trust settings of the
+        stream's `opening` line."""
         with self.lock:
             gate = self.opening.setdefault(key, threading.Lock())
         with gate:
@@ -122,15 +123,9 @@ class Keeper:
                 return t
             if t is not None:
                 t.close()
-            t = self.conns[key] = open_ssh(host, known_hosts=req["known_hosts"], accept_new_host_keys=req["accept_new"])
+            t = self.conns[key] = open_ssh(host, known_hosts=opening["known_hosts"],
+                                           accept_new_host_keys=opening["accept_new"])
             return t
-
-    def answer(self, req: dict[str, Any], progress: OnProgress) -> dict[str, Any]:
-        """What one request gets: `open` connects, anything else runs an agent operation."""
-        host = HostPlan.model_validate(req["host"])
-        key = _key(host, req["known_hosts"], req["accept_new"])
-        with self._holding(key):
-            return self._answer(key, host, req, progress)
 
     @contextlib.contextmanager
     def _holding(self, key: str) -> Iterator[None]:
@@ -144,10 +139,12 @@ class Keeper:
                 self.inflight[key] -= 1
                 self.used[key] = time.monotonic()
 
-    def _answer(self, key: str, host: HostPlan, req: dict[str, Any], progress: OnProgress) -> dict[str, Any]:
+    def _answer(self, key: str, host: HostPlan, opening: dict[str, Any], req: dict[str, Any],
+                progress: OnProgress) -> dict[str, Any]:
+        """What one line of a stream gets: its `opening` line connects, anything else runs an agent operation."""
         t: SSHConnection | None = None
         try:
-            t = self.transport(key, host, req)
+            t = self.transport(key, host, opening)
             if req.get("kind") == "open":
                 return {"result": {"ok": True}}
             return {"result": t.agent(req["op"], req["args"], req.get("timeout"), progress)}
@@ -187,16 +184,15 @@ class Keeper:
 
                 host = HostPlan.model_validate(first["host"])
                 key = _key(host, first["known_hosts"], first["accept_new"])
-                where = {"known_hosts": first["known_hosts"], "accept_new": first["accept_new"]}
                 with self._holding(key):
                     req = first
                     while True:
-                        f.write(json.dumps(self._answer(key, host, req, progress)).encode() + b"\n")
+                        f.write(json.dumps(self._answer(key, host, first, req, progress)).encode() + b"\n")
                         f.flush()
                         line = f.readline()
                         if not line:
                             return
-                        req = where | json.loads(line)
+                        req = json.loads(line)
         except (OSError, ValueError):
             pass  # the command went away (Ctrl-C): the operation on the host finished or timed out on its own
         finally:

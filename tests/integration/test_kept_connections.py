@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,51 +122,11 @@ def test_paramiko_serves_every_command_when_asked_fake_engine(deployment: Deploy
     assert "no changes" in again.stderr, again.stderr
 
 
-def test_a_kept_connection_no_command_uses_is_closed_but_one_in_use_is_not(ssh_hosts: SSHHosts,
-                                                                          tmp_path: Path) -> None:
-    """A sweep moves from deployment to deployment, each with its own workdir: the keeper closes the connections
-    (and agents) no command has used for its idle time, and never one a request is still using."""
-    from primectl.deploy.keeper import Keeper
-    from primectl.plan.model import HostPlan
-
-    h1, h2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
-    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
-
-    def request(h: Any, wd: Path) -> dict[str, Any]:
-        host = HostPlan(name=h.name, address=h.address, port=h.port, user="root", gpus=0, connection="ssh",
-                        identity_file=str(ssh_hosts.client_key), workdir=str(wd))
-        return {"host": host.model_dump(mode="json"), "known_hosts": known, "accept_new": False}
-
-    keeper = Keeper(idle_s=0.8)
-    old, busy = request(h1, tmp_path / "old"), request(h2, tmp_path / "busy")
-    try:
-        done = keeper.answer(old | {"op": "read", "args": {"workdir": str(tmp_path / "old"), "path": "x"}},
-                             lambda p: None)
-        assert done["result"]["ok"], done
-        agent = next(iter(keeper.conns.values()))
-        assert keeper.evict_unused(time.monotonic()) == []  # just used
-        slow = {"op": "wait", "timeout": 30, "args": {"workdir": str(tmp_path / "busy"), "waits": [
-            {"name": "slow", "probe": {"kind": "command", "command": ["sleep", "2"], "timeout_s": 30}}]}}
-        answers: list[dict[str, Any]] = []
-        worker = threading.Thread(target=lambda: answers.append(keeper.answer(busy | slow, lambda p: None)))
-        worker.start()
-        time.sleep(1.0)  # the first connection unused for longer than idle_s; the second one mid-request
-        evicted = keeper.evict_unused(time.monotonic() + 0.5)
-        assert len(evicted) == 1 and json.loads(evicted[0])[:2] == [h1.address, h1.port], evicted
-        assert not agent.alive()
-        worker.join(30)
-        assert answers and answers[0]["result"]["ok"], answers
-        assert keeper.evict_unused(time.monotonic()) == []  # the busy one was just used
-    finally:
-        for t in keeper.conns.values():
-            t.close()
-
-
 class InProcessKeeper:
     """A Keeper served on a Unix socket from threads of the test (serve()'s loop, without its idle exit), so that a
     test can look at its state and end it as a dying keeper ends: its listener and every stream closed."""
 
-    def __init__(self, path: Path, idle_s: float = 0.5):
+    def __init__(self, path: Path, idle_s: float):
         import socket
 
         from primectl.deploy.keeper import Keeper
@@ -205,6 +166,15 @@ class InProcessKeeper:
             c.close()
 
 
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[InProcessKeeper]:
+    keeper = InProcessKeeper(tmp_path / "keeper.sock", idle_s=0.8)
+    try:
+        yield keeper
+    finally:
+        keeper.close()
+
+
 def _host(ssh_hosts: SSHHosts, i: int, wd: Path) -> Any:
     from primectl.plan.model import HostPlan
 
@@ -213,116 +183,125 @@ def _host(ssh_hosts: SSHHosts, i: int, wd: Path) -> Any:
                     identity_file=str(ssh_hosts.client_key), workdir=str(wd))
 
 
+def _kept(ssh_hosts: SSHHosts, served: InProcessKeeper, host: Any) -> Any:
+    """A command's KeptTransport to `host` through the in-process keeper, every test host's key known."""
+    from primectl.deploy.keeper import KeptTransport
+
+    known = ssh_hosts.known_hosts(Path(served.path).parent / "known_hosts")
+    return KeptTransport(host, known_hosts=str(known), accept_new_host_keys=False, path=served.path)
+
+
+def _slow(wd: Path, seconds: int, timeout_s: int) -> dict[str, Any]:
+    """A `wait` whose probe takes `seconds`."""
+    return {"workdir": str(wd), "waits": [
+        {"name": "slow", "probe": {"kind": "command", "command": ["sleep", str(seconds)], "timeout_s": timeout_s}}]}
+
+
+def test_a_kept_connection_no_command_uses_is_closed_but_one_in_use_is_not(ssh_hosts: SSHHosts, tmp_path: Path,
+                                                                          served: InProcessKeeper) -> None:
+    """A sweep moves from deployment to deployment, each with its own workdir: the keeper closes the connections
+    (and agents) no command has used for its idle time, and never one a request is still using."""
+    h1 = ssh_hosts.hosts[0]
+    keeper = served.keeper
+    old = _kept(ssh_hosts, served, _host(ssh_hosts, 0, tmp_path / "old"))
+    done = old.agent("read", {"workdir": str(tmp_path / "old"), "path": "x"}, 30)
+    assert done["ok"], done
+    old.close()
+    agent = next(iter(keeper.conns.values()))
+    assert keeper.evict_unused(time.monotonic()) == []  # just used
+    busy = _kept(ssh_hosts, served, _host(ssh_hosts, 1, tmp_path / "busy"))
+    answers: list[dict[str, Any]] = []
+    worker = threading.Thread(target=lambda: answers.append(busy.agent("wait", _slow(tmp_path / "busy", 2, 30), 30)))
+    worker.start()
+    time.sleep(1.0)  # the first connection unused for longer than idle_s; the second one mid-request
+    evicted = keeper.evict_unused(time.monotonic() + 0.5)
+    assert len(evicted) == 1 and json.loads(evicted[0])[:2] == [h1.address, h1.port], evicted
+    assert not agent.alive()
+    worker.join(30)
+    assert answers and answers[0]["ok"], answers
+    assert keeper.evict_unused(time.monotonic()) == []  # the busy one was just used
+    busy.close()
+
+
 def test_a_commands_stream_carries_all_its_operations_on_a_host_and_holds_the_connection_until_closed(
-        ssh_hosts: SSHHosts, tmp_path: Path) -> None:
+        ssh_hosts: SSHHosts, tmp_path: Path, served: InProcessKeeper) -> None:
     """One Unix connection per host and command: its operations (one past its time limit among them) go over it,
     the host's SSH connection is never closed as unused while the command holds the stream, and it can be once
     the command has closed it."""
-    from primectl.deploy.keeper import KeptTransport
-
-    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
     wd = tmp_path / "wd"
-    served = InProcessKeeper(tmp_path / "keeper.sock")
     keeper = served.keeper
-    t = None
-    try:
-        t = KeptTransport(_host(ssh_hosts, 0, wd), known_hosts=known, accept_new_host_keys=False, path=served.path)
-        read = {"workdir": str(wd), "path": "nothing-here"}
-        assert t.agent("read", read, 30)["ok"]
-        slow = {"workdir": str(wd), "waits": [
-            {"name": "slow", "probe": {"kind": "command", "command": ["sleep", "3"], "timeout_s": 30}}]}
-        late = t.agent("wait", slow, 1)
-        assert late["ok"] is False and late["code"] == 4, late
-        assert t.agent("read", read, 30)["ok"], "the operation after one past its limit failed"
-        assert len(served.streams) == 1, f"{len(served.streams)} connections to the keeper for one host's operations"
-        assert keeper.evict_unused(time.monotonic() + 60) == [], "closed the connection of a command still running"
-        t.close()
-        deadline = time.monotonic() + 5
-        while keeper.inflight.get(next(iter(keeper.conns))):
-            assert time.monotonic() < deadline, "the keeper still holds the connection of a closed stream"
-            time.sleep(0.02)
-        assert len(keeper.evict_unused(time.monotonic() + 60)) == 1
-    finally:
-        if t is not None:
-            t.close()
-        served.close()
+    t = _kept(ssh_hosts, served, _host(ssh_hosts, 0, wd))
+    read = {"workdir": str(wd), "path": "nothing-here"}
+    assert t.agent("read", read, 30)["ok"]
+    late = t.agent("wait", _slow(wd, 3, 30), 1)
+    assert late["ok"] is False and late["code"] == 4, late
+    assert t.agent("read", read, 30)["ok"], "the operation after one past its limit failed"
+    assert len(served.streams) == 1, f"{len(served.streams)} connections to the keeper for one host's operations"
+    assert keeper.evict_unused(time.monotonic() + 60) == [], "closed the connection of a command still running"
+    t.close()
+    deadline = time.monotonic() + 5
+    while keeper.inflight.get(next(iter(keeper.conns))):
+        assert time.monotonic() < deadline, "the keeper still holds the connection of a closed stream"
+        time.sleep(0.02)
+    assert len(keeper.evict_unused(time.monotonic() + 60)) == 1
 
 
-def test_a_keeper_gone_between_operations_makes_the_next_one_unreachable_not_a_crash(ssh_hosts: SSHHosts,
-                                                                                     tmp_path: Path) -> None:
+def test_a_keeper_gone_between_operations_makes_the_next_one_unreachable_not_a_crash(
+        ssh_hosts: SSHHosts, tmp_path: Path, served: InProcessKeeper) -> None:
     """The keeper stops (`disconnect`, killed) while a command holds its streams: the command's next operation
     on the host fails as an unreachable host does (the command rolls back, names the host), not with a broken
     pipe."""
-    from primectl.deploy.keeper import KeptTransport
     from primectl.deploy.transport import HostUnreachable
 
-    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
     wd = tmp_path / "wd"
-    served = InProcessKeeper(tmp_path / "keeper.sock")
-    try:
-        t = KeptTransport(_host(ssh_hosts, 0, wd), known_hosts=known, accept_new_host_keys=False, path=served.path)
-        assert t.agent("read", {"workdir": str(wd), "path": "x"}, 30)["ok"]
-        served.die()
-        with pytest.raises(HostUnreachable, match="h1: the connection keeper went away"):
-            t.agent("read", {"workdir": str(wd), "path": "x"}, 30)
-        t.close()
-    finally:
-        served.close()
+    t = _kept(ssh_hosts, served, _host(ssh_hosts, 0, wd))
+    assert t.agent("read", {"workdir": str(wd), "path": "x"}, 30)["ok"]
+    served.die()
+    with pytest.raises(HostUnreachable, match="h1: the connection keeper went away"):
+        t.agent("read", {"workdir": str(wd), "path": "x"}, 30)
+    t.close()
 
 
-def test_closing_a_kept_transport_ends_an_operation_blocked_on_it_at_once(ssh_hosts: SSHHosts,
-                                                                          tmp_path: Path) -> None:
+def test_closing_a_kept_transport_ends_an_operation_blocked_on_it_at_once(
+        ssh_hosts: SSHHosts, tmp_path: Path, served: InProcessKeeper) -> None:
     """Ctrl-C during a long wait: the command closes its connections while another thread still waits on one;
     the close returns at once and so does the wait, and nothing is asked on that stream again."""
-    from primectl.deploy.keeper import KeptTransport
     from primectl.deploy.transport import HostUnreachable
 
-    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
     wd = tmp_path / "wd"
-    served = InProcessKeeper(tmp_path / "keeper.sock")
-    try:
-        t = KeptTransport(_host(ssh_hosts, 0, wd), known_hosts=known, accept_new_host_keys=False, path=served.path)
-        slow = {"workdir": str(wd), "waits": [
-            {"name": "slow", "probe": {"kind": "command", "command": ["sleep", "4"], "timeout_s": 6}}]}
-        ended: list[BaseException | dict[str, Any]] = []
+    t = _kept(ssh_hosts, served, _host(ssh_hosts, 0, wd))
+    ended: list[BaseException | dict[str, Any]] = []
 
-        def wait() -> None:
-            try:
-                ended.append(t.agent("wait", slow, 30))
-            except BaseException as exc:
-                ended.append(exc)
+    def wait() -> None:
+        try:
+            ended.append(t.agent("wait", _slow(wd, 4, 6), 30))
+        except BaseException as exc:
+            ended.append(exc)
 
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        time.sleep(1.0)
-        t0 = time.monotonic()
-        t.close()
-        waiter.join(5)
-        assert time.monotonic() - t0 < 2, f"close() and the wait took {time.monotonic() - t0:.1f}s to end"
-        assert ended and isinstance(ended[0], HostUnreachable), ended
-        with pytest.raises(HostUnreachable, match="its connection was closed"):
-            t.agent("read", {"workdir": str(wd), "path": "x"}, 30)
-    finally:
-        served.close()
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    t.close()
+    waiter.join(5)
+    assert time.monotonic() - t0 < 2, f"close() and the wait took {time.monotonic() - t0:.1f}s to end"
+    assert ended and isinstance(ended[0], HostUnreachable), ended
+    with pytest.raises(HostUnreachable, match="its connection was closed"):
+        t.agent("read", {"workdir": str(wd), "path": "x"}, 30)
 
 
-def test_a_host_the_keeper_cannot_reach_leaves_no_stream_held(ssh_hosts: SSHHosts, tmp_path: Path) -> None:
+def test_a_host_the_keeper_cannot_reach_leaves_no_stream_held(ssh_hosts: SSHHosts, tmp_path: Path,
+                                                              served: InProcessKeeper) -> None:
     """A host that does not answer fails the command's connect as a direct one does, and the keeper's side of
     that stream ends with it (else the keeper would count it as a command still running, and never go idle)."""
-    from primectl.deploy.keeper import KeptTransport
     from primectl.deploy.transport import HostUnreachable
     from primectl.plan.model import HostPlan
 
-    known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [ssh_hosts.hosts[0]]))
-    served = InProcessKeeper(tmp_path / "keeper.sock")
     nobody = HostPlan(name="gone", address="127.0.0.250", port=22, user="root", gpus=0, connection="ssh",
                       identity_file=str(ssh_hosts.client_key), workdir=str(tmp_path / "wd"))
-    try:
-        with pytest.raises(HostUnreachable, match="gone") as caught:  # a command keeps it, to report the host
-            KeptTransport(nobody, known_hosts=known, accept_new_host_keys=False, path=served.path)
-        deadline = time.monotonic() + 5
-        while served.keeper.busy and caught.value:
-            assert time.monotonic() < deadline, "the keeper still serves the stream of a host it could not reach"
-            time.sleep(0.02)
-    finally:
-        served.close()
+    with pytest.raises(HostUnreachable, match="gone") as caught:  # a command keeps it, to report the host
+        _kept(ssh_hosts, served, nobody)
+    deadline = time.monotonic() + 5
+    while served.keeper.busy and caught.value:
+        assert time.monotonic() < deadline, "the keeper still serves the stream of a host it could not reach"
+        time.sleep(0.02)
