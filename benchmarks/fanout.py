@@ -179,10 +179,10 @@ class StepTimer:
             finally:
                 timer.calls.append((op, self.name, s - timer.t0, time.perf_counter() - s))
 
-        def connect(self: Any, host: Any) -> Any:
+        def connect(self: Any, host: Any, **kw: Any) -> Any:
             s = time.perf_counter()
             try:
-                return orig_connect(self, host)
+                return orig_connect(self, host, **kw)
             finally:
                 timer.calls.append(("connect", host.name, s - timer.t0, time.perf_counter() - s))
 
@@ -262,13 +262,14 @@ def main() -> int:
                     secs, res, controller, busy = measured_up(partial(up, plan, options, quiet),
                                                               profile if profiled else None)
                     assert len(res.started) == len(plan.services), res
+                    host_ms = max(0.0, busy - controller) / n * 1000
                     if secs < min(times, default=float("inf")):
-                        busy_s[n], hosts_ms[n] = busy, max(0.0, busy - controller) / n * 1000
+                        busy_s[n], hosts_ms[n] = busy, host_ms
                     times.append(secs)
                     cpu_ms[n] = min(cpu_ms.get(n, float("inf")), controller / n * 1000)
                     print(f"  up on {n:2} host(s), {len(plan.services):2} services: {secs:.3f}s; controller CPU "
                           f"{controller:.2f}s ({controller / n * 1000:.1f} ms per host); simulated hosts "
-                          f"{max(0.0, busy - controller) / n * 1000:.0f} ms CPU per host")
+                          f"{host_ms:.0f} ms CPU per host")
                     if profiled:
                         print(profile.report(secs))
                         cores = os.cpu_count() or 1

@@ -141,11 +141,13 @@ def tarball(files: dict[str, bytes], modes: dict[str, int]) -> bytes:
 ANSIBLE_CONFIGS = ("tuned", "defaults")
 
 
-def ansible_tuning(config: str, hosts: int) -> tuple[str, str, str]:
-    """(the [defaults] lines, the [ssh_connection] lines, the ssh options) of an --ansible-config."""
+def ansible_tuning(config: str, hosts: int) -> tuple[str, str, str, str]:
+    """(what it is, the [defaults] lines, the [ssh_connection] lines, the ssh options) of an --ansible-config."""
     if config == "tuned":
-        return f"forks = {hosts}\n", "pipelining = True\n", "-o ControlMaster=auto -o ControlPersist=120s"
-    return "", "", "-C -o ControlMaster=auto -o ControlPersist=60s"  # ansible-core's default ssh_args
+        return (f"Ansible tuned: forks={hosts}, pipelining, ControlPersist", f"forks = {hosts}\n",
+                "pipelining = True\n", "-o ControlMaster=auto -o ControlPersist=120s")
+    return ("Ansible's defaults: forks=5, no pipelining, ControlPersist 60 s", "", "",
+            "-C -o ControlMaster=auto -o ControlPersist=60s")  # ansible-core's default ssh_args
 
 
 def ansible_project(plan: Any, cluster: SSHHosts, out: Path, config: str) -> Path:
@@ -178,7 +180,7 @@ def ansible_project(plan: Any, cluster: SSHHosts, out: Path, config: str) -> Pat
         }
         assert all(mine[n].ready.kind == "http" for n in mine), "the playbook probes HTTP readiness only"
     (out / "inventory.json").write_text(json.dumps({"deploy": {"hosts": hosts}}, indent=1))
-    defaults, connection, ssh_opts = ansible_tuning(config, len(hosts))
+    _, defaults, connection, ssh_opts = ansible_tuning(config, len(hosts))
     (out / "ansible.cfg").write_text(
         "[defaults]\n"
         f"inventory = {out / 'inventory.json'}\n"
@@ -372,8 +374,7 @@ def main() -> int:
         t_start, cluster = timed(lambda: start_hosts(base / "hosts", n))
         cluster.known_hosts(cluster.base / "known_hosts")
         cores = os.cpu_count() or 1
-        tuning = (f"Ansible tuned: forks={n}, pipelining, ControlPersist" if opts.ansible_config == "tuned" else
-                  "Ansible's defaults: forks=5, no pipelining, ControlPersist 60 s")
+        tuning = ansible_tuning(opts.ansible_config, n)[0]
         print(f"started {n} sshd hosts in {t_start:.2f}s; {cores} cores, {load_text()} (1/5 min); {version}; "
               f"{opts.repeat} rounds of primectl `up` (in-process) then ansible-playbook ({tuning}, no facts)")
         projects: list[str] = []
