@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from primectl.deploy.known_hosts import host_keys_for, known_hosts_path
+from primectl.deploy.known_hosts import host_entry_name, host_keys_for, known_hosts_path
 from primectl.deploy.libssh2_transport import Libssh2Transport, libssh2_available
 from primectl.deploy.transport import (
     KEEPALIVE_INTERVAL_S,
@@ -141,7 +141,7 @@ class ViaTransport(SSHTransport):
     def _ssh_prefix(self, gateways: Gateways) -> str:
         """`ssh <options> -- <host>` as the head node runs it, with this host's known keys on its command line."""
         h = self.host
-        name = h.address if h.port == 22 else f"[{h.address}]:{h.port}"
+        name = host_entry_name(h.address, h.port)
         keys = host_keys_for(gateways.known_hosts, h.address, h.port).lookup(name) or {}
         if not keys:
             hint = (" (through a head node primectl cannot learn a key: add it first, e.g. `ssh-keyscan` run on "
