@@ -24,10 +24,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    from primectl.plan.model import HostPlan
 
 from . import slurmcluster
 from .nspawnhosts import (
@@ -215,18 +218,28 @@ class Deployment:
 
 def serving_agents(dep: Deployment) -> dict[str, set[int]]:
     """Per host, the pids of host agents serving a connection (`serve`) for this deployment's workdir."""
-    out: dict[str, set[int]] = {h: set() for h in dep.hosts}
+    return {h: agents_serving(dep.workdir(h)) for h in dep.hosts}
+
+
+def agents_serving(workdir: Path) -> set[int]:
+    """The pids of host agents serving a connection (`serve`) with their cache under `workdir`."""
+    found = set()
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv[-2:] != [b"serve", b""] or not pid_alive(int(entry)):
-            continue
-        for h in dep.hosts:
-            if str(dep.workdir(h) / "agent").encode() in argv:
-                out[h].add(int(entry))
-    return out
+        if argv[-2:] == [b"serve", b""] and str(workdir / "agent").encode() in argv and pid_alive(int(entry)):
+            found.add(int(entry))
+    return found
+
+
+def host_plan(h: SSHHost, key: Path | None, workdir: Path) -> HostPlan:
+    """A recipe's `connection: ssh` entry for a test sshd host, logging in as root with `key`."""
+    from primectl.plan.model import HostPlan
+
+    return HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=str(key) if key else None,
+                    connection="ssh", workdir=str(workdir), gpus=0)
 
 
 def _problem_message() -> str | None:

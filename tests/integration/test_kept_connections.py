@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import PRIMECTL, Deployment, serving_agents
+from tests.integration.conftest import PRIMECTL, Deployment, host_plan, serving_agents
 from tests.integration.sshhosts import SSHHosts, pid_alive
 
 
@@ -176,11 +176,7 @@ def served(tmp_path: Path) -> Iterator[InProcessKeeper]:
 
 
 def _host(ssh_hosts: SSHHosts, i: int, wd: Path) -> Any:
-    from primectl.plan.model import HostPlan
-
-    h = ssh_hosts.hosts[i]
-    return HostPlan(name=h.name, address=h.address, port=h.port, user="root", gpus=0, connection="ssh",
-                    identity_file=str(ssh_hosts.client_key), workdir=str(wd))
+    return host_plan(ssh_hosts.hosts[i], ssh_hosts.client_key, wd)
 
 
 def _kept(ssh_hosts: SSHHosts, served: InProcessKeeper, host: Any) -> Any:

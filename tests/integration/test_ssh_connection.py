@@ -23,6 +23,7 @@ from primectl.deploy import gateway
 from primectl.deploy.libssh2_transport import Libssh2Transport
 from primectl.deploy.transport import HostUnreachable, SSHTransport
 from primectl.plan.model import HostPlan
+from tests.integration.conftest import agents_serving, host_plan
 from tests.integration.sshhosts import SSHHost, SSHHosts, pid_alive
 
 pytestmark = pytest.mark.integration
@@ -31,24 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 CLIENTS = [SSHTransport, Libssh2Transport]
 READ = ("read", {"supervisor": "process", "path": "none"})
-
-
-def _serving_agents(workdir: Path) -> set[int]:
-    """The pids of host agents serving a connection (`serve`) with their cache under `workdir`."""
-    found = set()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in argv and str(workdir / "agent").encode() in argv and pid_alive(int(entry)):
-            found.add(int(entry))
-    return found
-
-
-def _host_plan(name: str, address: str, port: int, key: Path | None, workdir: Path) -> HostPlan:
-    return HostPlan(name=name, address=address, port=port, user="root", identity_file=str(key) if key else None,
-                    connection="ssh", workdir=str(workdir), gpus=0)
 
 
 def _read(transport: Any, host: HostPlan) -> bool:
@@ -65,12 +48,12 @@ def _cipher(transport: Any) -> str:
 @pytest.mark.parametrize("client", CLIENTS, ids=["paramiko", "libssh2"])
 def test_closing_a_connection_ends_its_agent_at_once(ssh_hosts: SSHHosts, tmp_path: Path, client: Any) -> None:
     h = ssh_hosts.hosts[0]
-    host = _host_plan(h.name, h.address, h.port, ssh_hosts.client_key, tmp_path / "wd")
+    host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     known = ssh_hosts.known_hosts(tmp_path / "known_hosts", [h])
     transport = client(host, known_hosts=str(known), accept_new_host_keys=False)
     reader = transport.client.get_transport() if client is SSHTransport else None
     assert _read(transport, host)
-    agents = _serving_agents(tmp_path / "wd")
+    agents = agents_serving(tmp_path / "wd")
     assert len(agents) == 1, agents
     time.sleep(0.3)  # paramiko's reader is idle, blocked in recv
     t0 = time.monotonic()
@@ -88,7 +71,7 @@ def test_closing_a_connection_ends_its_agent_at_once(ssh_hosts: SSHHosts, tmp_pa
 @pytest.mark.parametrize("client", CLIENTS, ids=["paramiko", "libssh2"])
 def test_a_connection_uses_aes_gcm_where_the_host_offers_it(ssh_hosts: SSHHosts, tmp_path: Path, client: Any) -> None:
     h = ssh_hosts.hosts[0]
-    host = _host_plan(h.name, h.address, h.port, ssh_hosts.client_key, tmp_path / "wd")
+    host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     transport = client(host, known_hosts=str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h])),
                        accept_new_host_keys=False)
     try:
@@ -106,7 +89,7 @@ def test_a_host_that_offers_only_aes_ctr_is_still_reached(ssh_hosts: SSHHosts, t
     old.config.write_text(old.config.read_text() + "Ciphers aes128-ctr,aes256-ctr\n")  # as OpenSSH < 6.2 offers
     old.start()
     try:
-        host = _host_plan(old.name, old.address, old.port, ssh_hosts.client_key, tmp_path / "wd")
+        host = host_plan(old, ssh_hosts.client_key, tmp_path / "wd")
         transport = client(host, known_hosts=str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [old])),
                            accept_new_host_keys=False)
         try:
@@ -122,12 +105,12 @@ def test_a_host_that_offers_only_aes_ctr_is_still_reached(ssh_hosts: SSHHosts, t
 def test_a_call_past_its_limit_times_out_and_the_next_one_gets_a_new_agent(ssh_hosts: SSHHosts, tmp_path: Path,
                                                                             client: Any) -> None:
     h = ssh_hosts.hosts[0]
-    host = _host_plan(h.name, h.address, h.port, ssh_hosts.client_key, tmp_path / "wd")
+    host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     transport = client(host, known_hosts=str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h])),
                        accept_new_host_keys=False)
     try:
         assert _read(transport, host)
-        first = _serving_agents(tmp_path / "wd")
+        first = agents_serving(tmp_path / "wd")
         # nothing listens on port 9: the wait would go on for 20 s, the call's limit is 1 s
         waits = [{"name": "engine", "probe": {"kind": "tcp", "host": "127.0.0.1", "port": 9, "timeout_s": 20}}]
         t0 = time.monotonic()
@@ -136,7 +119,7 @@ def test_a_call_past_its_limit_times_out_and_the_next_one_gets_a_new_agent(ssh_h
         # the busy agent's session is closed without waiting for it (sshd answers once the agent has exited)
         assert time.monotonic() - t0 < 3.2
         assert _read(transport, host)  # the timed-out agent finishes its wait on its own; a new one serves
-        assert _serving_agents(tmp_path / "wd") - first, "the timed-out agent's session was reused"
+        assert agents_serving(tmp_path / "wd") - first, "the timed-out agent's session was reused"
     finally:
         transport.close()
 
@@ -144,7 +127,7 @@ def test_a_call_past_its_limit_times_out_and_the_next_one_gets_a_new_agent(ssh_h
 def test_without_an_identity_file_libssh2_logs_in_with_ssh_agent_or_the_users_own_key(
         ssh_hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = ssh_hosts.hosts[0]
-    host = _host_plan(h.name, h.address, h.port, None, tmp_path / "wd")
+    host = host_plan(h, None, tmp_path / "wd")
     known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h]))
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
@@ -186,7 +169,7 @@ def test_without_an_identity_file_libssh2_logs_in_with_ssh_agent_or_the_users_ow
 def test_agent_calls_go_on_libssh2_and_shell_commands_and_uploads_on_paramiko(
         ssh_hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = ssh_hosts.hosts[0]
-    host = _host_plan(h.name, h.address, h.port, ssh_hosts.client_key, tmp_path / "wd")
+    host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h]))
     transport = gateway.open_ssh(host, known_hosts=known, accept_new_host_keys=False)
     try:
@@ -217,7 +200,7 @@ def test_a_host_presenting_a_key_of_another_type_is_refused_as_changed(ssh_hosts
     kind, b64 = (tmp_path / "other_ecdsa.pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
     known.write_text(f"{h.address} {kind} {b64}\n")
-    host = _host_plan(h.name, h.address, h.port, ssh_hosts.client_key, tmp_path / "wd")
+    host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     for accept_new in (False, True):
         with pytest.raises(HostUnreachable, match="host key CHANGED"):
             client(host, known_hosts=str(known), accept_new_host_keys=accept_new)
@@ -254,7 +237,7 @@ CTRL_C = textwrap.dedent("""
 def test_ctrl_c_reaches_a_main_thread_call_at_once_and_the_next_call_gets_its_own_answer(
         ssh_hosts: SSHHosts, tmp_path: Path) -> None:
     h = ssh_hosts.hosts[0]
-    host = _host_plan(h.name, h.address, h.port, ssh_hosts.client_key, tmp_path / "wd")
+    host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     spec = {"host": host.model_dump(mode="json"),
             "known_hosts": str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h]))}
     r = subprocess.run([sys.executable, "-c", CTRL_C, json.dumps(spec), str(REPO)], capture_output=True, text=True,
