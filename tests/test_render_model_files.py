@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_changing_the_generated_model_restarts_its_readers_only():
     plan = build_plan(load_recipe(REPO / "recipes" / "demo.yaml").recipe)
-    assert plan.serving.model.generate == "demo-tiny" and plan.serving.model.max_context == 32768
+    assert plan.serving.model.generate == "demo-tiny" and plan.serving.model.max_context == 262144
     # the same plan, except for the context length its generated model declares
     model = plan.serving.model.model_copy(update={"max_context": 16384})
     other = plan.model_copy(update={"serving": plan.serving.model_copy(update={"model": model})})

@@ -358,7 +358,7 @@ def test_budget_and_context_from_the_demo_plan():
 
     plan = build_plan(load_recipe(REPO / "recipes" / "demo.yaml").recipe)
     assert prefill_budget(plan) == 4096
-    assert max_context(plan) == 32768
+    assert max_context(plan) == 262144
     assert prefill_budget(None) == 4096
     assert max_context(None) is None
 

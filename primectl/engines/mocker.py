@@ -18,7 +18,7 @@ from primectl.engines.base import (
     dynamo_pins,
     options,
 )
-from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_listing_watch
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_worker_watch
 from primectl.errors import Finding
 from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
 from primectl.recipe.capacity import kv_bytes_per_token, parse_parallel
@@ -41,6 +41,11 @@ class Mocker(Strict):
     speedup_ratio: float = Field(1.0, ge=0)
     num_gpu_blocks: int = Field(16384, gt=0)
     startup_time_s: float = Field(0, ge=0)
+    host_offload: bool = Field(False, description=(
+        "Simulate the host (G2) KV tier inside the mocker (--num-host-blocks from host_tier). Off by default: "
+        "Dynamo 1.6.1's mocker (aisimulate-core 0.13.0) panics in it under sustained long prompts "
+        "(host_offload/tier.rs:1222, 'host completions must be ticked before a later mutation'), and the "
+        "panic kills the engine while the process and its /health live on."))
 
 
 class MockerEngine:
@@ -117,7 +122,7 @@ class MockerEngine:
         if mock.startup_time_s:
             argv += ["--startup-time", str(mock.startup_time_s)]
         tier = ctx.tier
-        if tier is not None:
+        if tier is not None and mock.host_offload:
             host_blocks = int(tier.dram_gb_per_host * 1e9 / (per_token * r.kv.block_size) / dp_size)
             argv += [
                 "--num-host-blocks", str(max(host_blocks, 1)),
@@ -137,7 +142,7 @@ class MockerEngine:
         # The mocker publishes KV events on the event plane itself (no --zmq-kv-events-ports).
         ports = {k: slot.ports[k] for k in ("system", "tcp_rpc")}
         system = f"http://{addr}:{slot.ports['system']}"
-        return with_listing_watch(ctx, Service(
+        return with_worker_watch(ctx, Service(
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
             gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=slot.data_parallel,
             argv=argv, env=env, ports=ports, listens=sorted(ports.values()),
