@@ -13,7 +13,7 @@ from primectl.plan.model import PID, RELEASE, FileSpec, Service
 if TYPE_CHECKING:
     from primectl.engines.base import PlanContext
 
-LISTING_WATCH = "probes/listing_watch.py"
+WORKER_WATCH = "probes/worker_watch.py"
 
 # Flags the Dynamo worker adapters set from recipe fields: flag -> the field to use instead.
 DYNAMO_WORKER_MANAGED: dict[str, str] = {
@@ -38,21 +38,22 @@ def listed_as(addr: str, tcp_rpc_port: int) -> str:
     return f'"{addr}:{tcp_rpc_port}/'
 
 
-def with_listing_watch(ctx: PlanContext, svc: Service) -> Service:
-    """On Dynamo's file store, a worker with probes/listing_watch.py beside it: once the frontend has not listed
-    it for `control_plane.lost_worker_grace_s`, it ends, so that its supervisor starts it again and it registers
-    (on etcd a worker whose lease lapses ends itself)."""
+def with_worker_watch(ctx: PlanContext, svc: Service) -> Service:
+    """A worker with probes/worker_watch.py beside it, which ends it (so that its supervisor starts it again) when
+    its engine panics inside the live process, and, on Dynamo's file store, once the frontend has not listed it
+    for `control_plane.lost_worker_grace_s` (on etcd a worker whose lease lapses ends itself)."""
     from importlib.resources import files
 
     from primectl.engines.frontend import worker_listing_url
 
     r = ctx.recipe
-    grace = r.control_plane.lost_worker_grace_s
-    if not ctx.watches or r.control_plane.discovery != "file" or not grace or not svc.listed_as:
+    if not ctx.watches:
         return svc
-    url = worker_listing_url(f"http://{ctx.hosts[r.frontend.host].address}:{r.frontend.port}")
-    script = FileSpec(path=LISTING_WATCH, content=files("primectl.engines").joinpath("listing_watch.py").read_text(),
+    script = FileSpec(path=WORKER_WATCH, content=files("primectl.engines").joinpath("worker_watch.py").read_text(),
                       mode=0o755)
-    watch = [ctx.python(svc.host), "-I", f"{RELEASE}/{LISTING_WATCH}", "--pid", PID, "--url", url,
-             "--expect", svc.listed_as, "--grace", f"{grace:g}"]
+    watch = [ctx.python(svc.host), "-I", f"{RELEASE}/{WORKER_WATCH}", "--pid", PID]
+    grace = r.control_plane.lost_worker_grace_s
+    if r.control_plane.discovery == "file" and grace and svc.listed_as:
+        url = worker_listing_url(f"http://{ctx.hosts[r.frontend.host].address}:{r.frontend.port}")
+        watch += ["--url", url, "--expect", svc.listed_as, "--grace", f"{grace:g}"]
     return svc.model_copy(update={"watch": watch, "files": [*svc.files, script]})

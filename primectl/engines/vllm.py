@@ -24,7 +24,7 @@ from primectl.engines.base import (
     dynamo_pins,
     pins_of,
 )
-from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_listing_watch
+from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_worker_watch
 from primectl.engines.mooncake import store_config
 from primectl.engines.vllm_compat import VllmPins, check_vllm_pins
 from primectl.errors import Finding
@@ -419,7 +419,7 @@ class VllmEngine:
                 metrics = None
             else:
                 listens.append(nodes.master_port)
-        return with_listing_watch(ctx, Service(
+        return with_worker_watch(ctx, Service(
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
             gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=dp,
             argv=argv, env=env, files=files, dirs=dirs, ports=_used_ports(slot), listens=sorted(listens),

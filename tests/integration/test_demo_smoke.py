@@ -280,7 +280,7 @@ def test_a_worker_the_frontend_lost_is_named_then_ends_itself_and_up_brings_it_b
         assert time.monotonic() < deadline, f"prefill-0 (pid {pid}) still runs, unlisted, {LOST_GRACE_S}s on"
         time.sleep(0.5)
     log = (demo.workdir / "logs" / "prefill-0.log").read_text()
-    assert "primectl listing_watch: the frontend" in log and f"ending pid {pid} so that it starts again" in log
+    assert "primectl worker_watch: the frontend" in log and f"ending pid {pid} so that it starts again" in log
     status = _cmd("status", demo.recipe, "-o", "json")
     row = next(r for r in json.loads(status.stdout)["services"] if r["service"] == "prefill-0")
     assert status.returncode == 1 and not row["running"], row
