@@ -27,6 +27,28 @@ HAPROXY_BINARY = "/usr/sbin/haproxy"
 BACKEND = "frontends"
 CONFIG = "config/balancer.haproxy.cfg"
 MAXCONN = 4096
+# HAProxy resends only a request it holds whole in one buffer (tune.bufsize; its default of 16 KiB never holds an
+# agent turn). The buffer is sized for a prompt at the model's context limit, in JSON, at this many bytes a token.
+BYTES_PER_TOKEN = 8
+DEFAULT_BUFSIZE = 16 << 10
+MAX_BUFSIZE = 128 << 20  # HAProxy refuses 256 MB and more with HTTP
+# Each stream holds a request and a response buffer, allocated while it runs: the connection cap keeps the
+# worst case (every connection busy at once) within this much memory.
+BUFFER_MEMORY = 2 << 30
+
+
+def request_buffer(max_context: int | None) -> int:
+    """tune.bufsize for prompts up to `max_context` tokens: a power of two, at least HAProxy's default."""
+    want = (max_context or 0) * BYTES_PER_TOKEN
+    size = DEFAULT_BUFSIZE
+    while size < want and size < MAX_BUFSIZE:
+        size *= 2
+    return size
+
+
+def connection_cap(bufsize: int) -> int:
+    """maxconn: MAXCONN, or fewer where every connection's two buffers would pass BUFFER_MEMORY."""
+    return max(64, min(MAXCONN, BUFFER_MEMORY // (2 * bufsize)))
 
 
 def socket_path(ctx: PlanContext, host: str) -> str:
@@ -53,8 +75,10 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
     fe = ctx.recipe.frontend
     addr = ctx.hosts[host].address
     check_uri = f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready"
+    bufsize = request_buffer(ctx.recipe.model.max_context or ctx.arch.max_context)
     config = template("haproxy.cfg.j2").render(
-        name="balancer", deployment=ctx.recipe.name, maxconn=MAXCONN, socket=socket_path(ctx, host),
+        name="balancer", deployment=ctx.recipe.name, maxconn=connection_cap(bufsize), bufsize=bufsize,
+        socket=socket_path(ctx, host),
         state_file=state_file(ctx, host), check_uri=check_uri,
         stream_timeout_s=600, address=addr, port=fe.port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"]} for r in replicas],
