@@ -32,6 +32,8 @@ RestartSec). The hosts are stopped at the end, by their nspawn pids:
         PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/live_change.py --systemd'
 
 Options: --recipe recipes/demo.yaml  --clients 6  --before 5  --after 6  --scenarios name,name
+         --prompt-kb 0,24,128 (one row set per prompt size; each client's prompt is its own history
+         of that size, mostly cached turn to turn, as an agent session's)
          --keep (leave the deployment up; not with --systemd)  --json FILE  --systemd
 Target: every row 0 lost.
 """
@@ -297,11 +299,13 @@ def kill_line(k: Doc) -> str:
             f"first token, {k['lost_mid_stream']} mid-stream")
 
 
-def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Namespace) -> dict[str, Any]:
+def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Namespace,
+            prompt_kb: int = 0) -> dict[str, Any]:
     if s.edit is not None:
         s.edit(doc)
     write(doc, recipe)
-    load = LiveLoad(where.endpoint, doc["model"]["served_name"], clients=args.clients, deadline_s=args.before + 600 + args.after)
+    load = LiveLoad(where.endpoint, doc["model"]["served_name"], clients=args.clients,
+                    deadline_s=args.before + 600 + args.after, prompt_bytes=prompt_kb * 1024)
     before: dict[str, float] = {}
     log_at = where.frontend_log.stat().st_size if where.frontend_log else 0
     with load:
@@ -318,7 +322,7 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Na
         took = time.monotonic() - t0
         time.sleep(max(args.after, KILL_AFTER_S) if s.action == "kill-decode" else args.after)
     report = load.report
-    row = {"scenario": s.name, "change": s.what, "lost": len(report.lost), "served": report.served,
+    row = {"scenario": s.name, "prompt_kb": prompt_kb, "change": s.what, "lost": len(report.lost), "served": report.served,
            "change_s": round(took, 1), "up_exit": code, "seen": report.seen()}
     if where.frontend_log and report.lost:
         with where.frontend_log.open("rb") as f:
@@ -332,6 +336,10 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Na
     return row
 
 
+def _size(kb: int) -> str:
+    return f"{kb} KB" if kb else "short"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "demo.yaml")
@@ -340,6 +348,8 @@ def main() -> int:
     ap.add_argument("--after", type=float, default=6.0)
     ap.add_argument("--port", type=int, default=8000, help="the endpoint's port")
     ap.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--prompt-kb", default="0",
+                    help="comma-separated prompt sizes in KiB, one row set each (0: a short question)")
     ap.add_argument("--keep", action="store_true", help="leave the deployment up at the end")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--systemd", action="store_true",
@@ -389,11 +399,18 @@ def run_all(args: argparse.Namespace, tmp: Path, cluster: NspawnHosts | None) ->
             sys.exit(f"up failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
         print(f"up in {time.monotonic() - t0:.1f}s: {where.endpoint}"
               f"{' (supervisor: systemd, 3 nspawn hosts)' if cluster else ''}", flush=True)
-        for s in chosen:
-            row = run_one(s, doc, recipe, where, args)
+        sizes = [int(k) for k in str(args.prompt_kb).split(",") if k.strip()]
+        first = copy.deepcopy(doc)
+        for size, s in [(size, s) for size in sizes for s in chosen]:
+            if s is chosen[0] and size != sizes[0]:  # each size's rows start from the recipe as it was brought up
+                doc = copy.deepcopy(first)
+                write(doc, recipe)
+                primectl("up", str(recipe), "--no-smoke")
+            row = run_one(s, doc, recipe, where, args, size)
             rows.append(row)
-            print(f"{row['scenario']:19} {row['change']:48} lost {row['lost']:3}  served {row['served']:4}  "
-                  f"change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}", flush=True)
+            print(f"{row['scenario']:19} {_size(size):>6} {row['change']:48} lost {row['lost']:3}  "
+                  f"served {row['served']:4}  change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}",
+                  flush=True)
             if "kill" in row:
                 print(f"{'':17}{kill_line(row['kill'])}", flush=True)
             if "frontend_503s" in row:

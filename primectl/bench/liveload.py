@@ -55,6 +55,16 @@ class LoadReport:
         return "; ".join(f"{n}x {d}" for d, n in counts.most_common(3)) or "-"
 
 
+def agent_prompt(client: int, turn: int, size: int) -> str:
+    """A client's prompt for one turn: a short question, or, with `size`, one of about `size` bytes that grows
+    each turn from the same history (an agent session: most of it cached, the tail new)."""
+    head = f"client {client} turn {turn}: tell me about the weather"
+    if size <= len(head):
+        return head
+    history = " ".join(f"step{client}x{i}" for i in range(size // 8 + 1))
+    return (history[:size - len(head) - 1] + " " + head)[:size]
+
+
 def _describe(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     text = str(exc).replace("\n", " ")
@@ -67,7 +77,7 @@ class LiveLoad:
     """`clients` threads streaming chat completions from `endpoint` until `stop()` (or a bound) ends them."""
 
     def __init__(self, endpoint: str, model: str, *, clients: int = 6, max_tokens: int = 48,
-                 max_requests: int = 20000, deadline_s: float = 600, timeout_s: float = 60):
+                 max_requests: int = 20000, deadline_s: float = 600, timeout_s: float = 60, prompt_bytes: int = 0):
         self.endpoint = endpoint.rstrip("/")
         self.model = model
         self.clients = clients
@@ -75,6 +85,7 @@ class LiveLoad:
         self.max_requests = max_requests
         self.deadline = time.monotonic() + deadline_s
         self.timeout_s = timeout_s
+        self.prompt_bytes = prompt_bytes
         self.report = LoadReport()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -114,7 +125,7 @@ class LiveLoad:
         while self._more():
             n += 1
             t0 = time.monotonic()
-            ok, detail, tokens = self._one(client, f"client {client_id} turn {n}: tell me about the weather")
+            ok, detail, tokens = self._one(client, agent_prompt(client_id, n, self.prompt_bytes))
             with self._lock:
                 self.report.outcomes.append(Outcome(client_id, t0, time.monotonic(), ok, detail, tokens))
             if not ok:
