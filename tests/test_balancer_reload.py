@@ -141,3 +141,25 @@ def test_a_replica_back_on_a_new_port_is_health_checked_and_served_there(tmp_pat
     finally:
         _stop(proc)
         _stop(replica)
+
+
+def test_a_replica_started_while_its_stopped_balancer_left_its_socket_behind_needs_nothing_from_it(
+        tmp_path: Path) -> None:
+    """`down` then `up`: HAProxy was stopped (SIGKILL leaves its admin socket on disk) and the frontend replicas start
+    a wave before it. A replica's way back into rotation finds a socket that refuses: no balancer runs, so there is
+    nothing to put back (the balancer starts with its servers UP), not an error that fails the `up`."""
+    cfg, sock, state = tmp_path / "balancer.cfg", tmp_path / "balancer.sock", tmp_path / "balancer.state"
+    cfg.write_text(_config(sock, state, _free_port(), ["frontend-0"]))
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while not sock.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()  # one process without -W: nothing of it is left to answer
+    proc.wait()
+    assert sock.exists()
+    with pytest.raises(ConnectionRefusedError), socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sock))
+    drain: DrainSpec = {"how": "balancer", "socket": str(sock), "server": "frontends/frontend-0",
+                        "address": "127.0.0.1:1", "timeout_s": 5}
+    assert back_into_balancer(drain, timeout=3) is None
+    assert drain_from_balancer(drain)["cut"] == 0

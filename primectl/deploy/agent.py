@@ -139,7 +139,13 @@ def op_inspect(h: Host) -> InspectResult:
     services = {}
     for name in sorted(set(units) | set(recorded)):
         unit = units.get(name) or recorded.get(name, {}).get("unit", name)
-        services[name] = h.liveness(name, unit)
+        services[name] = live = h.liveness(name, unit)
+        if live.get("alive"):
+            try:
+                with open(lay.started_from(name)) as f:
+                    live["release"] = f.read().strip()
+            except OSError:
+                pass
     try:
         os.makedirs(lay.workdir, exist_ok=True)
         probe = lay.path(f".primectl-write-test.{os.getpid()}")
@@ -288,11 +294,16 @@ def op_start(h: Host) -> StartResult:
     if error:
         return {"ok": False, "error": error, "service": services[0]["name"] if services else ""}
     pids: dict[str, int | None] = {}
+    lay = h.layout
+    release = os.path.basename(os.path.realpath(lay.current)) if os.path.islink(lay.current) else ""
     for svc in services:
         pid, error = h.supervisor.start(svc)
         if error:
             return {"ok": False, "error": error, "service": svc["name"]}
         pids[svc["name"]] = pid
+        if release:  # what an `up` killed before it recorded its work finds out about this service
+            os.makedirs(lay.path("run"), exist_ok=True)
+            write_atomic(lay.started_from(svc["name"]), release.encode())
     return {"ok": True, "pids": pids}
 
 
@@ -610,7 +621,39 @@ def op_install_progress(h: Host) -> InstallProgress:
 AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/primectl_agent.py, the cached copy of this source
 DOWNLOADED = LazyPattern(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)", lambda text: text.startswith("Downloading "))
 
+def op_settle(h: Host) -> Result:
+    """Wait until no other agent on this workdir is in an operation that changes what runs (one an `up` killed
+    mid-call left going finishes it first), at most `timeout` seconds."""
+    fd = workdir_lock(h.layout, time.time() + float(h.args.get("timeout", 600)))
+    if fd is None:
+        return {"ok": False, "error": "another primectl agent is still changing this host"}
+    os.close(fd)
+    return {"ok": True}
+
+
 OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}
+# Operations that change what runs: one at a time per workdir, so that a run that takes over from a killed one
+# (`settle`) sees the end of the dead run's last call, not a service that call is about to start.
+CHANGING = frozenset({"stage", "switch", "secrets", "activate", "start", "start_wait", "reload", "stop",
+                      "write_state", "spawn", "kill"})
+
+
+def workdir_lock(layout: Layout, deadline: float | None = None) -> int | None:
+    """An exclusive flock on the workdir's run/agent.lock, held until its descriptor is closed: waits for it
+    (with `deadline`, until then; None when it is still held elsewhere)."""
+    import fcntl
+
+    os.makedirs(layout.path("run"), exist_ok=True)
+    fd = os.open(layout.path("run", "agent.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+            return fd
+        except BlockingIOError:
+            if deadline is None or time.time() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.2)
 
 
 def dispatch(op: str, args: dict[str, Any], supervisor: Supervisor | None = None,
@@ -622,7 +665,13 @@ def dispatch(op: str, args: dict[str, Any], supervisor: Supervisor | None = None
     except KeyError:
         return {"ok": False, "code": 1, "error": f"unknown agent operation {op!r}"}
     try:
-        result: dict[str, Any] = dict(fn(Host(args, supervisor, prober, emit)))
+        host = Host(args, supervisor, prober, emit)
+        fd = workdir_lock(host.layout) if op in CHANGING else None
+        try:
+            result: dict[str, Any] = dict(fn(host))
+        finally:
+            if fd is not None:
+                os.close(fd)
     except Exception as exc:
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     result.setdefault("code", 0 if result.get("ok") else 1)

@@ -79,13 +79,16 @@ def _run_reason(have: Mapping[str, Any], want: Mapping[str, Any]) -> str:
 
 def diff_services(want: Mapping[str, Mapping[str, Any]], have: Mapping[str, Mapping[str, Any]], *,
                   host: str | None = None, alive: Mapping[str, bool] | None = None,
-                  gone: str = "no longer in the plan", detail: Callable[[str], str] | None = None) -> list[Change]:
+                  gone: str = "no longer in the plan", detail: Callable[[str], str] | None = None,
+                  started: Mapping[str, str] | None = None, revision: str | None = None) -> list[Change]:
     """Per service: add, change, update, restart (not running), remove or keep.
 
     `want`: rendered manifest entries by service; `have`: what was recorded of each. `host`: the host every
     line names (None: each entry's own `host`). `alive`: which recorded services run (None: the caller judges
     liveness itself, as Slurm does for the whole job). `gone`: why a recorded service not in `want` goes.
-    `detail(service)`: what `diff` shows under a `change` line (a run-script diff).
+    `detail(service)`: what `diff` shows under a `change` line (a run-script diff). `started`: the revision
+    each running service was started from, where known; one that runs `revision` (the one being applied) already,
+    started by an `up` that was stopped before it recorded its work, is an `update`: recorded, not restarted.
     """
     out: list[Change] = []
     for name, w in want.items():
@@ -93,8 +96,14 @@ def diff_services(want: Mapping[str, Mapping[str, Any]], have: Mapping[str, Mapp
         where = host if host is not None else str(w.get("host", "?"))
         if h is None:
             out.append(Change(where, name, "add", "new service"))
+        elif ((h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]) and revision
+              and (started or {}).get(name) == revision and (alive or {}).get(name)):
+            out.append(Change(where, name, "update", f"already runs revision {revision} (started by an `up` that "
+                                                     "ended before it recorded it): recorded, no restart"))
         elif (h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]):
-            out.append(Change(where, name, "change", _run_reason(h, w), detail(name) if detail else ""))
+            dead = alive is not None and not alive.get(name, False)
+            out.append(Change(where, name, "change", _run_reason(h, w) + ("; not running: it starts" if dead else ""),
+                              detail(name) if detail else ""))
         elif alive is not None and not alive.get(name, False):
             out.append(Change(where, name, "restart", "not running"))
         elif h.get("expect_hash") != w.get("expect_hash"):
@@ -109,10 +118,12 @@ def diff_services(want: Mapping[str, Mapping[str, Any]], have: Mapping[str, Mapp
 
 
 def compute_changes(bundles: Mapping[str, Bundle], views: Mapping[str, InspectResult],
-                    detail: Callable[[str, str], str] | None = None) -> list[Change]:
+                    detail: Callable[[str, str], str] | None = None,
+                    adoptable: Callable[[str], bool] | None = None) -> list[Change]:
     """Per inspected host and service (SSH): `diff_services` of its bundle against its recorded state.
 
-    `detail(host, service)`: what `diff` shows under a `change` line.
+    `detail(host, service)`: what `diff` shows under a `change` line. `adoptable(service)`: whether a service an
+    interrupted `up` started from the revision being applied is kept as it runs (else it restarts).
     """
     out: list[Change] = []
     for host in sorted(views):
@@ -121,9 +132,12 @@ def compute_changes(bundles: Mapping[str, Bundle], views: Mapping[str, InspectRe
         live = views[host].get("services", {})
         desired: dict[str, Any] = bundles[host].services if host in bundles else {}
         alive = {name: bool(live.get(name, {}).get("alive", False)) for name in desired}
+        started = {name: str(live[name]["release"]) for name in desired
+                   if live.get(name, {}).get("release") and adoptable is not None and adoptable(name)}
         gone = "host dropped from the recipe" if host not in bundles else "no longer in the plan"
         out += diff_services(desired, recorded, host=host, alive=alive, gone=gone,
-                             detail=functools.partial(detail, host) if detail else None)
+                             detail=functools.partial(detail, host) if detail else None, started=started,
+                             revision=bundles[host].revision if host in bundles else None)
     return out
 
 

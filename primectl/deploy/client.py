@@ -73,6 +73,10 @@ class HostClient:
         """Take the cluster lock; a held lock comes back with ok False and its owner (not an error)."""
         return cast(LockResult, self.call("lock", {"owner": owner, "force": force}, check=False))
 
+    def settle(self, timeout: float = 600) -> None:
+        """Wait until no other agent is changing this host (the last call of an `up` that was killed)."""
+        self.call("settle", {"timeout": timeout}, timeout=timeout + 30)
+
     def unlock(self, *, token: str | None = None, force: bool = False) -> bool:
         """Release the lock held by `token` (or any lock with `force`); whether it was released."""
         return bool(self.call("unlock", {"token": token, "force": force}, check=False).get("ok"))

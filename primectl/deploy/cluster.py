@@ -25,7 +25,7 @@ from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.fanout import parallel
 from primectl.deploy.gateway import connect
 from primectl.deploy.known_hosts import known_hosts_path
-from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, unit_name
+from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, starttime, unit_name
 from primectl.deploy.transport import HostUnreachable, Transport
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan
@@ -138,10 +138,7 @@ def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[
     names = plan.deployed_hosts() if hosts is None else hosts
 
     def one(h: str) -> InspectResult:
-        units = {s.name: unit_name(plan.name, s.name) for s in plan.services_on(h)}
-        units |= {s.twin.name: unit_name(plan.name, s.twin.name) for s in plan.services_on(h) if s.twin}
-        # Which planned ports are already taken is read now, so `up` needs no extra round trip for it.
-        ports = sorted({p for s in plan.services_on(h) for p in s.listens})
+        units, ports = _inspected(plan, h)
         return _connect_and_inspect(cluster, policy, h, plan.host(h), units, ports, probes(h) if probes else None)
 
     views = parallel(one, names)
@@ -166,6 +163,30 @@ def open_cluster(plan: Plan, policy: ConnectionPolicy, say: Say, *, hosts: list[
     if include_dropped:
         _join_dropped_hosts(cluster, policy)
     return cluster
+
+
+def _inspected(plan: Plan, h: str) -> tuple[dict[str, str], list[int]]:
+    """What an inspection of host `h` asks after: its services' and surge twins' units, and its planned ports
+    (which of them are taken is read then, so `up` needs no extra round trip for it)."""
+    units = {s.name: unit_name(plan.name, s.name) for s in plan.services_on(h)}
+    units |= {s.twin.name: unit_name(plan.name, s.twin.name) for s in plan.services_on(h) if s.twin}
+    return units, sorted({p for s in plan.services_on(h) for p in s.listens})
+
+
+def settle(cluster: Cluster) -> None:
+    """After taking over a dead run's lock: wait until no host is still in a call the dead run made, then inspect
+    every planned host again (what that call started or stopped shows)."""
+    plan = cluster.plan
+    hosts = [h for h in cluster.views if h not in cluster.dropped]
+    fail_on_errors(parallel(lambda h: cluster.client(h).settle(), hosts), "waiting for the killed run's last calls")
+
+    def one(h: str) -> InspectResult:
+        units, ports = _inspected(plan, h)
+        return cluster.client(h).inspect(units, ports, plan.host(h).address)
+
+    views = parallel(one, hosts)
+    fail_on_errors(views, "inspecting")
+    cluster.views.update({h: v for h, v in views.items() if isinstance(v, dict)})
 
 
 @contextmanager
@@ -271,12 +292,37 @@ def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
                     "its services, if any, are still running there and the next `up` will try again")
 
 
+def boot_id() -> str:
+    """This machine's boot id (a pid means the same process only within one boot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def holder_gone(owner: dict[str, Any]) -> str | None:
+    """Why the lock's holder is provably gone (None: it may still run). Provably: it ran on this machine, in this
+    boot, and its pid runs no more or runs another process (its start time differs)."""
+    pid, started = owner.get("pid"), owner.get("pid_start")
+    if owner.get("host") != socket.gethostname() or not owner.get("boot_id") or owner.get("boot_id") != boot_id():
+        return None
+    if not isinstance(pid, int) or not started:
+        return None
+    now = starttime(pid)
+    if now is None:
+        return f"pid {pid} no longer runs"
+    return f"pid {pid} is now another process" if now != started else None
+
+
 def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
-    """Take the cluster lock on the head host (owner, pid, start, expiry)."""
+    """Take the cluster lock on the head host (owner, pid, start, expiry). A lock whose holder is provably gone
+    (killed on this machine, in this boot) is taken over, and said so."""
     head = cluster.plan.head
     token = uuid.uuid4().hex
     owner = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "command": command,
-             "started": time.time(), "expires": time.time() + LOCK_TTL_S, "token": token}
+             "started": time.time(), "expires": time.time() + LOCK_TTL_S, "token": token, "boot_id": boot_id(),
+             "pid_start": starttime(os.getpid())}
     # Ours before the head host is even asked: a Ctrl-C while it takes the lock must still release it (releasing
     # with a token that holds nothing is a no-op).
     cluster.lock_token = token
@@ -286,13 +332,22 @@ def lock(cluster: Cluster, *, break_lock: bool, command: str) -> None:
             break
         time.sleep(0.1)
         r = cluster.client(head).lock(owner, force=break_lock)
+    if not r.get("ok") and (gone := holder_gone(r.get("owner") or {})):
+        o = r.get("owner") or {}
+        cluster.say(f"took over the lock of `{o.get('command')}` ({o.get('user')}@{o.get('host')}), whose {gone}: "
+                    "the deployment may be mid-change, and this run finishes or undoes it")
+        r = cluster.client(head).lock(owner, force=True)
+        if r.get("ok"):
+            settle(cluster)
     if not r.get("ok"):
         cluster.lock_token = None
         o = r.get("owner") or {}
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(o.get("started", 0)))
-        stale = " (expired: break it with --break-lock)" if r.get("stale") else ""
+        stale = " (expired)" if r.get("stale") else ""
         raise DeployError(f"deployment {cluster.plan.name} is locked by {o.get('user')}@{o.get('host')} "
-                          f"pid {o.get('pid')} running `{o.get('command')}` since {started}{stale}; nothing was changed")
+                          f"pid {o.get('pid')} running `{o.get('command')}` since {started}{stale}; nothing was "
+                          f"changed. If that run is gone (check on {o.get('host')}: `ps -p {o.get('pid')}`), "
+                          "`primectl unlock RECIPE` or `--break-lock` takes the lock from it")
 
 
 def unlock(cluster: Cluster) -> None:

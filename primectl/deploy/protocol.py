@@ -135,6 +135,10 @@ class Layout:
         """run/<service>.pid: "pid starttime", so a reused pid is never taken for the service."""
         return self.path("run", f"{service}.pid")
 
+    def started_from(self, service: str) -> str:
+        """run/<service>.release: the revision `current` named when primectl last started the service."""
+        return self.path("run", f"{service}.release")
+
     @property
     def lock(self) -> str:
         return self.path("lock")
@@ -282,6 +286,7 @@ class Liveness(TypedDict, total=False):
     pid: int | None
     state: str  # supervisor's view, e.g. "running", "activating (auto-restart)", "failed"
     restarts: int  # restarts the supervisor did by itself (systemd NRestarts)
+    release: str  # the revision it was started from (a running service only; absent when not known)
 
 
 class Result(TypedDict, total=False):
@@ -763,8 +768,10 @@ def back_into_balancer(drain: DrainSpec, timeout: float = 30) -> str | None:
                 return error
             balancer_command(sock_path, f"set server {server} state ready")
             status = balancer_server(sock_path, server).get("status", "?")
+        except (FileNotFoundError, ConnectionRefusedError):
+            return None  # no balancer runs (a socket file left by one that stopped refuses): it starts with it UP
         except OSError as exc:
-            return None if not os.path.exists(sock_path) else f"balancer socket {sock_path}: {exc}"
+            return f"balancer socket {sock_path}: {exc}"
         if status.startswith("UP"):
             return None
         time.sleep(0.1)

@@ -155,8 +155,12 @@ class SSHRollout:
         unlock(self.cluster)
 
     def diff(self, secrets: str | None, *, detail: bool = False) -> list[Change]:
+        # a worker with a surge twin, started by an interrupted `up` from this revision, is kept as it runs: its
+        # generation's registrations already count it (one restarted would be counted twice while it surges)
         self.changes = self._relisted(compute_changes(self.bundles, self.cluster.views,
-                                                      self._script_diff if detail else None))
+                                                      self._script_diff if detail else None,
+                                                      lambda n: self.plan.service(n).twin is not None))
+        self.changes += self._orphaned_twins()
         if secrets is not None:
             self.secrets_hash = secrets_hash(self.plan.name, secrets)
             self.stale_secrets = [h for h in self.hosts if self.cluster.state(h).get("secrets_hash") != self.secrets_hash]
@@ -164,6 +168,14 @@ class SSHRollout:
             if self.stale_secrets and not pending(self.changes) and recorded:
                 self.cluster.say("secrets changed: running services keep the values they started with until they restart")
         return self.changes
+
+    def _orphaned_twins(self) -> list[Change]:
+        """Surge twins that run though no `up` is under way: left by one that was killed mid-surge. They are
+        drained and stopped before anything starts (their generation's registrations would count them)."""
+        plan = self.plan
+        return [Change(svc.host, svc.twin.name, "remove", "surge twin left running by an interrupted `up`")
+                for svc in plan.services if svc.twin and svc.twin.name not in self.twins
+                and self.cluster.alive(svc.host, svc.twin.name)]
 
     def _relisted(self, changes: list[Change]) -> list[Change]:
         """Workers that run and pass their own probe but that the frontend lost: `restart` instead of `keep`
@@ -308,9 +320,14 @@ class SSHRollout:
 
     def stop_removed(self) -> None:
         c = self.cluster
+        twins = {svc.twin.name for svc in self.plan.services if svc.twin}
+        if orphans := [ch.service for ch in self.changes if ch.action == "remove" and ch.service in twins]:
+            c.say(f"stopping {', '.join(orphans)}: surge twin(s) an interrupted `up` left running")
+            self.twins = orphans
+            self._stop_twins()
         removed: dict[str, list[str]] = {}
         for ch in self.changes:
-            if ch.action == "remove":
+            if ch.action == "remove" and ch.service not in twins:
                 removed.setdefault(ch.host, []).append(ch.service)
         for h, names in removed.items():
             c.client(h).stop(_recorded_refs(c.recorded(h), names), remove_units=True)
@@ -324,7 +341,7 @@ class SSHRollout:
         plan, out = self.plan, []
         for wave in self.waves():
             at_once, surge, rolls = self.rolling(wave)
-            running = {ch.service for ch in self.changes if ch.action == "change"}
+            running = set(self.running_changes())
             for n in self.reloads(wave):
                 svc = plan.service(n)
                 out.append(f"{n}: reloads in place ({svc.reload.signal if svc.reload else ''}: only its files "
@@ -390,7 +407,7 @@ class SSHRollout:
         """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers
         that change and have a surge twin each (a new generation starts beside the old one); and per role, the
         batches the other running instances that change restart in."""
-        changing = {ch.service for ch in self.changes if ch.action == "change"} & set(wave)
+        changing = set(self.running_changes()) & set(wave)
         # A twin in the running generation's namespace must carry the same model card as the workers there:
         # only a plan with room for a whole generation (each worker in one) surges a new command line.
         surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None
@@ -409,6 +426,10 @@ class SSHRollout:
                 in_batches |= mine
         reloads = set(self.reloads(wave))
         return [n for n in wave if n not in in_batches and n not in reloads], surge, rolls
+
+    def running_changes(self) -> list[str]:
+        """The services that change and run now (a stopped one simply starts: nothing to roll or surge past)."""
+        return [ch.service for ch in self.changes if ch.action == "change" and self.cluster.alive(ch.host, ch.service)]
 
     def check_moves(self) -> list[str]:
         """The reloading services whose readiness moves (a balancer whose health check follows a renamed model),
@@ -898,9 +919,10 @@ class SSHTarget:
                 if h in cluster.dropped:
                     continue
                 for svc in plan.services_on(h):
-                    if svc.name not in recorded[h] and cluster.alive(h, svc.name):
-                        recorded[h][svc.name] = {"unit": unit_name(plan.name, svc.name),
-                                                 "stop_timeout": svc.stop_timeout_s}
+                    for one in (svc, svc.twin):  # and surge twins an `up` killed mid-surge left behind
+                        if one and one.name not in recorded[h] and cluster.alive(h, one.name):
+                            recorded[h][one.name] = {"unit": unit_name(plan.name, one.name),
+                                                     "stop_timeout": one.stop_timeout_s}
             planned = {n for wave in plan.start_waves() for n in wave}
             extra = sorted({n for svcs in recorded.values() for n in svcs} - planned)
             for names in [extra, *reversed(plan.start_waves())]:
@@ -912,7 +934,11 @@ class SSHTarget:
             if purge:
                 fail_on_errors(parallel(lambda h: cluster.client(h).purge(), [*plan.deployed_hosts(), *cluster.dropped]),
                                "purging", before_changes=False)
-            say(f"stopped {len(stopped)} service(s)" + ("; files removed" if purge else ""))
+            known = sorted({n for svcs in recorded.values() for n in svcs})
+            idle = [n for n in known if n not in stopped]
+            say(f"stopped {len(stopped)} of {len(known)} service(s)"
+                + (f" ({', '.join(idle)} {'was' if len(idle) == 1 else 'were'} not running)" if idle else "")
+                + ("; files removed" if purge else ""))
             return stopped
         finally:
             if not purge:

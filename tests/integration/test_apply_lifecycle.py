@@ -135,7 +135,7 @@ def test_down_leaves_no_process_behind_fake_engine(deployment: Deployment) -> No
 
     r = deployment.cli("down")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stopped 5 service(s)" in r.stderr
+    assert "stopped 5 of 5 service(s)" in r.stderr
     assert not wait_gone(pids.values(), 5), "a service outlived `down`"
     assert deployment.leftovers() == {}
     for h in LAYOUT:
@@ -148,7 +148,7 @@ def test_down_leaves_no_process_behind_fake_engine(deployment: Deployment) -> No
 
     r = deployment.cli("down", "--purge")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stopped 0 service(s); files removed" in r.stderr
+    assert "stopped 0 of 5 service(s)" in r.stderr and "were not running); files removed" in r.stderr
     for h in LAYOUT:
         left = sorted(os.listdir(deployment.workdir(h)))
         assert left == [], f"{h}: --purge left {left}"

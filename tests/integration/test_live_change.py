@@ -269,6 +269,106 @@ def test_a_renamed_model_is_served_through_the_balancer_by_the_new_name(live: Li
     assert_nothing_lost(load.report, out)
 
 
+def test_agent_sized_prompts_lose_nothing_through_a_decode_change(live: Live) -> None:
+    """24 KB prompts (more than HAProxy's default 16 KiB buffer, which it never resends) through a new
+    generation of decode workers: a request Dynamo fails before its first byte is resent whole by the balancer,
+    whose buffer holds a prompt at the model's context limit."""
+    import time
+
+    seqs = int(live.doc["decode"].get("max_num_seqs") or 64)
+    live.doc["decode"]["max_num_seqs"] = seqs - 4
+    live.write()
+    load = LiveLoad(f"http://127.0.0.1:{FRONTEND_PORT}", live.doc["model"]["served_name"], clients=CLIENTS,
+                    deadline_s=400, prompt_bytes=24 << 10)
+    with load:
+        time.sleep(LOAD_S)
+        r = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+        time.sleep(LOAD_S)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_lost_only_to_generation_races(load.report, r.stdout + r.stderr)
+    assert not any(panicked(p) for p in (live.workdir / "logs").glob("*.log")), "an engine panicked"
+
+
+def panicked(log: Path) -> bool:
+    return "panicked at" in log.read_text(errors="replace")
+
+
+def test_down_then_up_of_a_balanced_deployment_starts_it_again(live: Live) -> None:
+    """`down` (a rack taken down for maintenance), then `up`: every service starts again, the frontend replicas
+    before the balancer whose admin socket the stopped one left behind, and nothing is surged past a stopped
+    worker."""
+    down = _cmd("down", str(live.recipe), timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    diff = _cmd("diff", str(live.recipe))
+    assert diff.returncode == 3 and "surge" not in diff.stdout, diff.stdout
+    up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert live.ready()["ready"] is True
+    assert set(replicas_up(live)) == {"frontend-0", "frontend-1"}
+    again = _cmd("diff", str(live.recipe))
+    assert again.returncode == 0 and "no changes" in again.stdout, again.stdout
+
+
+def up_killed_at(live: Live, line: str, timeout: float = 300) -> str:
+    """`primectl up` of the recipe, killed with SIGKILL as soon as it prints a line starting with `line` (as a
+    controller dies: no cleanup, no rollback); what it had printed."""
+    import signal
+    import subprocess
+    import time
+
+    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1", "PRIMECTL_PROGRESS": "plain"}
+    proc = subprocess.Popen([PRIMECTL, "up", str(live.recipe), "--no-smoke"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        assert proc.stdout is not None
+        for out in proc.stdout:
+            seen.append(out)
+            if out.startswith(line):
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        else:
+            pytest.fail(f"`up` ended before it printed {line!r}:\n" + "".join(seen))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return "".join(seen)
+
+
+def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_request(live: Live) -> None:
+    """The controller dies (SIGKILL) twice in one decode change under load: once with the surge twins up, once
+    while the old workers drain. Each next `up` takes over the dead run's lock, drains and stops the twins it
+    left, keeps the workers it had already replaced, and finishes the change; clients lose nothing, a further
+    `up` has nothing to do, and `down` leaves no twin behind."""
+    import time
+
+    seqs = int(live.doc["decode"].get("max_num_seqs") or 64)
+    live.doc["decode"]["max_num_seqs"] = seqs + 8
+    live.write()
+    load = LiveLoad(f"http://127.0.0.1:{FRONTEND_PORT}", live.doc["model"]["served_name"], clients=CLIENTS,
+                    deadline_s=400)
+    with load:
+        time.sleep(LOAD_S)
+        first = up_killed_at(live, "surge: starting decode-0-surge")
+        second = up_killed_at(live, "surge: draining and replacing decode")
+        assert "took over the lock of `up`" in second and "no longer runs" in second, second
+        assert "surge twin(s) an interrupted `up` left running" in second, second
+        r = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+        time.sleep(LOAD_S)
+    out = first + second + r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "took over the lock of `up`" in r.stderr, r.stderr
+    assert_lost_only_to_generation_races(load.report, out)
+    again = _cmd("up", str(live.recipe), "--no-smoke")
+    assert again.returncode == 0 and "no changes" in again.stderr, again.stdout + again.stderr
+    (generation,) = live.ready()["namespaces"].values()
+    assert generation["worker_types"]["decode"]["workers"] == 2, generation
+    assert all(live.pid(f"{w}-surge") is None for w in ("prefill-0", "prefill-1", "decode-0", "decode-1"))
+
+
 def test_benchmark_script_counts_what_clients_lose() -> None:
     """benchmarks/live_change.py is what the README's table comes from: it runs and reports a count."""
     import subprocess

@@ -307,7 +307,7 @@ def test_down_stops_and_disables_every_unit_and_purge_removes_them(systemd_deplo
     dep = systemd_deployment
     dep.up_ok()
     r = dep.cli("down")
-    assert r.returncode == 0 and "stopped 5 service(s)" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 0 and "stopped 5 of 5 service(s)" in r.stderr, r.stdout + r.stderr
     for svc, props in dep.units().items():
         assert (props["ActiveState"], props["UnitFileState"]) == ("inactive", "disabled"), (svc, props)
     for h in dep.machines.values():
