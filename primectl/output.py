@@ -25,13 +25,19 @@ def one_line(text: str) -> str:
 
 
 def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Space-padded columns, upper-case headers, nothing truncated (the last column is not padded)."""
-    cells = [[h.upper() for h in headers], *[[one_line(str(c)) for c in row] for row in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    """Space-padded columns, upper-case headers, nothing truncated (the last column is not padded). The last
+    column may hold several lines: each further one starts under its first."""
+    cells = [[h.upper() for h in headers],
+             *[[one_line(str(c)) if i < len(row) - 1 else str(c) for i, c in enumerate(row)] for row in rows]]
+    widths = [max(len(r[i].split("\n", 1)[0]) for r in cells) for i in range(len(headers))]
+    indent = " " * (sum(widths[:-1]) + 3 * (len(headers) - 1))
     lines = []
     for r in cells:
-        parts = [c.ljust(widths[i]) if i < len(r) - 1 else c for i, c in enumerate(r)]
+        *first, last = r
+        head, *more = [one_line(part) for part in last.split("\n")]
+        parts = [c.ljust(widths[i]) for i, c in enumerate(first)] + [head]
         lines.append("   ".join(parts).rstrip())
+        lines += [(indent + m).rstrip() for m in more]
     return "\n".join(lines) + "\n"
 
 

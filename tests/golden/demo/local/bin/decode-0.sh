@@ -10,7 +10,7 @@ export DYN_EVENT_PLANE_HOST=127.0.0.1
 export DYN_FILE_KV=/tmp/primectl-demo/discovery/demo
 export DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS=60
 export DYN_HTTP_RPC_HOST=127.0.0.1
-export DYN_NAMESPACE=demo-gen-4c28ccd2
+export DYN_NAMESPACE=demo-gen-8b76eda2
 export DYN_REQUEST_PLANE=tcp
 export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_SYSTEM_HOST=127.0.0.1
@@ -20,20 +20,17 @@ export DYN_TCP_RPC_HOST=127.0.0.1
 export DYN_TCP_RPC_PORT=23101
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
-PRIMECTL_WATCH_OF=primectl-demo-decode-0 /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python -I "${release_dir}"/probes/listing_watch.py --pid "$$" --url http://127.0.0.1:8000/health --expect '"127.0.0.1:23101/' --grace 30 &
+PRIMECTL_WATCH_OF=primectl-demo-decode-0 /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python -I "${release_dir}"/probes/worker_watch.py --pid "$$" --url http://127.0.0.1:8000/health --expect '"127.0.0.1:23101/' --grace 30 &
 exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.mocker \
-  --model-path /tmp/primectl-demo/models/25cc0d110f2b \
+  --model-path /tmp/primectl-demo/models/761282e627e0 \
   --model-name demo \
   --disaggregation-mode decode \
   --data-parallel-size 1 \
   --block-size 64 \
-  --num-gpu-blocks-override 4096 \
+  --num-gpu-blocks-override 16384 \
   --kv-bytes-per-token 512 \
   --kv-transfer-bandwidth 50.0 \
   --speedup-ratio 10.0 \
   --max-num-seqs 64 \
-  --max-model-len 32768 \
-  --num-host-blocks 30517 \
-  --host-offload-d2h-bandwidth-gbps 50.0 \
-  --host-offload-h2d-bandwidth-gbps 50.0
+  --max-model-len 262144

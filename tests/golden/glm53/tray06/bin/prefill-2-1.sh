@@ -27,6 +27,7 @@ export VLLM_HOST_IP=10.20.1.6
 export VLLM_KV_CACHE_LAYOUT=BLHNC
 export VLLM_NIXL_SIDE_CHANNEL_HOST=10.20.1.6
 export VLLM_NIXL_SIDE_CHANNEL_PORT=5600
+PRIMECTL_WATCH_OF=primectl-glm53-prefill-2-1 /var/lib/primectl/runtime/89029acd6af7/bin/python -I "${release_dir}"/probes/worker_watch.py --pid "$$" &
 exec /var/lib/primectl/runtime/89029acd6af7/bin/python \
   -m dynamo.vllm \
   --model /models/GLM-5.3-NVFP4 \

@@ -65,7 +65,7 @@ class StderrFollower:
         except OSError:
             return
         if os.path.isfile(path):
-            self.file = open(path, "rb")  # noqa: SIM115 - kept open while the worker runs
+            self.file = open(path, "rb")  # kept open while the worker runs
             self.file.seek(0, os.SEEK_END)
 
     def new_lines(self) -> list[bytes]:
