@@ -92,7 +92,7 @@ class Scenario:
     name: str
     what: str
     edit: Callable[[Doc], None] | None = None  # None: `up` of the same recipe
-    action: str = "up"  # up | kill-decode
+    action: str = "up"  # up | kill-decode | controller-crash
 
 
 def _set(path: str, value: Any) -> Callable[[Doc], None]:
@@ -134,7 +134,32 @@ def scenarios(doc: Doc) -> list[Scenario]:
         Scenario("frontend-scale-down", f"frontend.replicas {replicas + 1} -> {replicas}",
                  _set("frontend.replicas", replicas)),
         Scenario("kill-decode", "kill -9 of decode-0", action="kill-decode"),
+        Scenario("controller-crash", f"kill -9 of `up` mid-change (max_num_seqs {seqs} -> {seqs + 8}), `up` again",
+                 _set("decode.max_num_seqs", seqs + 8), action="controller-crash"),
     ]
+
+
+# Where `controller-crash` kills `up`: the old workers are draining while their twins serve, the surge half done.
+CRASH_AT = "surge: draining and replacing"
+
+
+def up_killed(recipe: Path, at: str = CRASH_AT, timeout: float = 600) -> str:
+    """`primectl up`, killed with SIGKILL when it prints a line starting with `at` (a controller that dies: no
+    cleanup, no rollback); what it had printed."""
+    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1", "PRIMECTL_PROGRESS": "plain"}
+    proc = subprocess.Popen([PRIMECTL, "up", str(recipe), "--no-smoke"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(at) or time.monotonic() > deadline:
+            break
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return "".join(seen)
 
 
 def primectl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -316,6 +341,10 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Na
         if s.action == "kill-decode":
             where.kill()
             code, tail = 0, ""
+        elif s.action == "controller-crash":
+            killed = up_killed(recipe)
+            r = primectl("up", str(recipe))
+            code, tail = r.returncode, (killed + r.stdout + r.stderr)[-1500:]
         else:
             r = primectl("up", str(recipe))
             code, tail = r.returncode, (r.stdout + r.stderr)[-1500:]
