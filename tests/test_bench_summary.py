@@ -198,3 +198,20 @@ def test_started_utc_is_when_the_run_started_not_its_directory_name(name, tmp_pa
                            run_dir=tmp_path / name, say=lambda _: None, plots=False)
     started = datetime.strptime(res.summary["started_utc"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
     assert before <= started <= datetime.now(UTC) + timedelta(seconds=1)
+
+
+def test_the_frontier_plot_starts_both_axes_at_zero() -> None:
+    """Two variants 5% apart around 1,500 tok/s/user must look 5% apart: the axes are not zoomed onto the data."""
+    import matplotlib.pyplot as plt
+
+    from primectl.bench.plots import frontier_figure
+
+    a = ("A", [(1, 1500.0, 90.0), (2, 1530.0, 95.0)], [(1500.0, 90.0)], [])
+    b = ("B", [(1, 1570.0, 88.0), (2, 1560.0, 92.0)], [(1570.0, 88.0)], [(1560.0, 92.0)])
+    fig = frontier_figure([a, b], title="sweep", x_sla=100.0)
+    ax = fig.axes[0]
+    try:
+        assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= 1570
+        assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 95
+    finally:
+        plt.close(fig)

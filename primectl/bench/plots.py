@@ -123,6 +123,17 @@ def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[t
     joins the means in concurrency order; faint dots are single probes; stars are knees. The SLA is a vertical
     line when it bounds tok/s per user.
     """
+    fig = frontier_figure(curves, title=title, x_sla=x_sla)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+def frontier_figure(curves: list[tuple[str, list[tuple[int, float, float]], list[tuple[float, float]],
+                                      list[tuple[float, float]]]], *, title: str, x_sla: float | None = None) -> Any:
+    """The frontier plot's figure. Both axes start at zero: variants a few percent apart look a few percent
+    apart, not spread over the whole plot."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for n, (label, means, raw, knees) in enumerate(curves):
@@ -141,8 +152,7 @@ def frontier_plot(curves: list[tuple[str, list[tuple[int, float, float]], list[t
     ax.set_title(f"{title}\n(line: mean per concurrency, labelled; dots: single probes; stars: knees)", fontsize=9)
     if ax.get_legend_handles_labels()[0]:  # nothing measured and no SLA line: nothing to name
         ax.legend(fontsize=7)
+    ax.set_xlim(left=0, right=max(ax.get_xlim()[1], 1.0))
+    ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return fig
