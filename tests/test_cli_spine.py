@@ -78,7 +78,7 @@ def test_render_writes_one_bundle_per_host(cli: Callable[..., Any], tmp_path: Pa
     result = cli("render", "recipes/demo.yaml", "--out", tmp_path)
     assert result.exit_code == 0, result.stderr
     manifest = json.loads((tmp_path / "local" / "manifest.json").read_text())
-    assert sorted(manifest["services"]) == ["decode-0", "decode-1", "frontend", "mooncake-master", "prefill-0"]
+    assert sorted(manifest["services"]) == ["balancer", "decode-0", "decode-1", "frontend", "mooncake-master", "prefill-0"]
     assert f"revision {manifest['revision']}" in result.stdout
 
 

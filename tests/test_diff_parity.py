@@ -3,7 +3,8 @@
 The SSH side runs the real host agent in-process (deploy/fake.py); the Slurm side writes its deployment
 directory with the rollout's own push and record, against a stand-in for squeue/scontrol that says the
 recorded job runs. The targets differ only where their rollouts do: a Slurm job is replaced whole, so
-every service it does not otherwise change restarts with it.
+every service it does not otherwise change restarts with it; and SSH's plan has a balancer in front of the
+frontend, which a Slurm job has not.
 """
 
 from __future__ import annotations
@@ -87,8 +88,13 @@ class Both:
         return lines, SlurmRollout(slurm, self.slurm, lambda _: None).diff(None, detail=True)
 
 
+# The SSH target keeps a balancer in front of even one frontend (a frontend change surges a twin behind it); a
+# Slurm job runs the frontend on the endpoint's port itself.
+SSH_ONLY = {"balancer"}
+
+
 def rows(lines: list[Change]) -> list[tuple[str, str, str, str]]:
-    return [(c.host, c.service, c.action, c.reason) for c in lines if c.service != JOB_SCRIPT]
+    return [(c.host, c.service, c.action, c.reason) for c in lines if c.service not in (JOB_SCRIPT, *SSH_ONLY)]
 
 
 def replaced(lines: list[Change]) -> list[tuple[str, str, str, str]]:

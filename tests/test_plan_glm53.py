@@ -69,7 +69,7 @@ def test_plan_json_shows_services_and_decode_capacity(cli: Callable[..., Any]) -
     result = cli("plan", "recipes/glm53.yaml", "--output", "json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert isinstance(doc["services"], list) and len(doc["services"]) == 21
+    assert isinstance(doc["services"], list) and len(doc["services"]) == 22  # 18 workers, etcd, Mooncake, 2 frontend
     decode = doc["capacity"]["decode"]
     assert decode["kv_bytes_per_token"] == 37_752
     assert abs(decode["kv_tokens_per_decoder"] - 1.63e6) / 1.63e6 < 0.03
@@ -143,7 +143,10 @@ def test_ports_are_deterministic_and_never_shared_on_a_host(glm53: Plan) -> None
         on_host[s.host].update(s.listens)
     for host, counts in on_host.items():
         assert max(counts.values()) == 1, host
-    assert glm53.service("frontend").ports == {"http": 8000, "response_stream": 23000}
+    assert glm53.service("balancer").ports == {"http": 8000}  # the endpoint; the frontend sits behind it
+    assert glm53.service("frontend").ports == {"http": 8100, "response_stream": 23000}
+    twin = glm53.service("frontend").twin
+    assert twin is not None and twin.ports == {"http": 8101, "response_stream": 23001}
     assert glm53.service("etcd").ports == {"client": 2379, "peer": 2380}
     assert glm53.service("decode-0").ports == {"system": 8081, "tcp_rpc": 23100, "nixl": 5600, "kv_events": 20080}
     # The second tray of a DEP8 group publishes KV events and NIXL side channels at port + DP rank.
@@ -162,7 +165,7 @@ def test_workers_on_one_host_get_consecutive_port_blocks() -> None:
 
 # --- start order -------------------------------------------------------------------------------
 
-ROLE_ORDER = {"control": 0, "cache": 1, "prefill": 2, "decode": 2, "frontend": 3}
+ROLE_ORDER = {"control": 0, "cache": 1, "prefill": 2, "decode": 2, "frontend": 3, "balancer": 4}
 
 
 def test_start_waves_go_control_plane_cache_workers_frontend(glm53: Plan) -> None:
@@ -172,9 +175,9 @@ def test_start_waves_go_control_plane_cache_workers_frontend(glm53: Plan) -> Non
     assert flat == sorted(flat), roles
     assert roles[0] == ["control", "cache"]  # etcd and mooncake_master need nothing else
     assert set(roles[1]) == {"prefill", "decode"} and len(roles[1]) == 18
-    assert roles[-1] == ["frontend"]
+    assert roles[-2:] == [["frontend"], ["balancer"]]
     frontend = glm53.service("frontend")
-    assert set(frontend.depends_on) == {s.name for s in glm53.services if s.role != "frontend"}
+    assert set(frontend.depends_on) == {s.name for s in glm53.services if s.role not in ("frontend", "balancer")}
 
 
 # --- DEP vs TEP --------------------------------------------------------------------------------

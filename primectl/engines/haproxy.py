@@ -68,8 +68,10 @@ def replica_drain(ctx: PlanContext, balancer_host: str, replica: Service) -> Dra
                  address=f"{replica.address}:{replica.ports['http']}", timeout_s=ctx.recipe.frontend.drain_timeout_s)
 
 
-def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Service:
-    """HAProxy bound to the frontend's address and port, one health-checked server per replica."""
+def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spares: list[Service] | None = None
+                     ) -> Service:
+    """HAProxy bound to the frontend's address and port, one health-checked server per replica, and one per spare
+    (a surge twin), in maintenance until a change starts the twin and puts it in rotation."""
     from primectl.render.bundle import template
 
     fe = ctx.recipe.frontend
@@ -81,7 +83,8 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
         socket=socket_path(ctx, host),
         state_file=state_file(ctx, host), check_uri=check_uri,
         stream_timeout_s=600, address=addr, port=fe.port,
-        servers=[{"name": r.name, "address": r.address, "port": r.ports["http"]} for r in replicas],
+        servers=[{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": False} for r in replicas]
+        + [{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": True} for r in spares or []],
     )
     # through `current`, not the release it started from: a reload re-reads the release switched to
     current = posixpath.join(ctx.hosts[host].workdir, "current", CONFIG)
@@ -95,6 +98,6 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service]) -> Se
         # it has taken the new name (the rollout reloads it as soon as the new workers serve, see targets/ssh.py)
         ready=Probe(kind="http", url=f"http://{addr}:{fe.port}{check_uri}", timeout_s=60),
         reload=Reload(signal="SIGUSR2", socket=socket_path(ctx, host), backend=BACKEND,
-                      servers=[r.name for r in replicas], state_file=state_file(ctx, host),
+                      servers=[r.name for r in [*replicas, *(spares or [])]], state_file=state_file(ctx, host),
                       check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),
     )

@@ -191,8 +191,19 @@ def build_plan(recipe: Recipe) -> Plan:
         raise PlanError([Finding(("frontend", "replicas"), (
             f"{recipe.frontend.replicas} replicas behind a balancer are rendered for target ssh only; target "
             f"{recipe.target} runs one frontend (allowed here: 1)"))])
-    if recipe.frontend.replicas == 1:
+    if recipe.frontend.replicas == 1 and not surges:
         services.append(frontend_service(ctx, fe_host, control + workers, namespace_prefix=prefix))
+    elif recipe.frontend.replicas == 1:
+        # One frontend still sits behind the balancer, with a twin beside it (a spare server there) that takes the
+        # traffic while a change restarts it.
+        def behind(svc: Service) -> Service:
+            return svc.model_copy(update={"drain": replica_drain(ctx, fe_host, svc)})
+
+        twin = behind(frontend_service(ctx, fe_host, control + workers, replica=1, namespace_prefix=prefix,
+                                       name="frontend-surge"))
+        single = behind(frontend_service(ctx, fe_host, control + workers, replica=0, namespace_prefix=prefix,
+                                         name="frontend")).model_copy(update={"twin": twin})
+        services += [single, balancer_service(ctx, fe_host, [single], spares=[twin])]
     else:
         replicas = [r.model_copy(update={"drain": replica_drain(ctx, fe_host, r)}) for r in (
             frontend_service(ctx, fe_host, control + workers, replica=i, namespace_prefix=prefix)

@@ -145,6 +145,7 @@ class SSHRollout:
         self.started: list[str] = []
         self.twins: list[str] = []  # surge twins running now (stopped at the end of their surge, or by rollback)
         self.reloaded: list[str] = []  # services that re-read their files in place (rollback reloads them again)
+        self.adopted: set[str] = set()  # twins an interrupted `up` started from this revision: this run's own
 
     # -- lock and diff --------------------------------------------------------------------------------
 
@@ -170,12 +171,22 @@ class SSHRollout:
         return self.changes
 
     def _orphaned_twins(self) -> list[Change]:
-        """Surge twins that run though no `up` is under way: left by one that was killed mid-surge. They are
-        drained and stopped before anything starts (their generation's registrations would count them)."""
-        plan = self.plan
-        return [Change(svc.host, svc.twin.name, "remove", "surge twin left running by an interrupted `up`")
-                for svc in plan.services if svc.twin and svc.twin.name not in self.twins
-                and self.cluster.alive(svc.host, svc.twin.name)]
+        """Surge twins that run though no `up` is under way: left by one that was killed mid-surge. One started
+        from the revision being applied serves on as this run's own twin until this run's surge is done; another
+        is drained and stopped before anything starts (its generation's registrations would count it)."""
+        plan, c = self.plan, self.cluster
+        out = []
+        for svc in plan.services:
+            if not svc.twin or svc.twin.name in self.twins or not c.alive(svc.host, svc.twin.name):
+                continue
+            started = c.views[svc.host].get("services", {}).get(svc.twin.name, {}).get("release")
+            if started == self.bundles[svc.host].revision:
+                self.adopted.add(svc.twin.name)
+                why = "it serves until this run's surge is done, then drains and stops"
+            else:
+                why = "drained and stopped before anything starts"
+            out.append(Change(svc.host, svc.twin.name, "remove", f"surge twin left running by an interrupted `up`: {why}"))
+        return out
 
     def _relisted(self, changes: list[Change]) -> list[Change]:
         """Workers that run and pass their own probe but that the frontend lost: `restart` instead of `keep`
@@ -321,10 +332,15 @@ class SSHRollout:
     def stop_removed(self) -> None:
         c = self.cluster
         twins = {svc.twin.name for svc in self.plan.services if svc.twin}
-        if orphans := [ch.service for ch in self.changes if ch.action == "remove" and ch.service in twins]:
-            c.say(f"stopping {', '.join(orphans)}: surge twin(s) an interrupted `up` left running")
-            self.twins = orphans
+        orphans = [ch.service for ch in self.changes if ch.action == "remove" and ch.service in twins]
+        if stale := [n for n in orphans if n not in self.adopted]:
+            c.say(f"stopping {', '.join(stale)}: surge twin(s) of another revision an interrupted `up` left running")
+            self.twins = stale
             self._stop_twins()
+        if kept := [n for n in orphans if n in self.adopted]:
+            c.say(f"keeping {', '.join(kept)}: surge twin(s) an interrupted `up` started from this revision serve "
+                  "until this run's surge is done")
+            self.twins = kept
         removed: dict[str, list[str]] = {}
         for ch in self.changes:
             if ch.action == "remove" and ch.service not in twins:
@@ -351,19 +367,20 @@ class SSHRollout:
                 if n in running:
                     svc = plan.service(n)
                     out.append(f"{n}: single instance, no spare capacity: up to {svc.ready.timeout_s:g}s without "
-                               f"this {svc.role} (it restarts in place)"
-                               + ("; `frontend.replicas: 2` puts a balancer in front" if svc.role == "frontend" else ""))
+                               f"this {svc.role} (it restarts in place)")
             if surge:
                 new_generation = self._new_generation(surge)
                 kind = ("new generation (its own Dynamo namespace: the router never mixes the two)"
                         if new_generation else "same generation")
                 stages = self._stages(surge)
                 order = "; ".join(", ".join(n + "-surge" for n in stage) for stage in stages)
-                out.append(f"surge, {kind}: twins {order} start beside the running ones and register"
+                joins = ("register" if any(plan.service(n).listed_as for n in surge)
+                         else "take traffic at the balancer")
+                out.append(f"surge, {kind}: twins {order} start beside the running ones and {joins}"
                            + (" (prefill first)" if len(stages) > 1 else "")
                            + f"; then {'; '.join(', '.join(stage) for stage in reversed(stages))} drain (up to "
                            f"{max(_drain_s(plan.service(n)) for n in surge):g}s) "
-                           f"and restart; then the twins drain and stop; {self._surge_loss(new_generation)}")
+                           f"and restart; then the twins drain and stop; expected loss 0")
             for rollout, steps in rolls:
                 drain = max((_drain_s(plan.service(n)) for b in steps for n in b), default=0)
                 if len(rollout.instances) == 1:
@@ -390,28 +407,17 @@ class SSHRollout:
                               else "; expected loss 0"))
         return out
 
-    def _surge_loss(self, new_generation: bool) -> str:
-        """What clients can lose while a surge runs: nothing, except when a new generation comes up behind one
-        frontend and no balancer resends the 5xx Dynamo answers in its few-millisecond races."""
-        balanced = any(s.role == "balancer" for s in self.plan.services)
-        if not new_generation or balanced:
-            return "expected loss 0"
-        races = ["500 if the frontend picks the old generation just as its last decode worker leaves (~5 ms)"]
-        if self.plan.workers("prefill"):
-            races.insert(0, "503 (retryable) in the instant (~30 ms here) between the new generation's decode workers "
-                            "registering and the frontend's prefill router for it activating")
-        return ("expected loss: 0, or a few requests answered before their first byte with "
-                + "; or ".join(races) + ". `frontend.replicas: 2` puts a balancer in front that resends them")
-
     def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
         """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers
         that change and have a surge twin each (a new generation starts beside the old one); and per role, the
         batches the other running instances that change restart in."""
         changing = set(self.running_changes()) & set(wave)
-        # A twin in the running generation's namespace must carry the same model card as the workers there:
-        # only a plan with room for a whole generation (each worker in one) surges a new command line.
+        # A worker's twin in the running generation's namespace must carry the same model card as the workers there:
+        # only a plan with room for a whole generation (each worker in one) surges a new command line. A service no
+        # router counts (a frontend behind the balancer) surges whatever changes.
         surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None
-                 and (self.plan.service(n).generation is not None or not self._card_changes([n]))]
+                 and (self.plan.service(n).generation is not None or self.plan.service(n).listed_as is None
+                      or not self._card_changes([n]))]
         rolls = []
         in_batches: set[str] = set(surge)
         for rollout in self.plan.rollouts:
@@ -501,9 +507,10 @@ class SSHRollout:
             c.say(f"surge: starting {', '.join(n + '-surge' for n in stage)} beside {', '.join(stage)}"
                   + (" (prefill first: its router is active before the generation takes requests)"
                      if len(stages) > 1 and i == 0 else ""))
-            started = [t for n in stage if (t := plan.service(n).twin) is not None]
+            started = [t for n in stage if (t := plan.service(n).twin) is not None and t.name not in self.twins]
             self.twins += [t.name for t in started]
-            self._start_services(started)
+            if started:
+                self._start_services(started)
             self._wait_roles(stage, extra, fresh=True)
         if early := self.check_moves():
             self._reload_now(early)  # both generations serve now: the only moment both names answer
@@ -667,8 +674,12 @@ class SSHRollout:
             return ""
 
     def gate(self) -> None:
-        """The deployment-level readiness gate, probed from the head host."""
+        """The deployment-level readiness gate, probed from the head host (after the twins an interrupted `up`
+        left, when no surge of this run replaced them, have drained and stopped)."""
         plan = self.plan
+        if self.twins:
+            self.cluster.say(f"surge: draining {', '.join(self.twins)} (left by an interrupted `up`)")
+            self._stop_twins()
         try:
             with WaitProgress(["gate"]) as progress:
                 self.cluster.client(plan.head).wait([{"name": "gate", "probe": plan.gate.model_dump(mode="json")}],  # type: ignore[typeddict-item]

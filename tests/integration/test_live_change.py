@@ -340,9 +340,9 @@ def up_killed_at(live: Live, line: str, timeout: float = 300) -> str:
 
 def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_request(live: Live) -> None:
     """The controller dies (SIGKILL) twice in one decode change under load: once with the surge twins up, once
-    while the old workers drain. Each next `up` takes over the dead run's lock, drains and stops the twins it
-    left, keeps the workers it had already replaced, and finishes the change; clients lose nothing, a further
-    `up` has nothing to do, and `down` leaves no twin behind."""
+    while the old workers drain. Each next `up` takes over the dead run's lock, waits for the dead run's last
+    host call, keeps the twins and the replaced workers it started from the same revision, and finishes the
+    change; clients lose nothing, a further `up` has nothing to do, and no twin is left running."""
     import time
 
     seqs = int(live.doc["decode"].get("max_num_seqs") or 64)
@@ -355,7 +355,7 @@ def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_reques
         first = up_killed_at(live, "surge: starting decode-0-surge")
         second = up_killed_at(live, "surge: draining and replacing decode")
         assert "took over the lock of `up`" in second and "no longer runs" in second, second
-        assert "surge twin(s) an interrupted `up` left running" in second, second
+        assert "surge twin(s) an interrupted `up` started from this revision" in second, second
         r = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
         time.sleep(LOAD_S)
     out = first + second + r.stdout + r.stderr

@@ -25,7 +25,7 @@ exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.frontend \
   --namespace-prefix demo-gen- \
   --http-host 127.0.0.1 \
-  --http-port 8000 \
+  --http-port 8100 \
   --router-mode kv \
   --kv-cache-block-size 64 \
   --migration-limit 3 \

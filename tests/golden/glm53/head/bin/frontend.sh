@@ -25,7 +25,7 @@ exec /var/lib/primectl/runtime/89029acd6af7/bin/python \
   -m dynamo.frontend \
   --namespace glm53 \
   --http-host 10.20.0.10 \
-  --http-port 8000 \
+  --http-port 8100 \
   --router-mode kv \
   --kv-cache-block-size 64 \
   --migration-limit 3 \
