@@ -163,3 +163,24 @@ def test_a_replica_started_while_its_stopped_balancer_left_its_socket_behind_nee
                         "address": "127.0.0.1:1", "timeout_s": 5}
     assert back_into_balancer(drain, timeout=3) is None
     assert drain_from_balancer(drain)["cut"] == 0
+
+
+def test_a_deep_workdir_still_gets_an_admin_socket_haproxy_accepts(tmp_path: Path) -> None:
+    """A Unix socket's path holds at most 108 bytes, and HAProxy binds `<path>.<pid>.tmp` first: under a deep
+    workdir its configuration was refused ('stats socket' : socket path ... [...]) and the balancer never started.
+    Such a workdir's socket moves to a short path in /tmp; the rendered configuration passes `haproxy -c`."""
+    from primectl.planner.build import plan_recipe
+    from primectl.render.bundle import render_plan
+
+    deep = tmp_path / ("deployments-of-the-research-team-" * 3) / "demo"
+    recipe = tmp_path / "deep.yaml"
+    recipe.write_text(f"extends: {Path(__file__).resolve().parents[1] / 'recipes' / 'demo.yaml'}\n"
+                      f"hosts:\n  - name: local\n    address: 127.0.0.1\n    connection: local\n    workdir: {deep}\n")
+    plan = plan_recipe(recipe)[1]
+    sock = plan.service("frontend").drain.socket if plan.service("frontend").drain else None
+    assert sock and len(sock) <= 90 and sock.startswith("/tmp/primectl-"), sock
+    cfg = tmp_path / "balancer.cfg"
+    cfg.write_bytes(render_plan(plan)["local"].files["config/balancer.haproxy.cfg"])
+    check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"stats socket {sock} " in cfg.read_text()

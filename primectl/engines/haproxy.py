@@ -17,6 +17,7 @@ listeners`), which finishes the streams it holds: no connection is refused.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from urllib.parse import quote
 
@@ -27,6 +28,8 @@ HAPROXY_BINARY = "/usr/sbin/haproxy"
 BACKEND = "frontends"
 CONFIG = "config/balancer.haproxy.cfg"
 MAXCONN = 4096
+# sockaddr_un.sun_path holds 108 bytes with its NUL, and HAProxy binds `<path>.<pid>.tmp` first, then renames it
+SOCKET_PATH_MAX = 90
 # HAProxy resends only a request it holds whole in one buffer (tune.bufsize; its default of 16 KiB never holds an
 # agent turn). The buffer is sized for a prompt at the model's context limit, in JSON, at this many bytes a token.
 BYTES_PER_TOKEN = 8
@@ -52,8 +55,13 @@ def connection_cap(bufsize: int) -> int:
 
 
 def socket_path(ctx: PlanContext, host: str) -> str:
-    """The admin socket of the balancer on `host` (under the workdir, so it survives a release switch)."""
-    return f"{ctx.hosts[host].workdir}/run/balancer.haproxy.sock"
+    """The admin socket of the balancer on `host`: under the workdir (so it survives a release switch), or, where
+    that path is too long for a Unix socket's address (HAProxy refuses the configuration), a short one in /tmp
+    named after it."""
+    path = f"{ctx.hosts[host].workdir}/run/balancer.haproxy.sock"
+    if len(path.encode()) <= SOCKET_PATH_MAX:
+        return path
+    return f"/tmp/primectl-{hashlib.sha256(path.encode()).hexdigest()[:16]}.haproxy.sock"
 
 
 def state_file(ctx: PlanContext, host: str) -> str:

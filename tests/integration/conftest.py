@@ -60,7 +60,7 @@ ETCD = "/usr/bin/etcd"
 # The Dynamo/Mooncake runtime venv bound read-only into the nspawn hosts (and the Python it was made from).
 NSPAWN_RUNTIME_ENV = "PRIMECTL_NSPAWN_RUNTIME"
 # Where each service of the test recipe runs.
-LAYOUT = {"h1": {"etcd", "frontend"}, "h2": {"prefill-0"}, "h3": {"decode-0", "decode-1"}}
+LAYOUT = {"h1": {"etcd", "frontend", "balancer"}, "h2": {"prefill-0"}, "h3": {"decode-0", "decode-1"}}
 _counter = iter(range(1, 10_000))
 
 
@@ -81,7 +81,7 @@ def ports_for(index: int) -> tuple[int, dict[str, int]]:
     """A frontend port and port bases of their own for deployment number `index` (100 ports each)."""
     base = 10_000 + 100 * index
     return base, {
-        "response_stream": base + 1, "etcd_client": base + 2, "etcd_peer": base + 3,
+        "response_stream": base + 4, "etcd_client": base + 2, "etcd_peer": base + 3, "frontend_replica": base + 50,
         "worker_system": base + 10, "tcp_rpc": base + 20, "bootstrap": base + 30, "kv_events": base + 40,
     }
 
