@@ -229,8 +229,31 @@ class Runner:
             if exc.status_code == 404 and self._listed():
                 raise CheckNA(f"GET /v1{path} -> 404 but /v1/models lists {self.model}: "
                               "no Dynamo readiness endpoint here") from None
+            if not isinstance(exc.body, dict) and (own := self._frontend_says(path)):
+                detail = f"{detail}; the frontend itself: {own}"  # a balancer's page says nothing of the model
             raise CheckFailed(f"GET /v1{path} -> {exc.status_code}{': ' + detail if detail else ''}") from None
         return f"GET /v1{path} -> 200 {_gate_detail(body)}".strip()
+
+    def _frontend_says(self, path: str) -> str:
+        """The readiness the first frontend gives itself, behind the balancer ('' when there is none to ask)."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        listing = self.plan.worker_listing_url if self.plan is not None else ""
+        if not listing or not listing.endswith("/health"):
+            return ""
+        url = listing.removesuffix("/health") + "/v1" + path
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return f"{resp.status} {_gate_detail(json.loads(resp.read()))}"
+        except urllib.error.HTTPError as exc:
+            try:
+                return f"{exc.code} {_gate_detail(json.loads(exc.read()))}"
+            except ValueError:
+                return str(exc.code)
+        except (OSError, ValueError):
+            return ""
 
     def _listed(self) -> bool:
         try:

@@ -173,6 +173,9 @@ class PlanContext:
     # Whether the target starts a service's `watch` beside it (SSH's run scripts do; a scheduler or an operator
     # restarts what fails its own way).
     watches: bool = False
+    # The first frontend's own HTTP address (not the balancer's: one in front answers nothing of its own while the
+    # model is not ready, such as the frontend's listing of the workers it discovered).
+    frontend_url: str = ""
 
     def python(self, host: str) -> str:
         """The Python interpreter of the host runtime."""

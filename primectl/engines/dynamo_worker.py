@@ -54,6 +54,6 @@ def with_worker_watch(ctx: PlanContext, svc: Service) -> Service:
     watch = [ctx.python(svc.host), "-I", f"{RELEASE}/{WORKER_WATCH}", "--pid", PID]
     grace = r.control_plane.lost_worker_grace_s
     if r.control_plane.discovery == "file" and grace and svc.listed_as:
-        url = worker_listing_url(f"http://{ctx.hosts[r.frontend.host].address}:{r.frontend.port}")
+        url = worker_listing_url(ctx.frontend_url)
         watch += ["--url", url, "--expect", svc.listed_as, "--grace", f"{grace:g}"]
     return svc.model_copy(update={"watch": watch, "files": [*svc.files, script]})

@@ -156,6 +156,9 @@ def build_plan(recipe: Recipe) -> Plan:
             if recipe.control_plane.discovery == "file" else None
         ),
         watches=bool(getattr(target, "watches", False)),
+        # behind a balancer (target ssh, or several replicas) the first frontend listens on the first replica port
+        frontend_url=f"http://{by_name[fe_host].address}:"
+                     f"{p.frontend_replica if target.surges or recipe.frontend.replicas > 1 else recipe.frontend.port}",
     )
     placement = place_workers(recipe, hw, hosts)
     if placement.findings:
@@ -233,7 +236,7 @@ def build_plan(recipe: Recipe) -> Plan:
         hardware=HardwareFacts(profile=recipe.hardware.profile, gpu=hw.gpu, sm=hw.sm, gpus_per_host=hw.gpus_per_host,
                                hosts_per_nvlink_domain=hw.hosts_per_nvlink_domain),
         hosts=hosts, head=fe_host, slots=placement.slots, services=services, gate=gate,
-        endpoint=endpoint, worker_listing_url=worker_listing_url(endpoint), serving=serving,
+        endpoint=endpoint, worker_listing_url=worker_listing_url(ctx.frontend_url), serving=serving,
         capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
         known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,

@@ -81,7 +81,7 @@ def ports_for(index: int) -> tuple[int, dict[str, int]]:
     """A frontend port and port bases of their own for deployment number `index` (100 ports each)."""
     base = 10_000 + 100 * index
     return base, {
-        "response_stream": base + 4, "etcd_client": base + 2, "etcd_peer": base + 3, "frontend_replica": base + 50,
+        "response_stream": base + 4, "etcd_client": base + 2, "etcd_peer": base + 3, "frontend_replica": base + 80,
         "worker_system": base + 10, "tcp_rpc": base + 20, "bootstrap": base + 30, "kv_events": base + 40,
     }
 

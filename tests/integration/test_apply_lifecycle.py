@@ -41,8 +41,11 @@ def test_up_on_three_hosts_then_status_healthy_fake_engine(deployment: Deploymen
     pids = deployment.pids()
     for h, services in LAYOUT.items():
         wd = deployment.workdir(h)
-        assert set(os.listdir(wd / "run")) == {f"{s}.pid" for s in services}
+        assert {f for f in os.listdir(wd / "run") if f.endswith(".pid")} == {f"{s}.pid" for s in services}
         assert deployment.current(h) == deployment.state(h)["revision"]
+        # what a later `up` reads if this one had been killed before it recorded: the revision each started from
+        assert {s: (wd / "run" / f"{s}.release").read_text() for s in services} == {
+            s: deployment.current(h) for s in services}
         running = {pid for pid, _ in processes_under(wd)}
         assert {pids[s] for s in services} <= running
     # etcd is the real one, and healthy.
@@ -80,16 +83,16 @@ def test_changing_decode_env_restarts_only_the_decode_workers_fake_engine(deploy
     d = deployment.cli("diff")
     assert d.returncode == 3, d.stdout + d.stderr
     marked = {m[2]: m[3] for m in re.finditer(r"^[~+!\- ] (h\d)\s+(\S+)\s+(\S+)", d.stdout, re.M)}
-    assert marked == {"etcd": "keep", "frontend": "keep", "prefill-0": "keep",
+    assert marked == {"etcd": "keep", "frontend": "keep", "balancer": "keep", "prefill-0": "keep",
                       "decode-0": "change", "decode-1": "change"}, d.stdout
     assert "+export DECODE_TUNING=b" in d.stdout
-    assert "2 to change, 3 unchanged" in d.stdout
+    assert "2 to change, 4 unchanged" in d.stdout
 
     r = deployment.up_ok()
     assert "starting decode-0, decode-1" in r.stderr
-    assert "2 started, 3 unchanged" in r.stderr
+    assert "2 started, 4 unchanged" in r.stderr
     after = deployment.pids()
-    for svc in ("etcd", "frontend", "prefill-0"):
+    for svc in ("etcd", "frontend", "balancer", "prefill-0"):
         assert after[svc] == before[svc], f"{svc} was restarted"
     for svc in ("decode-0", "decode-1"):
         assert after[svc] != before[svc], f"{svc} was not restarted"
@@ -131,11 +134,11 @@ def test_kill_9_shows_in_status_and_next_up_heals_fake_engine(deployment: Deploy
 def test_down_leaves_no_process_behind_fake_engine(deployment: Deployment) -> None:
     deployment.up_ok()
     pids = deployment.pids()
-    assert len(pids) == 5
+    assert len(pids) == 6
 
     r = deployment.cli("down")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stopped 5 of 5 service(s)" in r.stderr
+    assert "stopped 6 of 6 service(s)" in r.stderr
     assert not wait_gone(pids.values(), 5), "a service outlived `down`"
     assert deployment.leftovers() == {}
     for h in LAYOUT:
@@ -148,7 +151,7 @@ def test_down_leaves_no_process_behind_fake_engine(deployment: Deployment) -> No
 
     r = deployment.cli("down", "--purge")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stopped 0 of 5 service(s)" in r.stderr and "were not running); files removed" in r.stderr
+    assert "stopped 0 of 6 service(s)" in r.stderr and "were not running); files removed" in r.stderr
     for h in LAYOUT:
         left = sorted(os.listdir(deployment.workdir(h)))
         assert left == [], f"{h}: --purge left {left}"

@@ -48,21 +48,32 @@ def test_concurrent_up_is_refused_fake_engine(deployment: Deployment) -> None:
     assert not lock_file.exists()
     pids = deployment.pids()
 
-    # An `up` killed with SIGKILL leaves its lock: the next one is refused until the lock is broken.
+    # An `up` killed with SIGKILL leaves its lock. Its holder is provably gone (this machine, this boot, its pid
+    # no longer runs): the next `up` takes the lock over, says so, and finishes the change.
     deployment.write({"decode": {"env": {"FAKE_FAIL": "slow:2"}}})
     _kill_when_locked(deployment, deployment.popen("up", "--no-smoke", "--skip-preflight"))
-    refused = deployment.up()
-    assert refused.returncode == 1 and "locked by" in refused.stderr, refused.stderr
-    unlocked = deployment.cli("unlock")
-    assert unlocked.returncode == 0, unlocked.stderr
-    assert f"lock of {deployment.name} on h1 removed" in unlocked.stderr
-    deployment.up_ok()
-
-    deployment.write({"decode": {"env": {"FAKE_FAIL": "slow:1"}}})
-    _kill_when_locked(deployment, deployment.popen("up", "--no-smoke", "--skip-preflight"))
-    assert "locked by" in deployment.up().stderr
-    deployment.up_ok("--break-lock")
+    took = deployment.up()
+    assert took.returncode == 0, took.stdout + took.stderr
+    assert "took over the lock of `up`" in took.stderr and "no longer runs" in took.stderr, took.stderr
     assert not lock_file.exists()
+
+    # A holder that cannot be proved gone (it ran on another machine) is refused, with how to break the lock.
+    for how in ("unlock", "--break-lock"):
+        deployment.write({"decode": {"env": {"FAKE_FAIL": f"slow:{1 if how == 'unlock' else 2}"}}})
+        _kill_when_locked(deployment, deployment.popen("up", "--no-smoke", "--skip-preflight"))
+        owner = json.loads(lock_file.read_text())
+        lock_file.write_text(json.dumps(owner | {"host": "another-controller"}))
+        refused = deployment.up()
+        assert refused.returncode == 1 and "locked by root@another-controller" in refused.stderr, refused.stderr
+        assert "`primectl unlock RECIPE` or `--break-lock`" in refused.stderr, refused.stderr
+        if how == "unlock":
+            unlocked = deployment.cli("unlock")
+            assert unlocked.returncode == 0, unlocked.stderr
+            assert f"lock of {deployment.name} on h1 removed" in unlocked.stderr
+            deployment.up_ok()
+        else:
+            deployment.up_ok("--break-lock")
+        assert not lock_file.exists()
     after = deployment.pids()
     assert {s: after[s] for s in ("etcd", "frontend", "prefill-0")} == {
         s: pids[s] for s in ("etcd", "frontend", "prefill-0")}

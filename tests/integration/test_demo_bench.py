@@ -69,7 +69,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     doc["frontend"]["port"] = FRONTEND_PORT
     doc["ports"] = {"worker_system": 18_481, "mooncake_rpc": 18_490, "mooncake_metadata": 18_491,
                     "mooncake_metrics": 18_492, "bootstrap": 18_493, "response_stream": 18_500, "tcp_rpc": 18_510,
-                    "kv_events": 18_520}
+                    "kv_events": 18_520, "frontend_replica": 18_530}
     if os.environ.get("PRIMECTL_RUNTIME_PYTHON"):
         doc.setdefault("software", {})["python"] = os.environ["PRIMECTL_RUNTIME_PYTHON"]
     recipe = tmp / "demo.yaml"

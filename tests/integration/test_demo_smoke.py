@@ -37,9 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 FRONTEND_PORT = 31000
 PORTS = {
-    "response_stream": 31001, "etcd_client": 31002, "etcd_peer": 31003, "worker_system": 31010, "tcp_rpc": 31020,
+    "response_stream": 31004, "etcd_client": 31002, "etcd_peer": 31003, "worker_system": 31010, "tcp_rpc": 31020,
     "bootstrap": 31030, "kv_events": 31040, "mooncake_rpc": 31050, "mooncake_metadata": 31051,
     "mooncake_metrics": 31052, "nixl_side_channel": 31060, "dp_rpc": 31070,
+    "frontend_replica": 31090,
 }
 LOST_GRACE_S = 45
 HINT = ("run inside a loopback-only network namespace: unshare --net -- sh -c 'ip link set lo up && "
@@ -137,10 +138,11 @@ def _listed(demo: Demo, worker: str) -> bool:
     """Whether the frontend's worker listing (/health, read from the discovery store) still holds `worker`."""
     from primectl.planner.build import plan_recipe
 
-    listed_as = plan_recipe(demo.recipe)[1].service(worker).listed_as
+    plan = plan_recipe(demo.recipe)[1]
+    listed_as = plan.service(worker).listed_as
     assert listed_as, f"{worker} has no listing text"
-    try:
-        with urllib.request.urlopen(f"{demo.url}/health", timeout=5) as resp:
+    try:  # the frontend's own /health: through the balancer it is unreadable while the model is not ready
+        with urllib.request.urlopen(plan.worker_listing_url, timeout=5) as resp:
             return listed_as.encode() in resp.read()
     except (OSError, urllib.error.HTTPError):
         return True  # unreadable: not known to be gone
@@ -263,7 +265,9 @@ def test_a_worker_the_frontend_lost_is_named_then_ends_itself_and_up_brings_it_b
     lost = rows["prefill-0"]
     assert lost["running"] and not lost["ready"] and lost["pid"] == pid, lost
     assert "the frontend does not list it: its discovery registration is gone" in lost["detail"], lost
-    assert all(r["healthy"] for name, r in rows.items() if name != "prefill-0"), rows
+    # the endpoint is not ready either: the balancer's readiness is the model's, through it
+    assert not rows["balancer"]["ready"] and "503" in rows["balancer"]["detail"], rows["balancer"]
+    assert all(r["healthy"] for name, r in rows.items() if name not in ("prefill-0", "balancer")), rows
     r, doc, _ = demo.smoke(tmp_path)
     listed = _check(doc, "workers: the frontend lists every prefill and decode worker")
     assert r.returncode == 1 and listed["result"] == "fail", _failures(doc)

@@ -33,9 +33,10 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 FRONTEND_PORT = 32000
 PORTS = {
-    "response_stream": 32001, "etcd_client": 32002, "etcd_peer": 32003, "worker_system": 32010, "tcp_rpc": 32020,
+    "response_stream": 32004, "etcd_client": 32002, "etcd_peer": 32003, "worker_system": 32010, "tcp_rpc": 32020,
     "bootstrap": 32030, "kv_events": 32040, "mooncake_rpc": 32150, "mooncake_metadata": 32151,
     "mooncake_metrics": 32152, "nixl_side_channel": 32200, "dp_rpc": 32070,
+    "frontend_replica": 32090,
 }
 # The one known defect of the serving stack (Dynamo 1.6.1's tool-call parser), reported as a warn naming it.
 KNOWN_WARN = "tools: string argument holding the parser's end tag </tool_call>"

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 FRONTEND_PORT = 32000
 PORTS = {
-    "response_stream": 32001, "etcd_client": 32002, "etcd_peer": 32003, "worker_system": 32010, "tcp_rpc": 32020,
+    "response_stream": 32004, "etcd_client": 32002, "etcd_peer": 32003, "worker_system": 32010, "tcp_rpc": 32020,
     "bootstrap": 32030, "kv_events": 32040, "mooncake_rpc": 32050, "mooncake_metadata": 32051,
     "mooncake_metrics": 32052, "nixl_side_channel": 32060, "dp_rpc": 32070, "frontend_replica": 32090,
 }
@@ -50,7 +50,7 @@ class Live:
         self.recipe.write_text(yaml.safe_dump(self.doc, sort_keys=False))
 
     def ready(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{FRONTEND_PORT}/v1/models/demo/ready"
+        url = f"http://127.0.0.1:{FRONTEND_PORT}/v1/models/{self.doc['model']['served_name']}/ready"
         with urllib.request.urlopen(url, timeout=5) as resp:
             result: dict[str, Any] = json.loads(resp.read())
         return result

@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 FRONTEND_PORT = 18_680
 PORTS = {"worker_system": 18_681, "mooncake_rpc": 18_690, "mooncake_metadata": 18_691, "mooncake_metrics": 18_692,
-         "bootstrap": 18_693, "response_stream": 18_700, "tcp_rpc": 18_710, "kv_events": 18_720}
+         "bootstrap": 18_693, "response_stream": 18_700, "tcp_rpc": 18_710, "kv_events": 18_720,
+         "frontend_replica": 18_730}
 RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
        ".venv/bin/pytest tests/integration/test_plugin_demo.py -q'")
 

@@ -159,7 +159,7 @@ def test_changing_one_service_restarts_only_its_unit(systemd_deployment: Systemd
     before = dep.main_pids()
     dep.write({"prefill": {"env": {"PREFILL_TUNING": "b"}}})
     r = dep.up_ok()
-    assert "starting prefill-0" in r.stderr and "1 started, 4 unchanged" in r.stderr, r.stderr
+    assert "starting prefill-0" in r.stderr and "1 started, 5 unchanged" in r.stderr, r.stderr
     after = dep.units()
     for svc, props in after.items():
         assert props["ActiveState"] == "active" and props["UnitFileState"] == "enabled", (svc, props)
@@ -294,7 +294,7 @@ def test_a_unit_that_gave_up_at_its_start_limit_is_restarted_by_the_next_up(
     d = dep.cli("diff")
     assert d.returncode == 3 and re.search(r"decode-1\s+restart\s+not running", d.stdout), d.stdout
     r = dep.up_ok()
-    assert "starting decode-1" in r.stderr and "1 started, 4 unchanged" in r.stderr, r.stderr
+    assert "starting decode-1" in r.stderr and "1 started, 5 unchanged" in r.stderr, r.stderr
     after = dep.units()
     assert (after["decode-1"]["ActiveState"], after["decode-1"]["SubState"]) == ("active", "running")
     assert {s: int(p["MainPID"]) for s, p in after.items() if s != "decode-1"} == \
@@ -307,7 +307,7 @@ def test_down_stops_and_disables_every_unit_and_purge_removes_them(systemd_deplo
     dep = systemd_deployment
     dep.up_ok()
     r = dep.cli("down")
-    assert r.returncode == 0 and "stopped 5 of 5 service(s)" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 0 and "stopped 6 of 6 service(s)" in r.stderr, r.stdout + r.stderr
     for svc, props in dep.units().items():
         assert (props["ActiveState"], props["UnitFileState"]) == ("inactive", "disabled"), (svc, props)
     for h in dep.machines.values():
@@ -355,7 +355,7 @@ def test_demo_stack_serves_chat_under_systemd_on_three_hosts(systemd_deployment:
     dep.layout = {}
     for svc in plan["services"]:
         dep.layout.setdefault(svc["host"], set()).add(svc["name"])
-    assert dep.layout == {"h1": {"etcd", "frontend", "mooncake-master"}, "h2": {"prefill-0"},
+    assert dep.layout == {"h1": {"etcd", "frontend", "balancer", "mooncake-master"}, "h2": {"prefill-0"},
                           "h3": {"decode-0", "decode-1"}}
 
     t0 = time.monotonic()

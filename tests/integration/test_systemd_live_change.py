@@ -45,9 +45,10 @@ pytestmark = pytest.mark.integration
 
 FRONTEND_PORT = 29000
 PORTS = {
-    "response_stream": 29001, "etcd_client": 29002, "etcd_peer": 29003, "worker_system": 29010, "tcp_rpc": 29020,
+    "response_stream": 29004, "etcd_client": 29002, "etcd_peer": 29003, "worker_system": 29010, "tcp_rpc": 29020,
     "bootstrap": 29030, "kv_events": 29040, "mooncake_rpc": 29050, "mooncake_metadata": 29051,
     "mooncake_metrics": 29052, "nixl_side_channel": 29060, "dp_rpc": 29070,
+    "frontend_replica": 29090,
 }
 CLIENTS = 3
 LOAD_S = 3.0  # load before and after each change

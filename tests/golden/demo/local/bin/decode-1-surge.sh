@@ -20,7 +20,7 @@ export DYN_TCP_RPC_HOST=127.0.0.1
 export DYN_TCP_RPC_PORT=23166
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
-PRIMECTL_WATCH_OF=primectl-demo-decode-1-surge /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python -I "${release_dir}"/probes/worker_watch.py --pid "$$" --url http://127.0.0.1:8000/health --expect '"127.0.0.1:23166/' --grace 30 &
+PRIMECTL_WATCH_OF=primectl-demo-decode-1-surge /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python -I "${release_dir}"/probes/worker_watch.py --pid "$$" --url http://127.0.0.1:8100/health --expect '"127.0.0.1:23166/' --grace 30 &
 exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
   -m dynamo.mocker \
   --model-path /tmp/primectl-demo/models/761282e627e0 \
