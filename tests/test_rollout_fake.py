@@ -368,7 +368,7 @@ def test_a_renamed_model_moves_the_balancer_check_while_both_generations_serve(e
     # the balancer takes the new name once the new generation has registered, before the old one drains, and
     # before any replica comes back into its rotation (where the old name's check would call it down)
     assert said.index("reloaded balancer on h1 in place") == said.index("surge: draining and replacing decode-0, decode-1") - 1, said
-    assert said.index("reloaded balancer on h1 in place") < said.index("rolling frontend 1/2: frontend-0 (drain, restart, ready)")
+    assert said.index("reloaded balancer on h1 in place") < said.index("rolling frontend 1/2: frontend (drain, restart, ready)")
     assert env.world.reloads == [("h1", "balancer")], "reloaded once, not again in its own wave"
     lines, _ = diff(renamed, env.options.connection, env.said.append)
     assert lines and all(c.action == "keep" for c in lines), lines
@@ -384,7 +384,7 @@ def test_a_renamed_model_without_room_for_a_generation_moves_the_balancer_check_
     reload = said.index("reloaded balancer on h1 in place")
     # not before the workers serve the new name (the balancer would call every replica down), not after a replica
     # came back (the old name's check would never call it up)
-    assert workers < reload < said.index("rolling frontend 1/2: frontend-0 (drain, restart, ready)"), said
+    assert workers < reload < said.index("rolling frontend 1/2: frontend (drain, restart, ready)"), said
     assert env.world.reloads == [("h1", "balancer")]
 
 
@@ -410,7 +410,7 @@ def test_replicas_moved_to_new_ports_roll_and_diff_says_they_come_back_there(env
     waves = next(s for s in steps if s.step == "waves")
     assert any("back in the balancer at its new address; expected loss 0" in d for d in waves.details), waves.details
     env.up(moved)
-    assert env.world.drains[-2:] == [("h1", "frontend-0"), ("h1", "frontend-1")], "each replica drains, one by one"
+    assert env.world.drains[-2:] == [("h1", "frontend"), ("h1", "frontend-1")], "each replica drains, one by one"
 
 
 def test_a_failed_up_after_a_balancer_reload_reloads_it_back(env: Env) -> None:
@@ -646,3 +646,20 @@ def test_status_asks_each_host_once_its_probes_riding_with_the_inspection(env: E
     assert sorted(calls) == [(h, "inspect") for h in HOSTS]
     assert {r.service: r.ready for r in report.rows} == {s.name: True for s in plan.services}
     assert report.gate["ok"] is True
+
+
+def test_one_frontend_to_two_adds_a_replica_beside_the_one_that_runs(env: Env) -> None:
+    """The first replica is `frontend` whether there is one or several: 1 -> 2 starts `frontend-1` and reloads the
+    balancer in place; the running frontend is neither drained nor restarted, and 2 -> 1 drains `frontend-1` only."""
+    env.up(env.plan())
+    two = env.plan(frontend={"host": "h1", "replicas": 2})
+    lines, _ = diff(two, env.options.connection, env.said.append)
+    by = {c.service: c for c in lines}
+    assert by["frontend"].action == "keep" and by["frontend-1"].action == "add", [(c.service, c.action, c.reason) for c in lines]
+    before = len(env.world.starts)
+    env.up(two)
+    assert env.world.starts[before:] == [("h1", "frontend-1")]
+    assert ("h1", "frontend") not in env.world.drains
+    env.up(env.plan())
+    assert ("h1", "frontend-1") in env.world.drains and not env.world.is_running("h1", "frontend-1")
+    assert env.world.is_running("h1", "frontend")

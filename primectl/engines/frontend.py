@@ -27,12 +27,13 @@ def inhibited_duration_s(recipe: Recipe) -> int:
 def frontend_service(ctx: PlanContext, host: str, depends_on: list[str], replica: int | None = None,
                      namespace_prefix: str | None = None, name: str | None = None) -> Service:
     """The frontend bound to the host's address, with router and admission settings (`replica`: one of several
-    behind the balancer, on ports of its own; `namespace_prefix`: it serves workers of every generation; `name`:
-    another name than `frontend` or `frontend-<replica>`)."""
+    behind the balancer, on ports of its own, named `frontend` for the first and `frontend-<replica>` for the others,
+    so that going from one frontend to several keeps the one that runs; `namespace_prefix`: it serves workers of
+    every generation; `name`: another name)."""
     r = ctx.recipe
     fe = r.frontend
     addr = ctx.hosts[host].address
-    name = name or ("frontend" if replica is None else f"frontend-{replica}")
+    name = name or ("frontend" if not replica else f"frontend-{replica}")
     http_port = fe.port if replica is None else r.ports.frontend_replica + replica
     stream_port = r.ports.response_stream + (replica or 0)
     argv = [

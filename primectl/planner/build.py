@@ -204,8 +204,8 @@ def build_plan(recipe: Recipe) -> Plan:
 
         twin = behind(frontend_service(ctx, fe_host, control + workers, replica=1, namespace_prefix=prefix,
                                        name="frontend-surge"))
-        single = behind(frontend_service(ctx, fe_host, control + workers, replica=0, namespace_prefix=prefix,
-                                         name="frontend")).model_copy(update={"twin": twin})
+        single = behind(frontend_service(ctx, fe_host, control + workers, replica=0, namespace_prefix=prefix
+                                         )).model_copy(update={"twin": twin})
         services += [single, balancer_service(ctx, fe_host, [single], spares=[twin])]
     else:
         replicas = [r.model_copy(update={"drain": replica_drain(ctx, fe_host, r)}) for r in (

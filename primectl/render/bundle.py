@@ -169,9 +169,12 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
         own = {path: text.encode() for path, text in render_service(plan, host, svc).items()}
         for spec in svc.files:
             own[spec.path] = spec.content.encode()
+        mine = set(own)
+        twin: dict[str, bytes] = {}
         if svc.twin is not None:  # its surge twin ships with it: started beside it only while it restarts
-            own |= {path: text.encode() for path, text in render_service(plan, host, svc.twin).items()}
-            own |= {spec.path: spec.content.encode() for spec in svc.twin.files}
+            twin = {path: text.encode() for path, text in render_service(plan, host, svc.twin).items()}
+            twin |= {spec.path: spec.content.encode() for spec in svc.twin.files}
+            own |= twin
         if svc.role in MODEL_ROLES:
             own |= model  # a new tokenizer or config must restart the services that read it
         for path, data in own.items():
@@ -186,7 +189,8 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
             "run_fields": list(svc.run_fields()), "expect_fields": list(EXPECT_FIELDS),
             "component": svc.component, "role": svc.role,
             "unit": unit_name(plan, svc), "files": sorted(own),
-            "files_hash": hash_files({p: files[p] for p in own}),
+            # the twin runs only while the service restarts: a twin gained or lost restarts nothing
+            "files_hash": hash_files({p: files[p] for p in own if p in mine or p not in twin}),
         }
     revision = hash_files(files)[:16]
     manifest: dict[str, object] = {

@@ -129,7 +129,7 @@ def test_a_frontend_change_rolls_through_the_replicas_behind_the_balancer(live: 
     live.write()
     report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
     assert_nothing_lost(report, out)
-    assert "rolling frontend 1/2: frontend-0" in out and "rolling frontend 2/2: frontend-1" in out, out
+    assert "rolling frontend 1/2: frontend" in out and "rolling frontend 2/2: frontend-1" in out, out
     assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
 
 
@@ -151,11 +151,11 @@ def test_a_third_frontend_replica_joins_and_leaves_the_balancer_by_reloads_under
     out = change_under_load(live, "balancer: reloads in place")
     assert "reloaded balancer on local in place" in out, out
     sock = str(live.workdir / "run" / "balancer.haproxy.sock")
-    assert balancer_servers(sock, "frontends") == ["frontend-0", "frontend-1", "frontend-2"]
+    assert balancer_servers(sock, "frontends") == ["frontend", "frontend-1", "frontend-2"]
     live.doc["frontend"]["replicas"] = 2
     change_under_load(live, "balancer: reloads in place")
     assert live.pid("frontend-2") is None
-    assert balancer_servers(sock, "frontends") == ["frontend-0", "frontend-1"]
+    assert balancer_servers(sock, "frontends") == ["frontend", "frontend-1"]
 
 
 def replicas_up(live: Live, within_s: float = 15) -> dict[str, dict[str, str]]:
@@ -166,7 +166,7 @@ def replicas_up(live: Live, within_s: float = 15) -> dict[str, dict[str, str]]:
     deadline = time.monotonic() + within_s
     while True:
         rows = {r["svname"]: r for r in balancer_stat(str(live.workdir / "run" / "balancer.haproxy.sock"))
-                if r.get("pxname") == "frontends" and r["svname"].startswith("frontend-")}
+                if r.get("pxname") == "frontends" and r["svname"] in ("frontend", "frontend-1", "frontend-2")}
         if all(r["status"].startswith("UP") for r in rows.values()) or time.monotonic() > deadline:
             assert all(r["status"].startswith("UP") for r in rows.values()), {n: r["status"] for n, r in rows.items()}
             return rows
@@ -177,7 +177,7 @@ def test_frontend_replicas_moved_to_new_ports_are_re_pointed_at_the_balancer_und
     live.doc["ports"]["frontend_replica"] = 32094
     change_under_load(live, "back in the balancer at its new address; expected loss 0")
     rows = replicas_up(live)
-    assert rows["frontend-0"]["addr"] == "127.0.0.1:32094" and rows["frontend-1"]["addr"] == "127.0.0.1:32095", rows
+    assert rows["frontend"]["addr"] == "127.0.0.1:32094" and rows["frontend-1"]["addr"] == "127.0.0.1:32095", rows
     assert _cmd("diff", str(live.recipe)).returncode == 0, "the balancer's reloaded configuration differs from the plan"
 
 
@@ -262,7 +262,7 @@ def test_a_renamed_model_is_served_through_the_balancer_by_the_new_name(live: Li
     said = [line for line in out.splitlines() if line.startswith(("surge: draining and replacing decode", "reloaded balancer"))]
     assert said and said[0].startswith("reloaded balancer"), out  # the check moved before the old name's decoders drained
     assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
-    assert set(replicas_up(live)) == {"frontend-0", "frontend-1"}
+    assert set(replicas_up(live)) == {"frontend", "frontend-1"}
     load = LiveLoad(f"http://127.0.0.1:{FRONTEND_PORT}", "demo-renamed", clients=2, deadline_s=60)
     with load:
         time.sleep(2)
@@ -304,7 +304,7 @@ def test_down_then_up_of_a_balanced_deployment_starts_it_again(live: Live) -> No
     up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
     assert live.ready()["ready"] is True
-    assert set(replicas_up(live)) == {"frontend-0", "frontend-1"}
+    assert set(replicas_up(live)) == {"frontend", "frontend-1"}
     again = _cmd("diff", str(live.recipe))
     assert again.returncode == 0 and "no changes" in again.stdout, again.stdout
 
