@@ -61,7 +61,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters  # noqa: E402
+from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters, up_killed_at  # noqa: E402
 from primectl.deploy.protocol import Layout, unit_name  # noqa: E402
 from tests.integration.generation_races import race_causes  # noqa: E402
 from tests.integration.nspawnhosts import (  # noqa: E402
@@ -141,25 +141,6 @@ def scenarios(doc: Doc) -> list[Scenario]:
 
 # Where `controller-crash` kills `up`: the old workers are draining while their twins serve, the surge half done.
 CRASH_AT = "surge: draining and replacing"
-
-
-def up_killed(recipe: Path, at: str = CRASH_AT, timeout: float = 600) -> str:
-    """`primectl up`, killed with SIGKILL when it prints a line starting with `at` (a controller that dies: no
-    cleanup, no rollback); what it had printed."""
-    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1", "PRIMECTL_PROGRESS": "plain"}
-    proc = subprocess.Popen([PRIMECTL, "up", str(recipe), "--no-smoke"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(at) or time.monotonic() > deadline:
-            break
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return "".join(seen)
 
 
 def primectl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -342,7 +323,7 @@ def run_one(s: Scenario, doc: Doc, recipe: Path, where: Where, args: argparse.Na
             where.kill()
             code, tail = 0, ""
         elif s.action == "controller-crash":
-            killed = up_killed(recipe)
+            _, killed = up_killed_at(PRIMECTL, recipe, CRASH_AT, cwd=REPO)
             r = primectl("up", str(recipe))
             code, tail = r.returncode, (killed + r.stdout + r.stderr)[-1500:]
         else:

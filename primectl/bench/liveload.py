@@ -10,7 +10,10 @@ and stops by itself.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -145,6 +148,30 @@ class LiveLoad:
             return (True, "", tokens) if finish else (False, "stream ended without a finish_reason", tokens)
         except Exception as exc:  # every failure a client can see counts, whatever its type
             return False, _describe(exc), tokens
+
+
+def up_killed_at(primectl: str, recipe: Path, line: str, *, cwd: Path, timeout_s: float = 600) -> tuple[bool, str]:
+    """`primectl up RECIPE --no-smoke`, killed with SIGKILL as soon as it prints a line starting with `line` (a
+    controller that dies: no cleanup, no rollback). Whether it was killed there (not: it ended first, or
+    `timeout_s` passed and it was killed then), and what it had printed."""
+    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1", "PRIMECTL_PROGRESS": "plain"}
+    proc = subprocess.Popen([primectl, "up", str(recipe), "--no-smoke"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    at_line = False
+    try:
+        assert proc.stdout is not None
+        for out in proc.stdout:
+            seen.append(out)
+            at_line = out.startswith(line)
+            if at_line or time.monotonic() > deadline:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return at_line, "".join(seen)
 
 
 # The balancer's admin socket under a deployment's workdir (engines/haproxy.py) and its backend of frontend replicas.

@@ -94,17 +94,17 @@ def diff_services(want: Mapping[str, Mapping[str, Any]], have: Mapping[str, Mapp
     for name, w in want.items():
         h = have.get(name)
         where = host if host is not None else str(w.get("host", "?"))
+        dead = alive is not None and not alive.get(name, False)
         if h is None:
             out.append(Change(where, name, "add", "new service"))
-        elif ((h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]) and revision
-              and (started or {}).get(name) == revision and (alive or {}).get(name)):
-            out.append(Change(where, name, "update", f"already runs revision {revision} (started by an `up` that "
-                                                     "ended before it recorded it): recorded, no restart"))
         elif (h.get("hash"), h.get("files_hash")) != (w["hash"], w["files_hash"]):
-            dead = alive is not None and not alive.get(name, False)
-            out.append(Change(where, name, "change", _run_reason(h, w) + ("; not running: it starts" if dead else ""),
-                              detail(name) if detail else ""))
-        elif alive is not None and not alive.get(name, False):
+            if revision and not dead and (started or {}).get(name) == revision:
+                out.append(Change(where, name, "update", f"already runs revision {revision} (started by an `up` "
+                                                         "that ended before it recorded it): recorded, no restart"))
+            else:
+                out.append(Change(where, name, "change", _run_reason(h, w) + ("; not running: it starts" if dead else ""),
+                                  detail(name) if detail else ""))
+        elif dead:
             out.append(Change(where, name, "restart", "not running"))
         elif h.get("expect_hash") != w.get("expect_hash"):
             fields = changed_fields(h, w, tuple(w.get("expect_fields", ())))

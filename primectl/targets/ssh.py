@@ -145,7 +145,6 @@ class SSHRollout:
         self.started: list[str] = []
         self.twins: list[str] = []  # surge twins running now (stopped at the end of their surge, or by rollback)
         self.reloaded: list[str] = []  # services that re-read their files in place (rollback reloads them again)
-        self.adopted: set[str] = set()  # twins an interrupted `up` started from this revision: this run's own
 
     # -- lock and diff --------------------------------------------------------------------------------
 
@@ -174,19 +173,19 @@ class SSHRollout:
         """Surge twins that run though no `up` is under way: left by one that was killed mid-surge. One started
         from the revision being applied serves on as this run's own twin until this run's surge is done; another
         is drained and stopped before anything starts (its generation's registrations would count it)."""
-        plan, c = self.plan, self.cluster
         out = []
-        for svc in plan.services:
-            if not svc.twin or svc.twin.name in self.twins or not c.alive(svc.host, svc.twin.name):
+        for svc in self.plan.services:
+            if not svc.twin or svc.twin.name in self.twins or not self.cluster.alive(svc.host, svc.twin.name):
                 continue
-            started = c.views[svc.host].get("services", {}).get(svc.twin.name, {}).get("release")
-            if started == self.bundles[svc.host].revision:
-                self.adopted.add(svc.twin.name)
-                why = "it serves until this run's surge is done, then drains and stops"
-            else:
-                why = "drained and stopped before anything starts"
+            why = ("it serves until this run's surge is done, then drains and stops" if self._from_this_revision(svc.twin)
+                   else "drained and stopped before anything starts")
             out.append(Change(svc.host, svc.twin.name, "remove", f"surge twin left running by an interrupted `up`: {why}"))
         return out
+
+    def _from_this_revision(self, svc: Service) -> bool:
+        """Whether a running service was started from the revision this run applies to its host."""
+        started = self.cluster.views[svc.host].get("services", {}).get(svc.name, {}).get("release")
+        return started == self.bundles[svc.host].revision
 
     def _relisted(self, changes: list[Change]) -> list[Change]:
         """Workers that run and pass their own probe but that the frontend lost: `restart` instead of `keep`
@@ -331,13 +330,13 @@ class SSHRollout:
 
     def stop_removed(self) -> None:
         c = self.cluster
-        twins = {svc.twin.name for svc in self.plan.services if svc.twin}
+        twins = {svc.twin.name: svc.twin for svc in self.plan.services if svc.twin}
         orphans = [ch.service for ch in self.changes if ch.action == "remove" and ch.service in twins]
-        if stale := [n for n in orphans if n not in self.adopted]:
+        if stale := [n for n in orphans if not self._from_this_revision(twins[n])]:
             c.say(f"stopping {', '.join(stale)}: surge twin(s) of another revision an interrupted `up` left running")
             self.twins = stale
             self._stop_twins()
-        if kept := [n for n in orphans if n in self.adopted]:
+        if kept := [n for n in orphans if self._from_this_revision(twins[n])]:
             c.say(f"keeping {', '.join(kept)}: surge twin(s) an interrupted `up` started from this revision serve "
                   "until this run's surge is done")
             self.twins = kept

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters
+from primectl.bench.liveload import up_killed_at as liveload_up_killed_at
 from primectl.deploy.protocol import Layout, balancer_servers, balancer_stat, starttime
 
 from .conftest import PRIMECTL, REPO
@@ -309,33 +310,12 @@ def test_down_then_up_of_a_balanced_deployment_starts_it_again(live: Live) -> No
     assert again.returncode == 0 and "no changes" in again.stdout, again.stdout
 
 
-def up_killed_at(live: Live, line: str, timeout: float = 300) -> str:
-    """`primectl up` of the recipe, killed with SIGKILL as soon as it prints a line starting with `line` (as a
-    controller dies: no cleanup, no rollback); what it had printed."""
-    import signal
-    import subprocess
-    import time
-
-    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1", "PRIMECTL_PROGRESS": "plain"}
-    proc = subprocess.Popen([PRIMECTL, "up", str(live.recipe), "--no-smoke"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    try:
-        assert proc.stdout is not None
-        for out in proc.stdout:
-            seen.append(out)
-            if out.startswith(line):
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-            assert time.monotonic() < deadline, "".join(seen)
-        else:
-            pytest.fail(f"`up` ended before it printed {line!r}:\n" + "".join(seen))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    return "".join(seen)
+def up_killed_at(live: Live, line: str) -> str:
+    """`primectl up` of the recipe, killed with SIGKILL as soon as it prints a line starting with `line`; what it
+    had printed."""
+    killed, out = liveload_up_killed_at(PRIMECTL, live.recipe, line, cwd=REPO, timeout_s=300)
+    assert killed, f"`up` did not print {line!r} (it ended, or 300 s passed):\n{out}"
+    return out
 
 
 def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_request(live: Live) -> None:
