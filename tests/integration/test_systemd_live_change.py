@@ -185,8 +185,9 @@ def under_load(live: SystemdLive, *, generation_races: bool = False) -> tuple[Lo
         assert len(report.lost) <= 2, context
         # each one the frontend itself answered (what `diff` promises: "or a few requests answered 503
         # (retryable)"); RACES names the causes its log shows, and the message carries them. A CI run here saw one
-        # 503 with none of those lines, so a cause is reported, not required.
-        assert causes["503 sent"] + causes["500 sent"] == len(report.lost), context
+        # 503 with none of those lines, so a cause is reported, not required. The balancer in front of the frontend
+        # resends such an answer before its first byte, so the frontend may have sent more than clients lost.
+        assert causes["503 sent"] + causes["500 sent"] >= len(report.lost), context
     return report, out
 
 
