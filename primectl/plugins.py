@@ -1,4 +1,4 @@
-"""`primectl plugins`: every registered engine and target, where it comes from, and what it supports.
+"""`primectl plugins`: every registered engine, target and component, where it comes from, what it supports.
 
 Engines' capabilities depend on the recipe (vLLM serves tool calls when a
 parser is set), so each engine is asked about one probe recipe: the demo's
@@ -53,6 +53,12 @@ class Listed:
         if self.error is not None:
             return f"cannot be loaded: {self.error}"
         s = self.supports
+        if self.entry.kind == "component":
+            parts = [f"stage {s['stage']}", f"recipe block `{s['recipe_block']}`" if s["recipe_block"]
+                     else "configured by the recipe's own blocks"]
+            parts += [label for key, label in (("validate", "validates the recipe"), ("smoke_checks", "smoke checks"),
+                                               ("kubernetes", "kubernetes form")) if s[key]]
+            return "; ".join(parts)
         if self.entry.kind == "target":
             parts = ["render, deploy" if s["deploy"] else "render only"]
             if s.get("host_commands"):
@@ -109,10 +115,19 @@ def _target(name: str) -> dict[str, Any]:
             "surges": bool(target.surges)}
 
 
+def _component(name: str) -> dict[str, Any]:
+    from primectl.components import base as components
+
+    c = components.get(name)
+    block = components.recipe_block(c)
+    return {"stage": c.stage, "recipe_block": block[0] if block else None,
+            **{m: callable(getattr(c, m, None)) for m in ("validate", "smoke_checks", "kubernetes")}}
+
+
 def listing() -> list[Listed]:
-    """Every engine, then every target, each loaded and asked what it supports."""
+    """Every engine, then every target, then every component, each loaded and asked what it supports."""
     out: list[Listed] = []
-    for kind, describe in (("engine", _engine), ("target", _target)):
+    for kind, describe in (("engine", _engine), ("target", _target), ("component", _component)):
         for e in registry.entries(kind).values():
             item = Listed(e)
             try:
@@ -136,7 +151,7 @@ def print_plugins(items: list[Listed], output: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"Engines and targets (engine capabilities {PROBE_SAYS})")
+    t = Table(title=f"Engines, targets and components (engine capabilities {PROBE_SAYS})")
     for col in ("kind", "name", "from", "module", "supports"):
         t.add_column(col, overflow="fold")
     for i in items:

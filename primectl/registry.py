@@ -1,7 +1,8 @@
-"""Which engines and targets primectl knows, by the name a recipe uses.
+"""Which engines, targets and components primectl knows, by the name a recipe uses.
 
-Engines and targets are found through entry points, groups `primectl.engines`
-and `primectl.targets`: an installed distribution that declares
+Engines, targets and components (services that are not engines) are found
+through entry points, groups `primectl.engines`, `primectl.targets` and
+`primectl.components`: an installed distribution that declares
 
     [project.entry-points."primectl.engines"]
     sglang = "my_module:MyEngine"
@@ -10,7 +11,7 @@ makes `engine: sglang` valid. The value names a class (instantiated once, with
 no arguments) or an instance; its `name` must be the entry point's name.
 
 The in-tree ones are declared the same way in primectl's pyproject.toml, and
-are also listed here (BUILTIN_ENGINES, BUILTIN_TARGETS, kept equal to
+are also listed here (BUILTIN_ENGINES, BUILTIN_TARGETS, BUILTIN_COMPONENTS, kept equal to
 pyproject.toml by tests/test_plugins.py). primectl reads its own from these
 dicts and never from its installed metadata, so an editable checkout whose
 metadata is stale (an engine added since the last `pip install -e`) keeps
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Literal
 
-Kind = Literal["engine", "target"]
+Kind = Literal["engine", "target", "component"]
 
 BUILTIN_ENGINES: dict[str, str] = {
     "vllm": "primectl.engines.vllm:VllmEngine",
@@ -53,17 +54,27 @@ BUILTIN_TARGETS: dict[str, str] = {
     "slurm": "primectl.targets.slurm:SlurmTarget",
 }
 
+# In planning order: the planner asks each for its services in this order (see primectl/components/base.py).
+BUILTIN_COMPONENTS: dict[str, str] = {
+    "etcd": "primectl.components.etcd:Etcd",
+    "mooncake-master": "primectl.components.mooncake:MooncakeMaster",
+    "dynamo-frontend": "primectl.components.frontend:DynamoFrontend",
+    "haproxy": "primectl.components.haproxy:Balancer",
+}
+
 # The names the earlier registry exported (the built-in ones).
 ENGINES = BUILTIN_ENGINES
 TARGETS = BUILTIN_TARGETS
 
-GROUPS: dict[Kind, str] = {"engine": "primectl.engines", "target": "primectl.targets"}
-BUILTIN: dict[Kind, dict[str, str]] = {"engine": BUILTIN_ENGINES, "target": BUILTIN_TARGETS}
+GROUPS: dict[Kind, str] = {"engine": "primectl.engines", "target": "primectl.targets",
+                           "component": "primectl.components"}
+BUILTIN: dict[Kind, dict[str, str]] = {"engine": BUILTIN_ENGINES, "target": BUILTIN_TARGETS,
+                                       "component": BUILTIN_COMPONENTS}
 BUILTIN_ORIGIN = "primectl (built in)"
 
 
 class PluginError(Exception):
-    """An engine or target from a plugin cannot be loaded or is incomplete; the message names it and its distribution."""
+    """An engine, target or component from a plugin cannot be loaded or is incomplete; the message names it and its distribution."""
 
     def __init__(self, kind: Kind, name: str, message: str):
         self.kind = kind

@@ -78,8 +78,10 @@ def pip_install(sources: list[Path], dest: Path) -> Path:
 
 
 def install_examples(dest: Path) -> Path:
-    """Both example plugins, installed into `dest`: the directory to put on PYTHONPATH."""
-    return pip_install([EXAMPLES / "primectl-sglang-mocker", EXAMPLES / "primectl-render-target"], dest)
+    """The three example plugins (an engine, a target, a component), installed into `dest`: the directory to put
+    on PYTHONPATH."""
+    return pip_install([EXAMPLES / "primectl-sglang-mocker", EXAMPLES / "primectl-render-target",
+                        EXAMPLES / "primectl-static-files"], dest)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +135,7 @@ def test_the_in_tree_engines_and_targets_are_declared_as_entry_points_equal_to_t
     eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
     assert eps["primectl.engines"] == registry.BUILTIN_ENGINES
     assert eps["primectl.targets"] == registry.BUILTIN_TARGETS
+    assert eps["primectl.components"] == registry.BUILTIN_COMPONENTS
 
 
 def test_a_built_in_name_is_looked_up_without_scanning_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,7 +198,8 @@ def test_plugins_lists_the_built_in_ones_and_what_each_supports(cli: Callable[..
     assert result.exit_code == 0, result.stderr
     items = {(i["kind"], i["name"]): i for i in json.loads(result.stdout)}
     assert list(items) == [("engine", "vllm"), ("engine", "mocker"), ("target", "ssh"), ("target", "kubernetes"),
-                           ("target", "slurm")]
+                           ("target", "slurm"), ("component", "etcd"), ("component", "mooncake-master"),
+                           ("component", "dynamo-frontend"), ("component", "haproxy")]
     assert all(i["from"] == "primectl (built in)" and i["ok"] for i in items.values())
     assert items["engine", "vllm"]["supports"]["capabilities"]["tool_calls"] is True
     assert items["engine", "mocker"]["supports"]["capabilities"]["tool_calls"] is False
@@ -204,6 +208,9 @@ def test_plugins_lists_the_built_in_ones_and_what_each_supports(cli: Callable[..
         "ssh": True, "kubernetes": False, "slurm": True}
     assert {n: items["target", n]["supports"]["host_commands"] for n in ("ssh", "kubernetes", "slurm")} == {
         "ssh": True, "kubernetes": False, "slurm": False}
+    assert {n: items["component", n]["supports"]["stage"] for n in ("etcd", "mooncake-master", "dynamo-frontend",
+                                                                   "haproxy")} == {
+        "etcd": "control", "mooncake-master": "control", "dynamo-frontend": "edge", "haproxy": "edge"}
 
 
 # --- the two example plugins, installed ----------------------------------------------------------------

@@ -24,8 +24,8 @@ from typing import Any
 from primectl.checks import preflight_rules as rules
 from primectl.checks.preflight_rules import Result, Transfer, fail, na, ok
 from primectl.checks.preflight_session import Known, Session, Verdicts, json_line
+from primectl.components.mooncake import master_argv
 from primectl.deploy.fanout import parallel
-from primectl.engines.mooncake import master_argv
 from primectl.plan.model import Plan
 
 NIXL_TIMEOUT_S = 180
@@ -233,7 +233,7 @@ def mooncake_check(s: Session, views: dict[str, Any], clients: list[str]) -> dic
             where = f"a temporary master on {mh}"
 
         def one(h: str) -> Result:
-            probe = s.put_resource(h, "primectl.engines", "mooncake_roundtrip.py")
+            probe = s.put_resource(h, "primectl.components", "mooncake_roundtrip.py")
             ch = s.needs[h]
             code, so, se = s.t[h].run(
                 f"cd {shlex.quote(s.scratch(h))} && {shlex.quote(ch.runtime_python)} {shlex.quote(probe)} "

@@ -641,7 +641,24 @@ def smoke_checks(r: Runner) -> list[SmokeCheck]:
     ]
     checks += [SmokeCheck(f"tools.{sc.id}", f"tools: {sc.name}", functools.partial(r.tool_scenario, sc))
                for sc in toolcheck.scenarios(r.end_tag)]
-    return checks
+    return checks + component_checks(r.plan)
+
+
+def component_checks(plan: Plan | None) -> list[SmokeCheck]:
+    """The checks each service's component declares, with ids `<component>.<id>` (after the endpoint's)."""
+    from primectl.components import base as components
+
+    out: list[SmokeCheck] = []
+    if plan is None:
+        return out
+    for svc in plan.services:
+        try:
+            component = components.get(svc.component)
+        except KeyError:
+            continue  # a worker: the engine's, checked through the endpoint above
+        out += [SmokeCheck(f"{svc.component}.{c.id}", f"{svc.name}: {c.title}", c.body)
+                for c in components.smoke_checks(component, plan, svc)]
+    return out
 
 
 # --- entry points --------------------------------------------------------------------------------

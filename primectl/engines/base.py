@@ -113,10 +113,12 @@ def software_pins(engine: object) -> type[BaseModel] | None:
     return cast(EngineRecipeParts, engine).software_pins() if callable(declared) else None
 
 
-def recipe_model(engine: str | None = None, *, every: bool = False) -> type[Recipe]:
+def recipe_model(engine: str | None = None, *, every: bool = False, blocks: tuple[EngineBlock, ...] = ()
+                 ) -> type[Recipe]:
     """The recipe model a recipe of `engine` is validated against: the blocks and pins of every built-in engine
     (a recipe may carry another engine's block, e.g. one it extends) and of `engine`; `every`: of every registered
-    engine (the JSON Schema). An unknown or broken engine adds nothing (the recipe's `engine:` check says why)."""
+    engine (the JSON Schema). An unknown or broken engine adds nothing (the recipe's `engine:` check says why).
+    `blocks`: other top-level blocks (the components'), after the engines'."""
     names = registry.names("engine") if every else [*registry.BUILTIN_ENGINES, *([engine] if engine else [])]
     engines = []
     for name in dict.fromkeys(names):
@@ -124,9 +126,9 @@ def recipe_model(engine: str | None = None, *, every: bool = False) -> type[Reci
             engines.append(get(name))
         except (KeyError, registry.PluginError):
             continue
-    blocks = tuple(b for e in engines if (b := recipe_block(e)) is not None)
+    own = tuple(b for e in engines if (b := recipe_block(e)) is not None)
     pins = tuple(p for e in engines if (p := software_pins(e)) is not None)
-    return with_engine_parts(blocks, pins)
+    return with_engine_parts((*own, *blocks), pins)
 
 
 def options(recipe: Recipe, key: str, model: type[M]) -> M:
@@ -176,6 +178,18 @@ class PlanContext:
     # The first frontend's own HTTP address (not the balancer's: one in front answers nothing of its own while the
     # model is not ready, such as the frontend's listing of the workers it discovered).
     frontend_url: str = ""
+    # What the engine's workers do (EngineServing.capabilities), for the components planned around them.
+    capabilities: Capabilities | None = None
+    # Whether the target starts a surge twin beside each service a change restarts.
+    surges: bool = False
+    # Whether the frontends sit behind a balancer (the endpoint is the balancer's; each frontend has a port of its own).
+    balanced: bool = False
+
+    @property
+    def worker_listing_url(self) -> str:
+        """Where the first frontend lists the worker instances its discovery holds: /health's `instances`, each with
+        the transport a worker's `listed_as` names."""
+        return f"{self.frontend_url}/health"
 
     def python(self, host: str) -> str:
         """The Python interpreter of the host runtime."""

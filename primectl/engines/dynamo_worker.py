@@ -44,8 +44,6 @@ def with_worker_watch(ctx: PlanContext, svc: Service) -> Service:
     for `control_plane.lost_worker_grace_s` (on etcd a worker whose lease lapses ends itself)."""
     from importlib.resources import files
 
-    from primectl.engines.frontend import worker_listing_url
-
     r = ctx.recipe
     if not ctx.watches:
         return svc
@@ -54,6 +52,6 @@ def with_worker_watch(ctx: PlanContext, svc: Service) -> Service:
     watch = [ctx.python(svc.host), "-I", f"{RELEASE}/{WORKER_WATCH}", "--pid", PID]
     grace = r.control_plane.lost_worker_grace_s
     if r.control_plane.discovery == "file" and grace and svc.listed_as:
-        url = worker_listing_url(ctx.frontend_url)
+        url = ctx.worker_listing_url
         watch += ["--url", url, "--expect", svc.listed_as, "--grace", f"{grace:g}"]
     return svc.model_copy(update={"watch": watch, "files": [*svc.files, script]})

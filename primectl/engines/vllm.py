@@ -25,7 +25,7 @@ from primectl.engines.base import (
     pins_of,
 )
 from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_worker_watch
-from primectl.engines.mooncake import store_config
+from primectl.engines.mooncake_store import store_config
 from primectl.engines.vllm_compat import VllmPins, check_vllm_pins
 from primectl.errors import Finding
 from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot, WorkerMetrics

@@ -46,7 +46,8 @@ def node_marker(host: str) -> str:
     """What stands for the address of logical host `host` until the scheduler binds it."""
     return f"@node:{host}@"
 
-Role = Literal["control", "cache", "prefill", "decode", "frontend", "balancer"]
+# "auxiliary": a component's service that requests do not pass through (an exporter, a file server).
+Role = Literal["control", "cache", "prefill", "decode", "frontend", "balancer", "auxiliary"]
 WORKER_ROLES: tuple[str, ...] = ("prefill", "decode")
 # Fields of a service that change how its process runs: a change restarts it.
 RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "env", "files", "dirs", "listens")

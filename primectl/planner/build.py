@@ -12,13 +12,11 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from primectl import registry
+from primectl.components import base as components
+from primectl.components.frontend import registered_probe
 from primectl.deploy.protocol import Layout
 from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
-from primectl.engines.etcd import etcd_service
-from primectl.engines.frontend import frontend_service, registered_probe, worker_listing_url
-from primectl.engines.haproxy import balancer_service, replica_drain
-from primectl.engines.mooncake import master_service
 from primectl.errors import Finding, PlanError, Problem, RecipeError
 from primectl.plan.model import (
     RELEASE,
@@ -147,6 +145,7 @@ def build_plan(recipe: Recipe) -> Plan:
     etcd = f"http://{by_name[cp_host].address}:{p.etcd_client}" if recipe.control_plane.discovery == "etcd" else None
     key, runtime = runtimes(recipe, hw, engine, hosts, planned.runtime_root)
     served = engine.serving(recipe, arch, hw)
+    balanced = target.surges or recipe.frontend.replicas > 1
     ctx = PlanContext(
         recipe=recipe, arch=arch, hw=hw, hosts=by_name, runtime=runtime, model=model_source(recipe),
         tier=tier(recipe, by_name),
@@ -156,63 +155,26 @@ def build_plan(recipe: Recipe) -> Plan:
             if recipe.control_plane.discovery == "file" else None
         ),
         watches=bool(getattr(target, "watches", False)),
-        # behind a balancer (target ssh, or several replicas) the first frontend listens on the first replica port
-        frontend_url=f"http://{by_name[fe_host].address}:"
-                     f"{p.frontend_replica if target.surges or recipe.frontend.replicas > 1 else recipe.frontend.port}",
+        # behind a balancer the first frontend listens on the first replica port
+        frontend_url=f"http://{by_name[fe_host].address}:{p.frontend_replica if balanced else recipe.frontend.port}",
+        capabilities=served.capabilities, surges=target.surges, balanced=balanced,
     )
     placement = place_workers(recipe, hw, hosts)
     if placement.findings:
         raise PlanError(placement.findings)
 
+    try:
+        used = components.in_recipe(recipe)
+    except registry.PluginError as exc:
+        raise PlanError([Finding((exc.name,), str(exc))]) from None
     services: list[Service] = []
-    control: list[str] = []
-    if etcd:
-        services.append(etcd_service(ctx, cp_host))
-        control.append("etcd")
-    if ctx.tier:
-        services.append(master_service(ctx, ctx.tier.master_host, workers_use_store=served.capabilities.exercises_host_tier))
-        control.append("mooncake-master")
-    pairs: list[tuple[Service, Service | None]] = []
-    surges = target.surges
-    twin_slots: list[Slot | None] = (surge_slots(recipe, placement.slots, hosts) if surges
-                                      else [None] * len(placement.slots))
-    for slot, twin_slot in zip(placement.slots, twin_slots, strict=True):
-        spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
-        pairs.append((drained_worker(engine.worker(ctx, slot, spec, list(control)), spec),
-                      drained_worker(engine.worker(ctx, twin_slot, spec, list(control)), spec) if twin_slot else None))
-    prefix = None
-    if pairs and all(twin is not None for _, twin in pairs):
-        # Room for a whole second generation: each configuration registers in a namespace of its own, so a
-        # change can start the new one beside the old one (Dynamo rejects workers whose model card differs).
-        prefix = f"{recipe.dynamo_namespace}-gen-"
-        generation = prefix + generation_id([svc for svc, _ in pairs], recipe)
-        pairs = [(in_generation(svc, generation), in_generation(twin, generation) if twin else None)
-                 for svc, twin in pairs]
-    workers = [svc.name for svc, _ in pairs]
-    services += [svc.model_copy(update={"twin": twin}) for svc, twin in pairs]
-    if recipe.frontend.replicas > 1 and not surges:
-        raise PlanError([Finding(("frontend", "replicas"), (
-            f"{recipe.frontend.replicas} replicas behind a balancer are rendered for target ssh only; target "
-            f"{recipe.target} runs one frontend (allowed here: 1)"))])
-    if recipe.frontend.replicas == 1 and not surges:
-        services.append(frontend_service(ctx, fe_host, control + workers, namespace_prefix=prefix))
-    elif recipe.frontend.replicas == 1:
-        # One frontend still sits behind the balancer, with a twin beside it (a spare server there) that takes the
-        # traffic while a change restarts it.
-        def behind(svc: Service) -> Service:
-            return svc.model_copy(update={"drain": replica_drain(ctx, fe_host, svc)})
-
-        twin = behind(frontend_service(ctx, fe_host, control + workers, replica=1, namespace_prefix=prefix,
-                                       name="frontend-surge"))
-        single = behind(frontend_service(ctx, fe_host, control + workers, replica=0, namespace_prefix=prefix
-                                         )).model_copy(update={"twin": twin})
-        services += [single, balancer_service(ctx, fe_host, [single], spares=[twin])]
-    else:
-        replicas = [r.model_copy(update={"drain": replica_drain(ctx, fe_host, r)}) for r in (
-            frontend_service(ctx, fe_host, control + workers, replica=i, namespace_prefix=prefix)
-            for i in range(recipe.frontend.replicas))]
-        services += replicas
-        services.append(balancer_service(ctx, fe_host, replicas))
+    for component in used:
+        if component.stage == "control":
+            services = component.extend(ctx, services)
+    services += workers(ctx, engine, recipe, placement, hosts, [s.name for s in services])
+    for component in used:
+        if component.stage == "edge":
+            services = component.extend(ctx, services)
 
     fe = by_name[fe_host]
     endpoint = f"http://{fe.address}:{recipe.frontend.port}"
@@ -236,7 +198,7 @@ def build_plan(recipe: Recipe) -> Plan:
         hardware=HardwareFacts(profile=recipe.hardware.profile, gpu=hw.gpu, sm=hw.sm, gpus_per_host=hw.gpus_per_host,
                                hosts_per_nvlink_domain=hw.hosts_per_nvlink_domain),
         hosts=hosts, head=fe_host, slots=placement.slots, services=services, gate=gate,
-        endpoint=endpoint, worker_listing_url=worker_listing_url(ctx.frontend_url), serving=serving,
+        endpoint=endpoint, worker_listing_url=ctx.worker_listing_url, serving=serving,
         capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
         known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,
@@ -245,6 +207,26 @@ def build_plan(recipe: Recipe) -> Plan:
     if port_findings:
         raise PlanError(port_findings)
     return plan
+
+
+def workers(ctx: PlanContext, engine: Engine, recipe: Recipe, placement: Placement, hosts: list[HostPlan],
+            control: list[str]) -> list[Service]:
+    """The engine's worker in every slot, each depending on the `control` services, with its surge twin where the
+    target starts them. Where every worker has a twin, the workers register in a generation's namespace of their
+    own, so a change can start the new generation beside the old one (Dynamo rejects workers whose model card
+    differs)."""
+    twin_slots: list[Slot | None] = (surge_slots(recipe, placement.slots, hosts) if ctx.surges
+                                      else [None] * len(placement.slots))
+    pairs: list[tuple[Service, Service | None]] = []
+    for slot, twin_slot in zip(placement.slots, twin_slots, strict=True):
+        spec: Prefill | Decode = recipe.prefill if slot.role == "prefill" else recipe.decode
+        pairs.append((drained_worker(engine.worker(ctx, slot, spec, list(control)), spec),
+                      drained_worker(engine.worker(ctx, twin_slot, spec, list(control)), spec) if twin_slot else None))
+    if pairs and all(twin is not None for _, twin in pairs):
+        generation = f"{recipe.dynamo_namespace}-gen-" + generation_id([svc for svc, _ in pairs], recipe)
+        pairs = [(in_generation(svc, generation), in_generation(twin, generation) if twin else None)
+                 for svc, twin in pairs]
+    return [svc.model_copy(update={"twin": twin}) for svc, twin in pairs]
 
 
 def generation_id(workers: list[Service], recipe: Recipe) -> str:

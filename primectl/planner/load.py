@@ -9,9 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from primectl import registry
 from primectl.engines.base import recipe_model
 from primectl.errors import Finding, Problem, RecipeError
-from primectl.recipe.model import Recipe, recipe_json_schema
+from primectl.recipe.model import EngineBlock, Recipe, recipe_json_schema
 from primectl.recipe.suggest import did_you_mean
 from primectl.recipe.yamlpos import Path, Position, dotted, load_yaml
 
@@ -223,7 +224,8 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
     """
     file = str(path)
     data, positions = _read(FsPath(path), file)
-    model = recipe_model(data.get("engine") if isinstance(data.get("engine"), str) else None)
+    engine = data.get("engine") if isinstance(data.get("engine"), str) else None
+    model = recipe_model(engine, blocks=component_blocks([k for k in data if isinstance(k, str)], file, positions))
     try:
         recipe = model.model_validate(data)
     except ValidationError as exc:
@@ -240,4 +242,29 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
 
 def schema_text() -> str:
     """The recipe's JSON Schema as text, with the blocks and pins of every registered engine (`primectl schema`)."""
-    return recipe_json_schema(recipe_model(every=True))
+    return recipe_json_schema(recipe_model(every=True, blocks=component_blocks(None)))
+
+
+def component_blocks(keys: list[str] | None, file: str = "", positions: dict[Path, Position] | None = None
+                     ) -> tuple[EngineBlock, ...]:
+    """The recipe blocks of the components a recipe with these top-level `keys` uses (None: of every registered
+    component, for the schema). A plugin named by a key that cannot be loaded, or whose block is not under its own
+    name, is a RecipeError at that key; for the schema it is left out."""
+    from primectl.components import base as components
+
+    names = registry.names("component") if keys is None else components.used_by(keys)
+    out: list[EngineBlock] = []
+    for name in names:
+        try:
+            block = components.recipe_block(components.get(name))
+            if block is not None and not registry.entry("component", name).builtin and block[0] != name:
+                raise registry.PluginError("component", name, (
+                    f"component {name!r} declares its recipe block under {block[0]!r}; a plugin's block is the "
+                    f"top-level key of its own name ({registry.entry('component', name).describe()})"))
+        except registry.PluginError as exc:
+            if keys is None:
+                continue
+            raise RecipeError([to_problem((name,), str(exc), file, positions or {})]) from None
+        if block is not None:
+            out.append(block)
+    return tuple(out)

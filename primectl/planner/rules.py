@@ -134,6 +134,19 @@ def _memory_rules(r: Recipe, arch: Architecture) -> list[Finding]:
     return out
 
 
+def _component_rules(r: Recipe) -> list[Finding]:
+    """What each component the recipe uses finds wrong with it; a plugin that cannot be loaded, at its block."""
+    from primectl.components import base as components
+
+    out: list[Finding] = []
+    for name in components.used_by(list(type(r).model_fields)):
+        try:
+            out += components.validate(components.get(name), r)
+        except PluginError as exc:
+            out.append(Finding((name,), str(exc)))
+    return out
+
+
 def check_recipe(r: Recipe) -> list[Finding]:
     """Every semantic problem in the recipe the planner does not find itself; empty: it can be planned."""
     findings = _model_rules(r) + _host_rules(r) + _topology_rules(r)
@@ -142,6 +155,7 @@ def check_recipe(r: Recipe) -> list[Finding]:
         findings += get_engine(r.engine).validate(r, arch, hardware_profile(r))
     except PluginError as exc:  # a plugin that cannot be loaded: reported with the recipe's other problems
         findings.append(Finding(("engine",), str(exc)))
+    findings += _component_rules(r)
     findings += [Finding(("software", field), msg) for field, msg in check_software(r.software)]
     if findings or arch is None:
         return findings

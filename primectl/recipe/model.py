@@ -411,9 +411,16 @@ class Slurm(Strict):
         return v
 
 
+RECIPE_KINDS = ("deployment",)
+
+
 class Recipe(Strict):
     """A deployment: model, topology, cache, router and hosts."""
 
+    kind: Literal["deployment"] = Field(
+        "deployment", exclude=True,
+        description="What the recipe describes: `deployment` (one model's workers, frontend and caches on its "
+                    "hosts; the default).")
     extends: str | None = Field(None, description="Base recipe this one overrides (path relative to this file).")
     name: Name = Field(..., description="Deployment name; used in unit names and the lock.")
     namespace: Name | None = Field(None, description="Dynamo namespace; default: the name.")

@@ -26,7 +26,6 @@ from typing import Any
 from primectl.plan.model import RELEASE, Plan, Service, Slot
 from primectl.render.bundle import MODEL_ROLES, model_files
 from primectl.targets.k8s_pod import (
-    DISCOVERY,
     POD_IP,
     RELEASE_ROOT,
     ContainerDraft,
@@ -91,17 +90,22 @@ def _meta(plan: Plan, name: str) -> dict[str, Any]:
     return {"name": name, "namespace": plan.namespace, "labels": {**MANAGED_BY, "primectl.io/deployment": plan.name}}
 
 
-def component_of(svc: Service) -> tuple[str, str | None] | None:
-    """(DGD component name, type) for a Plan service; None for what the operator replaces (etcd)."""
-    if svc.component == "etcd":
-        return None
-    if svc.role == "frontend":
-        return "Frontend", "frontend"
+def component_of(svc: Service) -> tuple[str, str | None] | str:
+    """(DGD component name, type) for a Plan service: a worker by its role, anything else as its component says;
+    else why it is not rendered."""
+    from primectl.components import base as components
+
     if svc.role in ("prefill", "decode"):
         return svc.role, svc.role
-    if svc.component == MOONCAKE_COMPONENT:
-        return MOONCAKE_COMPONENT, None  # no type: the operator adds only its base env, no Dynamo ports or probes
-    raise KubernetesRenderError(f"{svc.name}: no Kubernetes component for a {svc.component} service (role {svc.role})")
+    try:
+        component = components.get(svc.component)
+    except KeyError:
+        raise KubernetesRenderError(f"{svc.name}: no Kubernetes component for a {svc.component} service "
+                                    f"(role {svc.role}): {svc.component} is not a registered component") from None
+    form = components.kubernetes(component, svc)
+    if isinstance(form, components.NotRendered):
+        return form.reason
+    return form.component, form.type
 
 
 def _one(values: Iterable[int], what: str, name: str) -> int:
@@ -292,12 +296,12 @@ def build_manifests(plan: Plan) -> Manifests:
     groups: dict[str, tuple[str | None, list[Service]]] = {}
     for svc in plan.services:
         kind = component_of(svc)
-        if kind is None:
-            dropped.append(Dropped(svc.name, f"service {svc.name}", DISCOVERY))
+        if isinstance(kind, str):
+            dropped.append(Dropped(svc.name, f"service {svc.name}", kind))
             continue
         groups.setdefault(kind[0], (kind[1], []))[1].append(svc)
-    components = [_component(plan, name, groups[name][0], groups[name][1], endpoints, dropped)
-                  for name in COMPONENT_ORDER if name in groups]
+    order = [*(n for n in COMPONENT_ORDER if n in groups), *(n for n in groups if n not in COMPONENT_ORDER)]
+    components = [_component(plan, name, groups[name][0], groups[name][1], endpoints, dropped) for name in order]
     frontend = next((s for s in plan.services if s.role == "frontend"), None)
     if frontend is not None and frontend.ports.get("http", OPERATOR_FRONTEND_PORT) != OPERATOR_FRONTEND_PORT:
         dropped.append(Dropped("Frontend", f"port {frontend.ports['http']}",

@@ -1,11 +1,14 @@
-"""The demo serves chat through `engine: sglang`, an engine from a plugin installed outside primectl.
+"""The demo serves chat through `engine: sglang`, an engine from a plugin installed outside primectl, with a
+service from a component plugin beside it.
 
 examples/primectl-sglang-mocker is installed with pip into a directory under tmp (never into .venv) and
 put on PYTHONPATH of every `primectl` run here. A copy of recipes/demo.yaml with `engine: sglang` (and its
 host tier off: the mocker's SGLang scheduler has none), its own name, workdir and ports goes `up` (smoke
 included: readiness gate, chat, streaming, disaggregation, ...), streams a chat answer with `primectl chat`,
-and goes `down`, leaving no process in its workdir. Each worker runs Dynamo's mocker with
-`--engine-type sglang`, read back from the running processes. Run inside a loopback-only network namespace:
+and goes `down`, leaving no process in its workdir. examples/primectl-static-files adds a `static_files:`
+block: its file server is started, waited for and smoke-tested by the same `up`, and stopped by `down`.
+Each worker runs Dynamo's mocker with `--engine-type sglang`, read back from the running processes.
+Run inside a loopback-only network namespace:
 
     unshare --net -- sh -c 'ip link set lo up && \
         PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python .venv/bin/pytest tests/integration/test_plugin_demo.py -q'
@@ -31,6 +34,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 FRONTEND_PORT = 18_680
+STATIC_PORT = 18_740
+GREETING = "served by a component plugin\n"
 PORTS = {"worker_system": 18_681, "mooncake_rpc": 18_690, "mooncake_metadata": 18_691, "mooncake_metrics": 18_692,
          "bootstrap": 18_693, "response_stream": 18_700, "tcp_rpc": 18_710, "kv_events": 18_720,
          "frontend_replica": 18_730}
@@ -61,6 +66,7 @@ def sglang_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     doc["hosts"][0]["workdir"] = str(workdir)
     doc["frontend"]["port"] = FRONTEND_PORT
     doc["ports"] = PORTS
+    doc["static_files"] = {"host": doc["hosts"][0]["name"], "port": STATIC_PORT, "files": {"hello.txt": GREETING}}
     if os.environ.get("PRIMECTL_RUNTIME_PYTHON"):
         doc.setdefault("software", {})["python"] = os.environ["PRIMECTL_RUNTIME_PYTHON"]
     recipe = tmp / "sglang-demo.yaml"
@@ -68,6 +74,8 @@ def sglang_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     up = cli("up", recipe, site=site, timeout=600)
     try:
         assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+        smoke = [line for line in up.stderr.splitlines() if "static-files: serves every file as written" in line]
+        assert smoke and "pass" in smoke[0], up.stderr
         yield recipe, workdir, site
     finally:
         down = cli("down", recipe, site=site)
@@ -97,3 +105,14 @@ def test_the_demo_serves_chat_through_the_sglang_engine_plugin(sglang_demo: tupl
 
     status = cli("status", recipe, site=site)
     assert status.returncode == 0, status.stdout + status.stderr
+
+
+def test_the_component_plugin_serves_its_file_and_status_lists_it(sglang_demo: tuple[Path, Path, Path]) -> None:
+    import urllib.request
+
+    recipe, _, site = sglang_demo
+    with urllib.request.urlopen(f"http://127.0.0.1:{STATIC_PORT}/hello.txt", timeout=5) as resp:
+        assert resp.read().decode() == GREETING
+    status = cli("status", recipe, "-o", "json", site=site)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "static-files" in status.stdout

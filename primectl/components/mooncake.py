@@ -1,13 +1,10 @@
-"""Mooncake: the master of the host-DRAM KV tier, and the store config workers read."""
+"""Mooncake: the master of the host-DRAM KV tier (the store config workers read is engines/mooncake_store.py)."""
 
 from __future__ import annotations
 
-import json
-
+from primectl.components.base import KubernetesForm, NotRendered
 from primectl.engines.base import PlanContext
 from primectl.plan.model import RELEASE, FileSpec, Probe, Service
-
-GIB = 1024**3
 
 
 def master_argv(binary: str, address: str, rpc: int, metadata: int, metrics: int) -> list[str]:
@@ -55,27 +52,25 @@ def master_service(ctx: PlanContext, host: str, *, workers_use_store: bool) -> S
     )
 
 
-def store_config(ctx: PlanContext, host: str, service: str, ranks: int) -> FileSpec:
-    """The MooncakeStoreConnector JSON a worker process reads (MOONCAKE_CONFIG_PATH)."""
-    tier = ctx.tier
-    assert tier is not None
-    segment = int(tier.dram_gb_per_host * 1e9 / max(ranks, 1))
-    # vLLM's MooncakeStoreConfig accepts mode "embedded" (each rank lends global_segment_size to the pool)
-    # or "standalone-store"; anything else fails the worker at start ("unknown Mooncake mode").
-    cfg = {
-        "local_hostname": ctx.hosts[host].address,
-        "metadata_server": tier.metadata,
-        "master_server_address": tier.master,
-        "protocol": tier.protocol,
-        "device_name": tier.device_name,
-        "mode": "embedded",
-        "global_segment_size": segment,
-        "local_buffer_size": min(4 * GIB, segment // 4),  # staging buffer for transfers, per rank
-    }
-    return FileSpec(path=f"config/mooncake-{service}.json", content=json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
 def _probe_script() -> str:
     from importlib.resources import files
 
-    return files("primectl.engines").joinpath("mooncake_roundtrip.py").read_text()
+    return files("primectl.components").joinpath("mooncake_roundtrip.py").read_text()
+
+
+class MooncakeMaster:
+    """The host tier's master, when the recipe enables a host tier."""
+
+    name = "mooncake-master"
+    stage = "control"
+
+    def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
+        """The master, on the tier's master host."""
+        if ctx.tier is None:
+            return planned
+        uses_store = bool(ctx.capabilities and ctx.capabilities.exercises_host_tier)
+        return [*planned, master_service(ctx, ctx.tier.master_host, workers_use_store=uses_store)]
+
+    def kubernetes(self, service: Service) -> KubernetesForm | NotRendered:
+        """A component of its own, with no type: the operator adds only its base env, no Dynamo ports or probes."""
+        return KubernetesForm(component=self.name, type=None)

@@ -21,6 +21,7 @@ import hashlib
 import posixpath
 from urllib.parse import quote
 
+from primectl.components.base import KubernetesForm, NotRendered
 from primectl.engines.base import PlanContext
 from primectl.plan.model import Drain, FileSpec, Probe, Reload, Service
 
@@ -109,3 +110,30 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spare
                       servers=[r.name for r in [*replicas, *(spares or [])]], state_file=state_file(ctx, host),
                       check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),
     )
+
+
+class Balancer:
+    """HAProxy in front of the frontends, where the recipe puts them behind one (several replicas, or a target that
+    starts surge twins): every frontend and its twin get the drain through it."""
+
+    name = "haproxy"
+    stage = "edge"
+
+    def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
+        """The planned services with each frontend's drain set, and the balancer after them."""
+        if not ctx.balanced:
+            return planned
+        host = ctx.recipe.frontend.host
+
+        def behind(svc: Service) -> Service:
+            return svc.model_copy(update={"drain": replica_drain(ctx, host, svc)})
+
+        out = [behind(s).model_copy(update={"twin": behind(s.twin) if s.twin else None}) if s.role == "frontend"
+               else s for s in planned]
+        replicas = [s for s in out if s.role == "frontend"]
+        spares = [s.twin for s in replicas if s.twin]
+        return [*out, balancer_service(ctx, host, replicas, spares=spares)]
+
+    def kubernetes(self, service: Service) -> KubernetesForm | NotRendered:
+        """Not rendered: the kubernetes target runs one frontend, behind the operator's Service."""
+        return NotRendered("the operator's Frontend Service fronts the frontend; there is no balancer to run")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 
+from primectl.components.base import KubernetesForm, NotRendered
 from primectl.engines.base import PlanContext
 from primectl.plan.model import Probe, Service
 
@@ -16,6 +17,7 @@ ETCD_BINARY = "/usr/bin/etcd"
 # ticks cost about 6 ms of CPU a second while idle.
 SOLO_HEARTBEAT_MS = 20
 SOLO_ELECTION_TIMEOUT_MS = 100
+KUBERNETES_DISCOVERY = "the operator's Kubernetes discovery replaces etcd and the file store"
 
 
 def etcd_service(ctx: PlanContext, host: str) -> Service:
@@ -45,3 +47,21 @@ def etcd_service(ctx: PlanContext, host: str) -> Service:
         listens=[ports.etcd_client, ports.etcd_peer],
         ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
     )
+
+
+class Etcd:
+    """The discovery store, on the control-plane host, when the recipe's discovery is etcd."""
+
+    name = "etcd"
+    stage = "control"
+
+    def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
+        """etcd, when discovery is etcd."""
+        if ctx.etcd_endpoint is None:
+            return planned
+        cp = ctx.recipe.control_plane
+        return [*planned, etcd_service(ctx, cp.etcd_host or ctx.recipe.frontend.host)]
+
+    def kubernetes(self, service: Service) -> KubernetesForm | NotRendered:
+        """Not rendered: the Dynamo operator's discovery takes its place."""
+        return NotRendered(KUBERNETES_DISCOVERY)

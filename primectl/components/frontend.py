@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from primectl.components.base import KubernetesForm, NotRendered
 from primectl.engines.base import PlanContext
+from primectl.errors import Finding, PlanError
 from primectl.plan.model import Probe, Service
 from primectl.recipe.model import Recipe
+
+WORKER_ROLES = ("prefill", "decode")
 
 # How long a killed worker stays registered: the file store's entry TTL, Dynamo's default etcd lease TTL.
 FILE_DISCOVERY_TTL_S = 10
@@ -87,7 +91,35 @@ def registered_probe(ctx: PlanContext, endpoint: str, namespace: str, role: str,
                  timeout_s=timeout_s)
 
 
-def worker_listing_url(endpoint: str) -> str:
-    """Where the frontend lists the worker instances its discovery holds: /health's `instances`, each with the
-    transport a worker's `listed_as` names."""
-    return f"{endpoint}/health"
+class DynamoFrontend:
+    """The OpenAI endpoint and KV router: one frontend, or several replicas behind a balancer. Behind a balancer on
+    a target that starts surge twins, one frontend has a twin (`frontend-surge`) that takes its traffic while a
+    change restarts it."""
+
+    name = "dynamo-frontend"
+    stage = "edge"
+
+    def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
+        """The frontend(s), depending on everything planned before them; they serve every generation's workers."""
+        r = ctx.recipe
+        host = r.frontend.host
+        replicas = r.frontend.replicas
+        if replicas > 1 and not ctx.surges:
+            raise PlanError([Finding(("frontend", "replicas"), (
+                f"{replicas} replicas behind a balancer are rendered for target ssh only; target "
+                f"{r.target} runs one frontend (allowed here: 1)"))])
+        deps = [s.name for s in planned]
+        generations = any(s.generation for s in planned if s.role in WORKER_ROLES)
+        prefix = f"{r.dynamo_namespace}-gen-" if generations else None
+        if not ctx.balanced:
+            return [*planned, frontend_service(ctx, host, deps, namespace_prefix=prefix)]
+        if replicas == 1:
+            twin = frontend_service(ctx, host, deps, replica=1, namespace_prefix=prefix, name="frontend-surge")
+            single = frontend_service(ctx, host, deps, replica=0, namespace_prefix=prefix)
+            return [*planned, single.model_copy(update={"twin": twin})]
+        return [*planned, *(frontend_service(ctx, host, deps, replica=i, namespace_prefix=prefix)
+                            for i in range(replicas))]
+
+    def kubernetes(self, service: Service) -> KubernetesForm | NotRendered:
+        """The DGD's Frontend component."""
+        return KubernetesForm(component="Frontend", type="frontend")
