@@ -20,6 +20,7 @@ from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployEr
 
 if TYPE_CHECKING:
     from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.fleet.plan import FleetPlan
     from primectl.plan.model import Plan
     from primectl.targets.base import ReachesHosts
 
@@ -95,6 +96,13 @@ def _plan(path: Path) -> Plan:
     return plan_recipe(path)[1]
 
 
+def _fleet(path: Path) -> FleetPlan | None:
+    """The fleet a `kind: fleet` recipe describes (planned, its deployments too); None for a deployment."""
+    from primectl.fleet.plan import plan_fleet, recipe_kind
+
+    return plan_fleet(path) if recipe_kind(path) == "fleet" else None
+
+
 def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     from primectl.deploy.cluster import ConnectionPolicy
     from primectl.deploy.gateway import ssh_client
@@ -130,6 +138,11 @@ def validate(recipe: RecipeArg) -> None:
     """Check a recipe: schema, GPU accounting, memory fit, KV formats, versions, engine flags."""
 
     def body() -> None:
+        fleet = _fleet(recipe)
+        if fleet is not None:
+            typer.echo(f"{recipe}: valid (fleet of {len(fleet.members)} deployments, {len(fleet.gateway.services)} "
+                       "gateway services)")
+            return
         p = _plan(recipe)
         typer.echo(f"{recipe}: valid ({len(p.services)} services on {len(p.deployed_hosts())} hosts)")
 
@@ -143,7 +156,16 @@ def plan(recipe: RecipeArg, output: OutputOpt = Output.table) -> None:
     def body() -> None:
         from primectl.planner.report import print_plan
 
-        print_plan(_plan(recipe), output.value)
+        fleet = _fleet(recipe)
+        if fleet is not None and output.value == "json":
+            typer.echo(fleet.model_dump_json(indent=2))
+        elif fleet is not None:
+            for m in fleet.members:
+                typer.echo(f"deployment {m.name} ({m.recipe}): {m.role}, weight {m.weight}, capacity {m.capacity}, "
+                           f"{m.endpoint}")
+            print_plan(fleet.gateway, output.value)
+        else:
+            print_plan(_plan(recipe), output.value)
 
     _guard(body)
 
@@ -201,9 +223,19 @@ def up(
         from primectl.pipeline import UpOptions, print_diff
         from primectl.pipeline import up as do_up
 
-        p = _plan(recipe)
+        fleet = _fleet(recipe)
+        p = fleet.gateway if fleet is not None else _plan(recipe)
         opts = UpOptions(connection=_policy(p, accept_new_host_keys), break_lock=break_lock, preflight=not skip_preflight,
                          smoke=not no_smoke, wheelhouse=wheelhouse, dry_run=dry_run, recipe_file=str(recipe))
+        if fleet is not None:
+            if dry_run:
+                from primectl.fleet import commands as fleet_commands
+
+                return EXIT_CHANGES if fleet_commands.diff(fleet, opts.connection, _say) else 0
+            from primectl.fleet.commands import up as fleet_up
+
+            _say(f"done in {fleet_up(fleet, opts, _say):.1f}s")
+            return 0
         res = do_up(p, opts, _say)
         if dry_run:
             return EXIT_CHANGES if print_diff(res.changes, res.steps) else 0
@@ -223,6 +255,12 @@ def down(
     """Stop every service in reverse start order (systemd: stop and disable)."""
 
     def body() -> None:
+        fleet = _fleet(recipe)
+        if fleet is not None:
+            from primectl.fleet.commands import down as fleet_down
+
+            fleet_down(fleet, _policy(fleet.gateway, accept_new_host_keys), _say, purge=purge, break_lock=break_lock)
+            return
         p = _plan(recipe)
         _target(p).down(p, _policy(p, accept_new_host_keys), _say, purge=purge, break_lock=break_lock)
 
@@ -237,6 +275,11 @@ def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None
         from primectl.pipeline import diff as do_diff
         from primectl.pipeline import print_diff
 
+        fleet = _fleet(recipe)
+        if fleet is not None:
+            from primectl.fleet.commands import diff as fleet_diff
+
+            return EXIT_CHANGES if fleet_diff(fleet, _policy(fleet.gateway, accept_new_host_keys), _say) else 0
         p = _plan(recipe)
         lines, steps = do_diff(p, _policy(p, accept_new_host_keys), _say)
         return EXIT_CHANGES if print_diff(lines, steps) else 0
@@ -258,6 +301,16 @@ def status(
 
         from primectl.deploy.status import print_status
 
+        fleet = _fleet(recipe)
+        if fleet is not None:
+            from primectl.fleet import commands as fleet_commands
+
+            while True:
+                doc = fleet_commands.status(fleet)
+                fleet_commands.print_status(doc, "json" if output.value == "json" else "table")
+                if not watch:
+                    return 0 if doc["healthy"] else EXIT_FAILURE
+                time.sleep(watch)
         p = _plan(recipe)
         while True:
             report = _target(p).status(p, _policy(p, accept_new_host_keys), _say)
@@ -665,6 +718,107 @@ def sweep(
         _say(f"error: {exc}")
         code = EXIT_BAD_INPUT
     raise typer.Exit(code)
+
+
+keys_app = typer.Typer(help="API keys of a fleet's public endpoint (stored hashed in the fleet's etcd).",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+def _live_fleet(recipe: Path) -> FleetPlan:
+    """The fleet of a `kind: fleet` recipe whose gateway answers (Refused for a deployment recipe)."""
+    from primectl.fleet.commands import require_gateway
+
+    fleet = _fleet(recipe)
+    if fleet is None:
+        raise Refused(f"{recipe} is a deployment recipe; keys and usage belong to a fleet (`kind: fleet`)")
+    require_gateway(fleet)
+    return fleet
+
+
+@keys_app.command("create")
+def keys_create(recipe: RecipeArg, team: Annotated[str, typer.Option("--team", help="The team the key's usage counts to.")],
+                name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None) -> None:
+    """Create a key: printed once on stdout, stored only as its SHA-256."""
+    from primectl.fleet.commands import create_key
+
+    def body() -> None:
+        key = create_key(_live_fleet(recipe), team, name)
+        typer.echo(key)
+        _say(f"key for team {team} created; it is shown only now")
+
+    _guard(body)
+
+
+@keys_app.command("list")
+def keys_list(recipe: RecipeArg, output: OutputOpt = Output.table) -> None:
+    """Every key's id, team, name and creation time (never the key)."""
+    import json
+
+    from primectl.fleet.commands import list_keys
+    from primectl.output import print_table
+
+    def body() -> None:
+        rows = list_keys(_live_fleet(recipe))
+        if output.value == "json":
+            typer.echo(json.dumps(rows, indent=2))
+        else:
+            print_table("keys", ["id", "team", "name", "created"], [list(r.values()) for r in rows])
+
+    _guard(body)
+
+
+@keys_app.command("revoke")
+def keys_revoke(recipe: RecipeArg, key_id: Annotated[str, typer.Argument(help="The key's id (8+ characters).")]) -> None:
+    """Revoke a key: every replica refuses it within a moment (a watch)."""
+    from primectl.fleet.commands import revoke_key
+
+    def body() -> int:
+        if len(key_id) < 8:
+            raise Refused(f"key id {key_id!r} is too short to name one key (8 characters at least)")
+        n = revoke_key(_live_fleet(recipe), key_id)
+        _say(f"revoked {n} key(s)")
+        return 0 if n else EXIT_FAILURE
+
+    raise typer.Exit(_guard(body))
+
+
+class UsageBy(StrEnum):
+    """What `usage` sums by."""
+
+    team = "team"
+    key = "key"
+    deployment = "deployment"
+
+
+@app.command()
+def usage(recipe: RecipeArg, by: Annotated[UsageBy, typer.Option("--by", help="team, key or deployment.")] = UsageBy.team,
+          since: Annotated[str, typer.Option("--since", help="How far back: 30m, 1h, 2d (or 0 for all).")] = "1h",
+          output: OutputOpt = Output.table) -> None:
+    """A fleet's requests, prompt and completion tokens and errors, merged from every gateway replica."""
+    import json
+    import re
+    import time
+
+    from primectl.fleet.commands import usage as fleet_usage
+    from primectl.output import print_table
+
+    def body() -> int:
+        m = re.fullmatch(r"(\d+)([smhd]?)", since)
+        if not m:
+            raise Refused(f"--since {since!r} is not a duration; allowed: a number with s, m, h or d (e.g. 1h)")
+        seconds = int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        rows, missing = fleet_usage(_live_fleet(recipe), time.time() - seconds if seconds else 0, by.value)
+        if output.value == "json":
+            typer.echo(json.dumps({"rows": rows, "missing_replicas": missing}, indent=2))
+        else:
+            print_table(f"usage by {by.value}, last {since}", list(rows[0]) if rows else [by.value, "requests"],
+                        [[str(v) for v in r.values()] for r in rows])
+        for name in missing:
+            _say(f"warning: replica {name} did not answer; its usage is not counted")
+        return EXIT_FAILURE if missing else 0
+
+    raise typer.Exit(_guard(body))
 
 
 def main() -> None:

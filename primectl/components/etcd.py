@@ -22,15 +22,20 @@ KUBERNETES_DISCOVERY = "the operator's Kubernetes discovery replaces etcd and th
 
 def etcd_service(ctx: PlanContext, host: str) -> Service:
     """A single-member etcd bound to the host's own address."""
-    addr = ctx.hosts[host].address
     ports = ctx.recipe.ports
-    client = f"http://{addr}:{ports.etcd_client}"
-    peer = f"http://{addr}:{ports.etcd_peer}"
-    member = f"{ctx.recipe.name}-etcd"
+    return solo_etcd(name="etcd", member=f"{ctx.recipe.name}-etcd", host=host, address=ctx.hosts[host].address,
+                     workdir=ctx.hosts[host].workdir, client_port=ports.etcd_client, peer_port=ports.etcd_peer)
+
+
+def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, client_port: int, peer_port: int
+              ) -> Service:
+    """A single-member etcd called `name` on `address`, its data under the workdir."""
+    client = f"http://{address}:{client_port}"
+    peer = f"http://{address}:{peer_port}"
     argv = [
         ETCD_BINARY,
         "--name", member,
-        "--data-dir", posixpath.join(ctx.hosts[host].workdir, "data", "etcd"),
+        "--data-dir", posixpath.join(workdir, "data", name),
         "--listen-client-urls", client,
         "--advertise-client-urls", client,
         "--listen-peer-urls", peer,
@@ -41,10 +46,10 @@ def etcd_service(ctx: PlanContext, host: str) -> Service:
         "--election-timeout", str(SOLO_ELECTION_TIMEOUT_MS),
     ]
     return Service(
-        name="etcd", role="control", component="etcd", host=host, address=addr,
+        name=name, role="control", component="etcd", host=host, address=address,
         argv=argv,
-        ports={"client": ports.etcd_client, "peer": ports.etcd_peer},
-        listens=[ports.etcd_client, ports.etcd_peer],
+        ports={"client": client_port, "peer": peer_port},
+        listens=[client_port, peer_port],
         ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
     )
 

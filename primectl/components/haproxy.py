@@ -56,58 +56,78 @@ def connection_cap(bufsize: int) -> int:
 
 
 def socket_path(ctx: PlanContext, host: str) -> str:
-    """The admin socket of the balancer on `host`: under the workdir (so it survives a release switch), or, where
-    that path is too long for a Unix socket's address (HAProxy refuses the configuration), a short one in /tmp
-    named after it."""
-    path = f"{ctx.hosts[host].workdir}/run/balancer.haproxy.sock"
+    """The admin socket of the balancer on `host` (see `socket_path_in`)."""
+    return socket_path_in(ctx.hosts[host].workdir)
+
+
+def socket_path_in(workdir: str) -> str:
+    """The admin socket of the balancer whose host's workdir is `workdir`: under the workdir (so it survives a
+    release switch), or, where that path is too long for a Unix socket's address (HAProxy refuses the
+    configuration), a short one in /tmp named after it."""
+    path = f"{workdir}/run/balancer.haproxy.sock"
     if len(path.encode()) <= SOCKET_PATH_MAX:
         return path
     return f"/tmp/primectl-{hashlib.sha256(path.encode()).hexdigest()[:16]}.haproxy.sock"
 
 
-def state_file(ctx: PlanContext, host: str) -> str:
+def state_file(workdir: str) -> str:
     """Where the balancer's server states are saved before a reload (HAProxy's server-state-file)."""
-    return f"{ctx.hosts[host].workdir}/run/balancer.haproxy.state"
+    return f"{workdir}/run/balancer.haproxy.state"
 
 
 def replica_drain(ctx: PlanContext, balancer_host: str, replica: Service) -> Drain:
-    """How a frontend replica leaves rotation: the balancer stops sending it work and its streams finish; when it
-    is back, the balancer reaches it at its (possibly new) address and port."""
-    return Drain(how="balancer", socket=socket_path(ctx, balancer_host), server=f"{BACKEND}/{replica.name}",
-                 address=f"{replica.address}:{replica.ports['http']}", timeout_s=ctx.recipe.frontend.drain_timeout_s)
+    """How a frontend replica leaves rotation (see `drain_behind`)."""
+    return drain_behind(ctx.hosts[balancer_host].workdir, replica, ctx.recipe.frontend.drain_timeout_s)
+
+
+def drain_behind(workdir: str, replica: Service, timeout_s: float) -> Drain:
+    """How a service behind the balancer of the host whose workdir is `workdir` leaves rotation: the balancer
+    stops sending it work and its streams finish; when it is back, the balancer reaches it at its (possibly new)
+    address and port."""
+    return Drain(how="balancer", socket=socket_path_in(workdir), server=f"{BACKEND}/{replica.name}",
+                 address=f"{replica.address}:{replica.ports['http']}", timeout_s=timeout_s)
 
 
 def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spares: list[Service] | None = None
                      ) -> Service:
     """HAProxy bound to the frontend's address and port, one health-checked server per replica, and one per spare
     (a surge twin), in maintenance until a change starts the twin and puts it in rotation."""
+    fe = ctx.recipe.frontend
+    return haproxy_service(
+        deployment=ctx.recipe.name, host=host, address=ctx.hosts[host].address, port=fe.port,
+        workdir=ctx.hosts[host].workdir, replicas=replicas, spares=spares or [],
+        check_uri=f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready",
+        bufsize=request_buffer(ctx.recipe.model.max_context or ctx.arch.max_context))
+
+
+def haproxy_service(*, deployment: str, host: str, address: str, port: int, workdir: str, replicas: list[Service],
+                    spares: list[Service], check_uri: str, bufsize: int, name: str = "balancer",
+                    fronts: str | None = None) -> Service:
+    """HAProxy on `address:port` in front of `replicas` (each reached on its `http` port, UP while `check_uri`
+    answers `"ready": true`) and `spares` (servers in maintenance until a change puts them in rotation); it is
+    ready once `check_uri` answers through it. `fronts`: what the config's header says it stands in front of."""
     from primectl.render.bundle import template
 
-    fe = ctx.recipe.frontend
-    addr = ctx.hosts[host].address
-    check_uri = f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready"
-    bufsize = request_buffer(ctx.recipe.model.max_context or ctx.arch.max_context)
     config = template("haproxy.cfg.j2").render(
-        name="balancer", deployment=ctx.recipe.name, maxconn=connection_cap(bufsize), bufsize=bufsize,
-        socket=socket_path(ctx, host),
-        state_file=state_file(ctx, host), check_uri=check_uri,
-        stream_timeout_s=600, address=addr, port=fe.port,
+        name=name, deployment=deployment, fronts=fronts, maxconn=connection_cap(bufsize), bufsize=bufsize,
+        socket=socket_path_in(workdir), state_file=state_file(workdir), check_uri=check_uri,
+        stream_timeout_s=600, address=address, port=port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": False} for r in replicas]
-        + [{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": True} for r in spares or []],
+        + [{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": True} for r in spares],
     )
     # through `current`, not the release it started from: a reload re-reads the release switched to
-    current = posixpath.join(ctx.hosts[host].workdir, "current", CONFIG)
+    current = posixpath.join(workdir, "current", CONFIG)
     argv = [HAPROXY_BINARY, "-W", "-db", "-f", current]
     return Service(
-        name="balancer", role="balancer", component="haproxy", host=host, address=addr,
+        name=name, role="balancer", component="haproxy", host=host, address=address,
         argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config)],
-        ports={"http": fe.port}, listens=[fe.port],
+        ports={"http": port}, listens=[port],
         depends_on=[r.name for r in replicas],
         # ready once the model is ready through it: a balancer whose check follows a renamed model then says when
         # it has taken the new name (the rollout reloads it as soon as the new workers serve, see targets/ssh.py)
-        ready=Probe(kind="http", url=f"http://{addr}:{fe.port}{check_uri}", timeout_s=60),
-        reload=Reload(signal="SIGUSR2", socket=socket_path(ctx, host), backend=BACKEND,
-                      servers=[r.name for r in [*replicas, *(spares or [])]], state_file=state_file(ctx, host),
+        ready=Probe(kind="http", url=f"http://{address}:{port}{check_uri}", timeout_s=60),
+        reload=Reload(signal="SIGUSR2", socket=socket_path_in(workdir), backend=BACKEND,
+                      servers=[r.name for r in [*replicas, *spares]], state_file=state_file(workdir),
                       check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),
     )
 

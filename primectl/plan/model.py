@@ -47,7 +47,7 @@ def node_marker(host: str) -> str:
     return f"@node:{host}@"
 
 # "auxiliary": a component's service that requests do not pass through (an exporter, a file server).
-Role = Literal["control", "cache", "prefill", "decode", "frontend", "balancer", "auxiliary"]
+Role = Literal["control", "cache", "prefill", "decode", "frontend", "balancer", "gateway", "auxiliary"]
 WORKER_ROLES: tuple[str, ...] = ("prefill", "decode")
 # Fields of a service that change how its process runs: a change restarts it.
 RUN_FIELDS = ("component", "host", "address", "gpus", "data_parallel", "argv", "env", "files", "dirs", "listens")

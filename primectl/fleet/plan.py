@@ -1,0 +1,244 @@
+"""A fleet recipe -> its deployments' Plans and the gateway tier's Plan, without I/O on any host.
+
+The gateway tier is planned as a deployment of its own (its own state, lock and release history on its hosts)
+so that `up`, `diff`, `status` and `down` drive it through the same pipeline and target as any deployment:
+its etcd first, then the replicas, then HAProxy in front of them (the fleet's public endpoint), rolled one
+replica at a time through HAProxy when their configuration changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from primectl.components.etcd import solo_etcd
+from primectl.components.haproxy import drain_behind, haproxy_service, request_buffer
+from primectl.deploy.protocol import Layout
+from primectl.errors import Problem, RecipeError
+from primectl.fleet.model import FleetRecipe
+from primectl.plan.model import RELEASE, FileSpec, HostPlan, Plan, Probe, RoleRollout, Runtime, Service
+from primectl.recipe.yamlpos import Path as YamlPath
+from primectl.recipe.yamlpos import Position, load_yaml
+
+REPLICA_SCRIPT = "gateway/replica.py"
+PREFIX = "/primectl/fleet"
+
+
+class Member(BaseModel):
+    """One deployment of the fleet, as the gateway routes to it."""
+
+    name: str
+    recipe: str
+    weight: int
+    role: str
+    capacity: int
+    endpoint: str
+    served_model: str
+
+
+class FleetPlan(BaseModel):
+    """Everything the fleet commands need: the members (with their Plans) and the gateway tier's Plan."""
+
+    name: str
+    endpoint: str
+    served_model: str
+    prefix: str
+    etcd: list[str]
+    members: list[Member]
+    plans: list[Plan]
+    gateway: Plan
+
+
+@dataclass
+class LoadedFleet:
+    """A validated fleet recipe, where each of its nodes was written."""
+
+    recipe: FleetRecipe
+    file: str
+    positions: dict[YamlPath, Position]
+
+    def problem(self, path: YamlPath, message: str) -> Problem:
+        """A problem pinned to the nearest written node of `path`."""
+        from primectl.planner.load import to_problem
+
+        return to_problem(path, message, self.file, self.positions)
+
+
+def recipe_kind(path: str | Path) -> str:
+    """What a recipe file describes (`kind:`, default deployment); unreadable files count as deployments, whose
+    loader says why."""
+    try:
+        data, _ = load_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, RecipeError):
+        return "deployment"
+    kind = data.get("kind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else "deployment"
+
+
+def load_fleet(path: str | Path) -> LoadedFleet:
+    """Parse and validate a fleet recipe (RecipeError with every problem, pinned to its line)."""
+    from primectl.planner.load import _pydantic_problems, read_text
+
+    file = str(path)
+    data, positions = load_yaml(read_text(Path(path)), file)
+    try:
+        recipe = FleetRecipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_pydantic_problems(exc, data, file, positions, FleetRecipe)) from None  # type: ignore[arg-type]
+    loaded = LoadedFleet(recipe, file, positions)
+    hosts = [h.name for h in recipe.hosts]
+    if recipe.gateway.host not in hosts:
+        raise RecipeError([loaded.problem(("gateway", "host"), f"{recipe.gateway.host!r} is not one of `hosts:`; "
+                                                               f"allowed: {', '.join(hosts)}")])
+    return loaded
+
+
+def plan_fleet(path: str | Path) -> FleetPlan:
+    """Load the fleet and every deployment it names, and plan the gateway tier (RecipeError on bad input)."""
+    from primectl.planner.build import plan_recipe
+
+    loaded = load_fleet(path)
+    r = loaded.recipe
+    base_dir = Path(path).resolve().parent
+    problems: list[Problem] = []
+    plans: list[Plan] = []
+    members: list[Member] = []
+    for i, m in enumerate(r.deployments):
+        where = ("deployments", i)
+        file = (base_dir / m.recipe).resolve()
+        if not file.is_file():
+            problems.append(loaded.problem((*where, "recipe"), f"no such recipe file: {file}"))
+            continue
+        if recipe_kind(file) != "deployment":
+            problems.append(loaded.problem((*where, "recipe"), f"{file} is a {recipe_kind(file)}, not a deployment"))
+            continue
+        try:
+            dep_loaded, plan = plan_recipe(file)
+        except RecipeError as exc:
+            problems += exc.problems
+            continue
+        capacity = m.capacity
+        decode = dep_loaded.recipe.decode
+        if capacity is None and decode.max_num_seqs:
+            capacity = decode.workers * decode.max_num_seqs
+        if capacity is None:
+            problems.append(loaded.problem((*where,), "no capacity: set `capacity:` here or decode.max_num_seqs in "
+                                                      f"{file}"))
+            continue
+        if plan.name in [p.name for p in plans]:
+            problems.append(loaded.problem((*where, "recipe"), f"deployment {plan.name!r} is named twice"))
+            continue
+        plans.append(plan)
+        members.append(Member(name=plan.name, recipe=str(file), weight=m.weight, role=m.role, capacity=capacity,
+                              endpoint=plan.endpoint, served_model=plan.served_model))
+    served = sorted({m.served_model for m in members})
+    if len(served) > 1:
+        problems.append(loaded.problem(("deployments",), f"the deployments serve different models ({', '.join(served)}); "
+                                                         "a fleet serves one model name"))
+    if not any(m.role == "primary" and m.weight > 0 for m in members) and members:
+        problems.append(loaded.problem(("deployments",), "no primary deployment with a weight above 0 takes traffic"))
+    if problems:
+        raise RecipeError(problems)
+    gateway = gateway_plan(r, plans[0], members)
+    clashes = port_clashes([*plans, gateway])
+    if clashes:
+        raise RecipeError([loaded.problem(("gateway", "ports"), c) for c in clashes])
+    host = next(h for h in gateway.hosts if h.name == r.gateway.host)
+    return FleetPlan(name=r.name, endpoint=gateway.endpoint, served_model=members[0].served_model,
+                     prefix=f"{PREFIX}/{r.name}", etcd=[f"http://{host.address}:{r.gateway.ports.etcd_client}"],
+                     members=members, plans=plans, gateway=gateway)
+
+
+def port_clashes(plans: list[Plan]) -> list[str]:
+    """Ports two services of the fleet (its deployments' and its gateway's, surge twins included) would both bind
+    on one address."""
+    owner: dict[tuple[str, int], str] = {}
+    out: list[str] = []
+    for plan in plans:
+        for svc in [*plan.services, *(s.twin for s in plan.services if s.twin)]:
+            for port in set(svc.listens):
+                key = (svc.address, port)
+                who = f"{plan.name}/{svc.name}"
+                if key in owner and owner[key].split("/")[0] != plan.name:
+                    out.append(f"port {port} on {svc.address} is used by both {owner[key]} and {who}")
+                owner.setdefault(key, who)
+    return out
+
+
+def _hosts(r: FleetRecipe) -> list[HostPlan]:
+    return [HostPlan(name=h.name, address=h.address, port=h.port, user=h.user, identity_file=h.identity_file,
+                     connection=h.connection, workdir=h.workdir, gpus=0, labels=dict(h.labels)) for h in r.hosts]
+
+
+def _runtime(base: Plan, host: HostPlan) -> Runtime:
+    """The gateway host's runtime: the same pinned set as the first deployment's, in this host's workdir."""
+    like = next(iter(base.serving.runtime.values()))
+    if not like.provisioned:
+        return like
+    return like.model_copy(update={"python": posixpath.join(Layout(host.workdir).runtime(like.key), "bin", "python")})
+
+
+def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members: list[Member]) -> dict[str, Any]:
+    """What one replica reads at start (no secret: keys live hashed in etcd)."""
+    g = r.gateway
+    return {
+        "fleet": r.name, "replica": name, "listen": {"host": host.address, "port": port},
+        "etcd": [f"http://{host.address}:{g.ports.etcd_client}"], "prefix": f"{PREFIX}/{r.name}",
+        "lease_ttl_s": g.admission.lease_ttl_s, "retry_after_s": g.admission.retry_after_s,
+        "breaker": {"failures": g.breaker.failures, "cooldown_s": g.breaker.cooldown_s},
+        "deadline_s": g.deadline_s, "drain_s": g.drain_timeout_s,
+        "usage_db": posixpath.join(host.workdir, "data", name, "usage.sqlite"),
+        "deployments": [{"name": m.name, "url": m.endpoint, "weight": m.weight, "role": m.role,
+                         "capacity": m.capacity, "block": g.admission.block} for m in members],
+    }
+
+
+def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
+    """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint)."""
+    g = r.gateway
+    hosts = _hosts(r)
+    host = next(h for h in hosts if h.name == g.host)
+    runtime = {h.name: _runtime(base, h) for h in hosts}
+    etcd = solo_etcd(name="gateway-etcd", member=f"{r.name}-gateway-etcd", host=host.name, address=host.address,
+                     workdir=host.workdir, client_port=g.ports.etcd_client, peer_port=g.ports.etcd_peer)
+    script = files("primectl.fleet").joinpath("replica.py").read_text()
+    replicas: list[Service] = []
+    for i in range(g.replicas):
+        name = f"gateway-{i}"
+        port = g.ports.replica + i
+        config = f"config/{name}.json"
+        svc = Service(
+            name=name, role="gateway", component="fleet-gateway", host=host.name, address=host.address,
+            argv=[runtime[host.name].python, "-I", f"{RELEASE}/{REPLICA_SCRIPT}", "--config", f"{RELEASE}/{config}"],
+            files=[FileSpec(path=REPLICA_SCRIPT, content=script, mode=0o755),
+                   FileSpec(path=config, content=json.dumps(replica_config(r, name, host, port, members), indent=2,
+                                                            sort_keys=True) + "\n")],
+            dirs=[posixpath.join(host.workdir, "data", name)],
+            ports={"http": port}, listens=[port], depends_on=[etcd.name],
+            ready=Probe(kind="http", url=f"http://{host.address}:{port}/-/ready", timeout_s=60),
+            stop_timeout_s=g.drain_timeout_s + 30,
+        )
+        replicas.append(svc.model_copy(update={"drain": drain_behind(host.workdir, svc, g.drain_timeout_s)}))
+    edge = haproxy_service(deployment=r.name, host=host.name, address=host.address, port=g.port, workdir=host.workdir,
+                           replicas=replicas, spares=[], check_uri="/-/ready",
+                           bufsize=request_buffer(base.serving.model.max_context), name="edge",
+                           fronts=f"the gateway replicas of fleet {r.name}")
+    endpoint = f"http://{host.address}:{g.port}"
+    services = [etcd, *replicas, edge]
+    blob = json.dumps([s.model_dump(mode="json") for s in services], sort_keys=True)
+    return base.model_copy(update={
+        "name": f"{r.name}-gateway", "namespace": f"{r.name}-gateway", "supervisor": r.supervisor,
+        "recipe_hash": hashlib.sha256(blob.encode()).hexdigest()[:16], "hosts": hosts, "head": host.name,
+        "slots": [], "services": services, "endpoint": endpoint, "worker_listing_url": None,
+        "gate": Probe(kind="http", url=f"{endpoint}/-/ready", timeout_s=60),
+        "serving": base.serving.model_copy(update={"runtime": runtime, "tier": None}),
+        "secret_names": [], "secret_sources": {}, "known_hosts": r.known_hosts, "defaults": {},
+        "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1)],
+    })

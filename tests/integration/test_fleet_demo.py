@@ -1,0 +1,292 @@
+"""A fleet of two demo deployments ("sites") behind the gateway, for real (issue 39).
+
+Two copies of recipes/demo-site-{a,b}.yaml (Dynamo's mocker behind real Dynamo frontends and HAProxy, ports
+and workdirs of their own) and a `kind: fleet` recipe over them go `up` with the process supervisor: the
+gateway's own etcd, two gateway replicas (primectl/fleet/replica.py on the host runtime's aiohttp) and HAProxy
+in front of them. Through the `openai` client, with a key from `primectl keys create`:
+
+- no key: 401 with an OpenAI error body; with the key: chat and streaming chat answered;
+- the key appears in no file under any workdir (logs, configs, usage database) and in no `plan`/`diff` output;
+- every process of site a SIGKILLed: requests keep being answered (failover before the first byte), the shared
+  breaker opens in etcd and both replicas apply it; `up` of site a brings it back and one replica's half-open
+  probe closes the breaker;
+- more concurrent streams than the fleet admits: each one is served or answered 429 with Retry-After, and the
+  admitted count never passes capacity + replicas x block;
+- a replica SIGKILLed: its blocks are back within its lease TTL + 1 s;
+- `primectl usage --by team` counts the team's requests and tokens from both replicas; `down` leaves nothing.
+
+Run inside a loopback-only network namespace:
+
+    unshare --net -- sh -c 'ip link set lo up && \\
+        PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python .venv/bin/pytest tests/integration/test_fleet_demo.py -q'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .sshhosts import netns_problem, processes_under
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
+       ".venv/bin/pytest tests/integration/test_fleet_demo.py -q'")
+EDGE = 19_400
+REPLICA = 19_410
+CAPACITY = 3  # per site: small, so that the overload test fills it
+BLOCK = 1
+TTL = 2
+
+
+def site_ports(offset: int) -> dict[str, int]:
+    base = 19_500 + 100 * offset
+    return {"etcd_client": base + 1, "etcd_peer": base + 2, "mooncake_rpc": base + 3, "mooncake_metadata": base + 4,
+            "mooncake_metrics": base + 5, "worker_system": base + 10, "kv_events": base + 20,
+            "nixl_side_channel": base + 30, "dp_rpc": base + 40, "bootstrap": base + 50, "response_stream": base + 60,
+            "tcp_rpc": base + 70, "frontend_replica": base + 80}
+
+
+@dataclass
+class Fleet:
+    recipe: Path
+    sites: dict[str, Path]
+    workdirs: list[Path]
+    key: str = ""
+
+
+def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def replicas_health() -> list[dict]:
+    out = []
+    for i in range(2):
+        try:
+            out.append(get(f"http://127.0.0.1:{REPLICA + i}/health"))
+        except OSError:
+            out.append({})
+    return out
+
+
+def client(key: str):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"http://127.0.0.1:{EDGE}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def kill_all(workdir: Path) -> None:
+    for pid, _ in processes_under(workdir):  # only what this test started, by pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    problem = netns_problem(RUN)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    tmp = tmp_path_factory.mktemp("fleet")
+    python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
+    sites, workdirs = {}, []
+    for i, site in enumerate(("a", "b")):
+        doc = yaml.safe_load((REPO / "recipes" / f"demo-site-{site}.yaml").read_text())
+        doc["extends"] = str(REPO / "recipes" / "demo.yaml")
+        doc["name"] = doc["namespace"] = f"fleet-site-{site}"
+        workdirs.append(tmp / f"site-{site}")
+        doc["hosts"][0]["workdir"] = str(workdirs[-1])
+        doc["frontend"] = {"port": 19_450 + i}
+        doc["ports"] = site_ports(i)
+        if python:
+            doc["software"] = {"python": python}
+        sites[site] = tmp / f"site-{site}.yaml"
+        sites[site].write_text(yaml.safe_dump(doc, sort_keys=False))
+    workdirs.append(tmp / "gateway")
+    recipe = tmp / "fleet.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "kind": "fleet", "name": "testfleet",
+        "deployments": [{"recipe": "site-a.yaml", "capacity": CAPACITY}, {"recipe": "site-b.yaml", "capacity": CAPACITY}],
+        "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs[-1])}],
+        "supervisor": "process",
+        "gateway": {"host": "local", "port": EDGE, "replicas": 2,
+                    "ports": {"replica": REPLICA, "etcd_client": 19_420, "etcd_peer": 19_421},
+                    "admission": {"block": BLOCK, "lease_ttl_s": TTL}, "breaker": {"failures": 2, "cooldown_s": 2}},
+    }, sort_keys=False))
+    f = Fleet(recipe, sites, workdirs)
+    up = cli("up", recipe)
+    try:
+        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+        yield f
+    finally:
+        down = cli("down", recipe)
+        deadline = time.monotonic() + 15
+        while any(processes_under(w) for w in workdirs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p for w in workdirs for p in processes_under(w)]
+        for w in workdirs:
+            kill_all(w)
+        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
+        assert not left, f"processes left after down: {left}"
+
+
+def test_a_key_is_needed_and_then_chat_and_streams_are_answered(fleet: Fleet) -> None:
+    import openai
+
+    made = cli("keys", "create", fleet.recipe, "--team", "research")
+    assert made.returncode == 0, made.stderr
+    fleet.key = made.stdout.strip()
+    assert fleet.key.startswith("pk-") and fleet.key not in made.stderr
+
+    with pytest.raises(openai.AuthenticationError) as no_key:
+        client("pk-not-a-key").chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}])
+    assert no_key.value.status_code == 401 and "invalid API key" in str(no_key.value)
+
+    c = client(fleet.key)
+    r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert r.choices[0].message.content and r.usage and r.usage.prompt_tokens > 0
+    chunks = list(c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                            stream=True))
+    assert chunks[-1].choices and chunks[-1].choices[0].finish_reason, chunks[-1]
+    assert all(ch.choices for ch in chunks), "the usage-only chunk the client did not ask for reached it"
+
+    status = cli("status", fleet.recipe, "-o", "json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    doc = json.loads(status.stdout)
+    assert [(d["name"], d["breaker"]) for d in doc["deployments"]] == [("fleet-site-a", "closed"),
+                                                                       ("fleet-site-b", "closed")]
+    assert all(r["ready"] and r["pid"] for r in doc["replicas"]) and doc["endpoint"] == f"http://127.0.0.1:{EDGE}"
+    listed = cli("keys", "list", fleet.recipe, "-o", "json")
+    assert [k["team"] for k in json.loads(listed.stdout)] == ["research"] and fleet.key not in listed.stdout
+
+
+def test_losing_a_site_loses_no_request_and_its_breaker_opens_on_every_replica(fleet: Fleet) -> None:
+    c = client(fleet.key)
+    kill_all(fleet.workdirs[0])
+    lost = 0
+    for i in range(20):
+        try:
+            c.chat.completions.create(model="demo", messages=[{"role": "user", "content": f"turn {i}"}], max_tokens=4)
+        except Exception:
+            lost += 1
+    assert lost == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        seen = [h.get("deployments", {}).get("fleet-site-a", {}).get("breaker") for h in replicas_health()]
+        if seen == ["open", "open"]:
+            break
+        time.sleep(0.05)
+    assert seen == ["open", "open"]
+
+    back = cli("up", fleet.sites["a"])
+    assert back.returncode == 0, back.stdout + back.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = [h.get("deployments", {}).get("fleet-site-a", {}).get("breaker") for h in replicas_health()]
+        if seen == ["closed", "closed"]:
+            break
+        time.sleep(0.2)
+    assert seen == ["closed", "closed"], "the half-open probe did not close site a's breaker"
+
+
+def test_overload_is_served_or_answered_429_and_admission_holds_capacity(fleet: Fleet) -> None:
+    import openai
+
+    results: list[str] = []
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            admitted = sum(d.get("inflight", 0) for h in replicas_health() for d in h.get("deployments", {}).values())
+            peak[0] = max(peak[0], admitted)
+            time.sleep(0.02)
+
+    def one(i: int) -> None:
+        try:
+            stream = client(fleet.key).chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": f"long {i}"}], max_tokens=300, stream=True)
+            finish = [ch.choices[0].finish_reason for ch in stream if ch.choices and ch.choices[0].finish_reason]
+            results.append("served" if finish else "no finish_reason")
+        except openai.RateLimitError as exc:
+            retry = exc.response.headers.get("Retry-After")
+            results.append("429" if retry else "429 without Retry-After")
+        except Exception as exc:  # anything else is a lost request
+            results.append(f"lost: {type(exc).__name__}: {exc}")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4 * CAPACITY)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    stop.set()
+    watcher.join()
+    assert sorted(set(results)) <= ["429", "served"], results
+    assert "429" in results and "served" in results, results
+    assert peak[0] <= 2 * CAPACITY + 2 * BLOCK, peak[0]
+
+
+def test_a_killed_replica_gives_its_capacity_back_within_its_lease(fleet: Fleet) -> None:
+    import base64
+
+    def held_by(replica: str) -> int:
+        prefix = "/primectl/fleet/testfleet/admit/"
+        body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                           "range_end": base64.b64encode(prefix[:-1].encode() + b"0").decode()}).encode()
+        req = urllib.request.Request("http://127.0.0.1:19420/v3/kv/range", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            kvs = json.loads(resp.read()).get("kvs", [])
+        return sum(1 for kv in kvs if base64.b64decode(kv["value"]).decode() == replica)
+
+    c = client(fleet.key)
+    for _ in range(4):  # each replica ends up holding blocks (HAProxy spreads the requests)
+        c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    pid = replicas_health()[0]["pid"]
+    assert held_by("gateway-0") >= 1
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while held_by("gateway-0") and time.monotonic() - t0 < TTL + 5:
+        time.sleep(0.1)
+    assert held_by("gateway-0") == 0 and time.monotonic() - t0 <= TTL + 1.5
+    r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "still there?"}], max_tokens=2)
+    assert r.choices  # the edge sends everything to the replica left
+
+
+def test_usage_is_merged_by_team_and_no_key_is_written_anywhere(fleet: Fleet) -> None:
+    up = cli("up", fleet.recipe)  # the killed replica comes back; its usage database survived
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert up.stderr.count("no changes") >= 2, up.stderr  # both sites untouched; the gateway restarts gateway-0
+    r = cli("usage", fleet.recipe, "--by", "team", "--since", "1h", "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    research = next(row for row in rows if row["team"] == "research")
+    assert research["requests"] >= 26 and research["prompt_tokens"] > 0 and research["completion_tokens"] > 0
+    for args in (("plan", fleet.recipe, "-o", "json"), ("diff", fleet.recipe)):
+        out = cli(*args)
+        assert fleet.key not in out.stdout + out.stderr
+    for w in fleet.workdirs:
+        for p in w.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                assert fleet.key.encode() not in p.read_bytes(), p
