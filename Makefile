@@ -26,8 +26,8 @@ $(UV):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 
-$(VENV)/.stamp: pyproject.toml kernels/requirements.txt | $(UV)
-	$(UV_PIP) $(VENV)/bin/python -q -e '.[dev,smoke,bench]' -r kernels/requirements.txt
+$(VENV)/.stamp: pyproject.toml primectl_kernels/requirements.txt | $(UV)
+	$(UV_PIP) $(VENV)/bin/python -q -e '.[dev,smoke,bench]' -r primectl_kernels/requirements.txt
 	touch $@
 
 # AIPerf (the load generator behind `primectl bench`) lives in its own venv: its pins clash with primectl's.
@@ -90,10 +90,10 @@ wheels-all: wheels
 wheelhouse: .demo/.wheelhouse-stamp
 
 lint: venv
-	$(VENV)/bin/ruff check primectl kernels tests benchmarks
+	$(VENV)/bin/ruff check primectl primectl_kernels tests benchmarks
 
 typecheck: venv
-	$(VENV)/bin/mypy primectl kernels
+	$(VENV)/bin/mypy primectl primectl_kernels
 
 # Integration tests start sshd, etcd, Dynamo and Mooncake: they run in a private
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.

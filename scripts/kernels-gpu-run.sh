@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU pass over kernels/, sized for a lent H200 with ~15 minutes of device time in all
+# One prepared GPU pass over primectl_kernels/, sized for a lent H200 with ~15 minutes of device time in all
 # (the machine's start and the transfers take 1-3 of them; this script stops itself by DEADLINE_S).
 # It uses the machine's own python3, torch and Triton (the project's CUDA torch wheel is too big to carry).
 #
@@ -55,7 +55,7 @@ rows() {
   local args=(--commit "$COMMIT" --date "$DATE")
   [ -s "$OUT/selftest.json" ] && args+=(--selftest "$OUT/selftest.json")
   for f in bench.json bench-fill05.json; do [ -s "$OUT/$f" ] && args+=(--bench "$OUT/$f"); done
-  $PY -m kernels.results_rows "${args[@]}" >"$OUT/results-rows.md" && cat "$OUT/results-rows.md"
+  $PY -m primectl_kernels.results_rows "${args[@]}" >"$OUT/results-rows.md" && cat "$OUT/results-rows.md"
 }
 
 env_info() {
@@ -67,7 +67,7 @@ print(p.name, "SMs", p.multi_processor_count, "L2", getattr(p, "L2_cache_size", 
 }
 
 selftest_json() {
-  $PY -m kernels.selftest --json >"$OUT/selftest.json"
+  $PY -m primectl_kernels.selftest --json >"$OUT/selftest.json"
   local rc=$?
   cat "$OUT/selftest.json"
   return $rc
@@ -77,14 +77,14 @@ export -f rows env_info selftest_json
 
 step env 20 env_info
 step selftest 150 selftest_json
-step bench 240 $PY -m kernels.bench --sweep 1,2,4,8,15,20,32,35,64 --json-out "$OUT/bench.json"
+step bench 240 $PY -m primectl_kernels.bench --sweep 1,2,4,8,15,20,32,35,64 --json-out "$OUT/bench.json"
 step rows 15 rows
-step "fill 0.5" 90 $PY -m kernels.bench --sweep 1,15,64 --fill 0.5 --no-codec --json-out "$OUT/bench-fill05.json"
+step "fill 0.5" 90 $PY -m primectl_kernels.bench --sweep 1,15,64 --fill 0.5 --no-codec --json-out "$OUT/bench-fill05.json"
 step rows 15 rows
 [ -z "${SKIP_PYTEST:-}" ] && step pytest 150 $PY -m pytest -q -p no:cacheprovider tests/kernels
-step ablation 60 $PY -m kernels.ablation --sweep 1,15,64
+step ablation 60 $PY -m primectl_kernels.ablation --sweep 1,15,64
 if [ -n "${TUNE:-}" ]; then
-  step tune 600 $PY -m kernels.bench --tune --candidates "${TUNE_CANDIDATES:-6}" --sweep 15 --no-codec --json-out "$OUT/tune.json"
+  step tune 600 $PY -m primectl_kernels.bench --tune --candidates "${TUNE_CANDIDATES:-6}" --sweep 15 --no-codec --json-out "$OUT/tune.json"
 fi
 echo | tee -a "$LOG"
 echo "=== done at $(elapsed)s of ${DEADLINE_S}s" | tee -a "$LOG"

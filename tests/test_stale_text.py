@@ -23,7 +23,7 @@ def test_launch_reference_is_cited_as_living_outside_the_repository() -> None:
     """launch-reference.md is in the shared docs, not shipped: every mention says so on its line."""
     assert not list(REPO.glob("**/launch-reference.md"))
     bare = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
-            for top in ("primectl", "kernels", "docs", "scripts", "benchmarks")
+            for top in ("primectl", "primectl_kernels", "docs", "scripts", "benchmarks")
             for path in sorted((REPO / top).rglob("*")) if path.suffix in (".py", ".md", ".sh")
             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
             if "launch-reference.md" in line and "shared" not in line]

@@ -176,14 +176,15 @@ def measure_clock(t: Transport, tries: int = 3) -> tuple[float | None, float]:
 # -- GPU self-test ---------------------------------------------------------------------------------
 
 def kernels_tar() -> bytes:
-    """The `kernels` package (Python sources) as a tar, to run its self-test on the hosts."""
-    import kernels
+    """The `primectl_kernels` package (Python sources) as a tar, to run its self-test on the hosts
+    (found by import, so a wheel install ships the same files as a checkout)."""
+    import primectl_kernels
 
-    root = Path(kernels.__file__).resolve().parent
+    root = Path(primectl_kernels.__file__).resolve().parent
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for p in sorted(root.glob("*.py")):
-            info = tarfile.TarInfo(f"kernels/{p.name}")
+            info = tarfile.TarInfo(f"primectl_kernels/{p.name}")
             data = p.read_bytes()
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
@@ -191,15 +192,15 @@ def kernels_tar() -> bytes:
 
 
 def run_selftests(s: Session, host: str, gpus: int) -> list[dict[str, Any]]:
-    """`python -m kernels.selftest --json` once per GPU (CUDA_VISIBLE_DEVICES), one after another."""
+    """`python -m primectl_kernels.selftest --json` once per GPU (CUDA_VISIBLE_DEVICES), one after another."""
     n = s.needs[host]
     d = s.scratch(host)
-    s.t[host].put(kernels_tar(), posixpath.join(d, "kernels.tar"))
-    s.t[host].run(f"cd {shlex.quote(d)} && python3 -c 'import tarfile; tarfile.open(\"kernels.tar\").extractall(\".\")'")
+    s.t[host].put(kernels_tar(), posixpath.join(d, "primectl_kernels.tar"))
+    s.t[host].run(f"cd {shlex.quote(d)} && python3 -c 'import tarfile; tarfile.open(\"primectl_kernels.tar\").extractall(\".\")'")
     out = []
     for i in range(gpus):
         code, so, se = s.t[host].run(f"cd {shlex.quote(d)} && CUDA_VISIBLE_DEVICES={i} PYTHONPATH={shlex.quote(d)} "
-                                     f"{shlex.quote(n.runtime_python)} -m kernels.selftest --json",
+                                     f"{shlex.quote(n.runtime_python)} -m primectl_kernels.selftest --json",
                                      timeout=SELFTEST_TIMEOUT_S)
         doc = json_line(so) or {"status": "crash", "exit_code": code,
                                  "message": ((se or so).strip().splitlines() or [f"exit {code}"])[-1][:300]}

@@ -446,7 +446,7 @@ def selftest_results(runs: Mapping[str, list[dict[str, Any]]]) -> list[Result]:
             if r.get("exit_code") == 3:
                 fix = "the runtime's torch sees no GPU: install a CUDA build of torch in the runtime and check the driver"
             else:
-                fix = "bad numerics or a crash on that GPU: rerun `python -m kernels.selftest`, then drain/replace the GPU"
+                fix = "bad numerics or a crash on that GPU: rerun `python -m primectl_kernels.selftest`, then drain/replace the GPU"
             out.append(fail(h, "selftest", f"GPU{r.get('gpu')}: {msg}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""),
                             fix))
             continue

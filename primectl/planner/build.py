@@ -354,7 +354,7 @@ def topology_notes(recipe: Recipe, arch: Architecture, hw: Hardware) -> list[str
 
 def _fp8_ds_mla_note(recipe: Recipe, arch: Architecture, hw: Hardware) -> str:
     """Sparse-MLA FP8 caches are stored as fp8_ds_mla rows; say what that does to the figure above."""
-    from kernels import mla_storage_row_bytes
+    from primectl_kernels import mla_storage_row_bytes
 
     par = parse_parallel(recipe.decode.parallel)
     mem = role_memory(arch, hw, recipe.model.weights, par, "fp8", recipe.decode.gpu_memory_utilization,

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kernels import mla_row_bytes
 from primectl.recipe.catalog import WEIGHT_BYTES_PER_PARAM, Architecture, Hardware
 from primectl.recipe.model import PARALLEL_RE
+from primectl_kernels import mla_row_bytes
 
 GB = 1e9
 # The DSA indexer caches one FP8 key of head_dim values plus one FP32 scale per token per layer.

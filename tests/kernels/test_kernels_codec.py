@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import codec, reference
-from kernels.layout import nvfp4_scale_offset
+from primectl_kernels import codec, reference
+from primectl_kernels.layout import nvfp4_scale_offset
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
 

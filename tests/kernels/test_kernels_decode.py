@@ -12,7 +12,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 import torch
 
-from kernels import decode, reference
+from primectl_kernels import decode, reference
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import codec, decode, reference
+from primectl_kernels import codec, decode, reference
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
 SM_SCALE = 1.0 / math.sqrt(576)

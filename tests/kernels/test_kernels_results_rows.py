@@ -1,4 +1,4 @@
-"""RESULTS.md rows from a GPU run's JSON (``kernels.results_rows``, pure Python)."""
+"""RESULTS.md rows from a GPU run's JSON (``primectl_kernels.results_rows``, pure Python)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels import results_rows
+from primectl_kernels import results_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,11 +61,12 @@ def test_cli_reads_the_files_the_gpu_script_writes(tmp_path: Path) -> None:
     (tmp_path / "bench.json").write_text(json.dumps(BENCH))
     (tmp_path / "selftest.json").write_text("a warning line\n" + json.dumps(SELFTEST) + "\n")
     res = subprocess.run(
-        [sys.executable, "-m", "kernels.results_rows", "--bench", str(tmp_path / "bench.json"), "--bench", str(tmp_path / "missing.json"),
+        [sys.executable, "-m", "primectl_kernels.results_rows",
+         "--bench", str(tmp_path / "bench.json"), "--bench", str(tmp_path / "missing.json"),
          "--selftest", str(tmp_path / "selftest.json"), "--commit", "feedbee", "--date", "today"],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("### GPU run today: commit feedbee, kernels source ")
     assert "| feedbee | 1 | 15 | 20.0 | 80.5 | 25.0 | 0.80 | 3.1e-05 |" in res.stdout
-    assert results_rows.source_hash(ROOT / "kernels") in res.stdout.splitlines()[0]
+    assert results_rows.source_hash(ROOT / "primectl_kernels") in res.stdout.splitlines()[0]

@@ -1,8 +1,8 @@
-"""Main-loop instruction counts from SASS / PTX text (``kernels.sass``, pure Python)."""
+"""Main-loop instruction counts from SASS / PTX text (``primectl_kernels.sass``, pure Python)."""
 
 from __future__ import annotations
 
-from kernels.sass import ptx_loop_stats, sass_loop_stats
+from primectl_kernels.sass import ptx_loop_stats, sass_loop_stats
 
 SASS = """
 _k:

@@ -23,7 +23,7 @@ def _run(args: list[str], interpret: bool, timeout: int = 300) -> subprocess.Com
 
 def test_every_kernel_compiles_for_hopper_and_blackwell() -> None:
     """The real Triton -> PTX -> ptxas pipeline (not the interpreter) for sm_90 and sm_100, no GPU needed."""
-    res = _run(["kernels.compile_check", "--arch", "90", "--arch", "100", "--json"], interpret=False)
+    res = _run(["primectl_kernels.compile_check", "--arch", "90", "--arch", "100", "--json"], interpret=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads(res.stdout)
     labels = {(r["arch"], r["label"].split(" [")[0]) for r in report["results"]}
@@ -39,13 +39,13 @@ def test_every_kernel_compiles_for_hopper_and_blackwell() -> None:
 
 
 def test_compile_check_refuses_to_run_under_the_interpreter() -> None:
-    res = _run(["kernels.compile_check", "--arch", "90"], interpret=True)
+    res = _run(["primectl_kernels.compile_check", "--arch", "90"], interpret=True)
     assert res.returncode == 3
     assert "TRITON_INTERPRET" in res.stderr
 
 
 def test_bench_runs_every_code_path(tmp_path: Path) -> None:
-    """`kernels.bench`: tuning, the T sweep with errors against the reference, the codec table.
+    """`primectl_kernels.bench`: tuning, the T sweep with errors against the reference, the codec table.
 
     On a GPU host it runs for real at small sizes; elsewhere under the interpreter (``--allow-cpu``).
     """
@@ -54,7 +54,7 @@ def test_bench_runs_every_code_path(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     gpu = torch.cuda.is_available()
     size = ["--topk", "256", "--cache-tokens", "65536"] if gpu else ["--allow-cpu"]
-    res = _run(["kernels.bench", *size, "--tune", "--candidates", "2", "--sweep", "2", "--json-out", str(out)], interpret=not gpu)
+    res = _run(["primectl_kernels.bench", *size, "--tune", "--candidates", "2", "--sweep", "2", "--json-out", str(out)], interpret=not gpu)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["tune"], "the tuning search recorded nothing"
@@ -70,7 +70,7 @@ def test_bench_runs_every_code_path(tmp_path: Path) -> None:
 
 
 def test_bench_without_gpu_exits_3() -> None:
-    res = _run(["kernels.bench"], interpret=True)
+    res = _run(["primectl_kernels.bench"], interpret=True)
     assert res.returncode == 3
     assert "no GPU" in res.stderr
 
@@ -79,7 +79,7 @@ def test_gather_probe_reads_exactly_the_selected_rows() -> None:
     """The ablation's memory-only kernel must read what the decode reads: every valid selected row, once."""
     import torch
 
-    from kernels.gather_probe import gather_only
+    from primectl_kernels.gather_probe import gather_only
 
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
     g = torch.Generator().manual_seed(5)
@@ -97,7 +97,7 @@ def test_compile_check_counts_the_main_loop_against_a_revision() -> None:
     main loop's SASS instruction count side by side (the check CI runs, for one kernel and arch)."""
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode != 0:
         pytest.skip("not a git checkout")
-    res = _run(["kernels.compile_check", "--arch", "90", "--only", "decode_nvfp4", "--against", "HEAD"], interpret=False)
+    res = _run(["primectl_kernels.compile_check", "--arch", "90", "--only", "decode_nvfp4", "--against", "HEAD"], interpret=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
     lines = res.stdout.splitlines()
@@ -113,7 +113,7 @@ def test_compile_check_counts_the_main_loop_against_a_revision() -> None:
 def test_compile_check_unknown_revision_exits_4() -> None:
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode != 0:
         pytest.skip("not a git checkout")
-    res = _run(["kernels.compile_check", "--arch", "90", "--only", "merge", "--against", "no-such-rev-0000"], interpret=False)
+    res = _run(["primectl_kernels.compile_check", "--arch", "90", "--only", "merge", "--against", "no-such-rev-0000"], interpret=False)
     assert res.returncode == 4
     assert "unknown revision" in res.stderr
 

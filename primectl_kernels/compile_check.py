@@ -1,4 +1,4 @@
-"""Compile every kernel for real GPU architectures without a GPU: ``python -m kernels.compile_check``.
+"""Compile every kernel for real GPU architectures without a GPU: ``python -m primectl_kernels.compile_check``.
 
 The Triton interpreter (what the CPU tests use) accepts code that the GPU
 compiler rejects, and it says nothing about registers, spills or instruction
@@ -10,14 +10,15 @@ triton wheel) for the requested SM versions and reports per kernel:
   shared memory (Triton's metadata);
 * the static instruction count of the main loop (the loop over tiles of rows),
   counted in the SASS that the wheel's ``nvdisasm`` prints for the cubin
-  (``kernels.sass``), with the subroutines it calls counted separately; when no
+  (``primectl_kernels.sass``), with the subroutines it calls counted separately; when no
   ``nvdisasm`` is found the count comes from the PTX between the loop labels
   (the ``src`` column says which); ``--lines N`` also lists the N source lines
   that contribute most instructions to each loop body (from the line info).
 
 ``--against REV`` also builds the kernels of git revision ``REV`` (its
-``kernels/`` tree from ``git archive``, measured with this file's code in a
-subprocess) and prints both side by side as ``REV -> now``.
+``primectl_kernels/`` tree from ``git archive``, or ``kernels/`` before the package was
+renamed, measured with this file's code in a subprocess) and prints both side by side
+as ``REV -> now``.
 
 Exit codes: 0 = everything compiled (and, with ``--no-spills``, nothing
 spilled), 1 = a compile failed or spilled (in the working tree; ``REV``'s
@@ -44,7 +45,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.sass import LoopStats, ptx_loop_stats, sass_loop_stats
+# relative: this file and sass.py are also copied into an older revision's tree, whose
+# package may be named ``kernels`` (see revision_results)
+from .sass import LoopStats, ptx_loop_stats, sass_loop_stats
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -54,6 +57,9 @@ EXIT_NO_REVISION = 4
 DEFAULT_ARCHS = (90, 100)
 # files of this tool that measure a revision's kernels (copied over the revision's own)
 TOOL_FILES = ("compile_check.py", "sass.py")
+# the package directory a revision may hold, newest name first (``kernels`` until it was renamed so as not
+# to collide with the import name of Hugging Face's ``kernels`` distribution)
+PACKAGE_DIRS = ("primectl_kernels", "kernels")
 _RESOURCE_RE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 # pointer arguments and strides the wrappers pass are 16-byte aligned / multiples
 # of 16; Triton specialises those at launch, so the check specialises them too
@@ -182,8 +188,8 @@ def _decode_constexprs(decode: Any, tune: Any) -> dict[str, Any]:
 
 def kernel_specs(all_tunings: bool = False) -> list[KernelSpec]:
     """Every kernel specialisation the codec and decode wrappers launch (decode at each
-    format's default tuning, or at every candidate ``kernels.bench --tune`` tries)."""
-    from kernels import codec, decode
+    format's default tuning, or at every candidate ``primectl_kernels.bench --tune`` tries)."""
+    from . import codec, decode
 
     specs: list[KernelSpec] = []
     kernels = {"nvfp4": lambda: decode._decode_nvfp4_kernel, "fp8": lambda: decode._decode_fp8_kernel}
@@ -316,30 +322,34 @@ def _repo_root() -> Path:
 
 
 def revision_results(rev: str, archs: tuple[int, ...], all_tunings: bool, only: str | None) -> tuple[str, list[CompileResult]]:
-    """Compile revision ``rev``'s kernels (its ``kernels/`` tree, measured with this tool's code):
-    returns (short commit hash, results)."""
+    """Compile revision ``rev``'s kernels (its ``primectl_kernels/`` or, before the rename, ``kernels/`` tree,
+    measured with this tool's code): returns (short commit hash, results)."""
     root = _repo_root()
     sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True, check=False)
     if sha.returncode != 0:
         raise RevisionError(f"unknown revision {rev!r}: {sha.stderr.strip()}")
-    archive = ["git", "-C", str(root), "archive", "--format=tar", sha.stdout.strip(), "kernels"]
+    tree = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", sha.stdout.strip(), "--", *PACKAGE_DIRS],
+                          capture_output=True, text=True, check=False)
+    pkg = next((d for d in PACKAGE_DIRS if d in tree.stdout.split()), PACKAGE_DIRS[0])
+    archive = ["git", "-C", str(root), "archive", "--format=tar", sha.stdout.strip(), pkg]
     tar = subprocess.run(archive, capture_output=True, check=False)
     if tar.returncode != 0:
-        raise RevisionError(f"git archive {rev} kernels: {tar.stderr.decode(errors='replace').strip()}")
+        raise RevisionError(f"git archive {rev} {pkg}: {tar.stderr.decode(errors='replace').strip()}")
     with tempfile.TemporaryDirectory(prefix="kernels-rev-") as tmp:
         with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as tf:
             tf.extractall(tmp, filter="data")
         here = Path(__file__).resolve().parent
         for name in TOOL_FILES:
-            shutil.copyfile(here / name, Path(tmp) / "kernels" / name)
-        cmd = [sys.executable, "-m", "kernels.compile_check", "--json", *[a for arch in archs for a in ("--arch", str(arch))]]
+            shutil.copyfile(here / name, Path(tmp) / pkg / name)
+        cmd = [sys.executable, "-m", f"{pkg}.compile_check", "--json", *[a for arch in archs for a in ("--arch", str(arch))]]
         if all_tunings:
             cmd.append("--all-tunings")
         if only:
             cmd += ["--only", only]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-        # the revision's kernels first; keep the rest of the path (e.g. another triton) but no other kernels/
-        keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not (Path(p) / "kernels").is_dir()]
+        # the revision's kernels first; keep the rest of the path (e.g. another triton) but no other tree of them
+        keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and not any((Path(p) / d).is_dir() for d in PACKAGE_DIRS)]
         env["PYTHONPATH"] = os.pathsep.join([tmp, *keep])
         out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, check=False)
         try:
@@ -472,7 +482,7 @@ def format_lines(results: list[CompileResult], top: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Compile the kernels for the given architectures; returns the process exit code."""
     ap = argparse.ArgumentParser(
-        prog="python -m kernels.compile_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m primectl_kernels.compile_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--arch", type=int, action="append", help="SM version, e.g. 90 (H100/H200) or 100 (B200/GB200)")
     ap.add_argument("--no-spills", action="store_true", help="also fail when a kernel uses local memory or a stack frame (register spills)")
@@ -505,11 +515,11 @@ def main(argv: list[str] | None = None) -> int:
     results = run_checks(archs, args.all_tunings, args.only, args.dump)
     failed = [r for r in results if not r.ok or (args.no_spills and r.spill_bytes)]
     if args.json:
-        import kernels
+        from . import codec  # the package the kernels were compiled from (this file's, whatever its name)
 
         report: dict[str, Any] = {
             "ok": not failed,
-            "kernels_dir": str(Path(kernels.__file__).resolve().parent),
+            "kernels_dir": str(Path(codec.__file__).resolve().parent),
             "results": [asdict(r) for r in results],
         }
         if before is not None:

@@ -1,6 +1,6 @@
 """Static instruction counts of a compiled kernel's main loop, read from its SASS (or PTX).
 
-Pure Python (no torch / triton): ``kernels.compile_check`` feeds it the text of
+Pure Python (no torch / triton): ``primectl_kernels.compile_check`` feeds it the text of
 ``nvdisasm -c`` on a cubin, or the PTX when no disassembler is at hand.
 
 The main loop is the widest backward branch: for the decode kernels that is the
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 # one SASS instruction line of nvdisasm / cuobjdump: "/*0af0*/   @!P1 BRA `(.L_x_3) ;"
 _SASS_INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;?\s*$")
 _SASS_LABEL = re.compile(r"^([.$\w]+):")
-# nvdisasm -g: '//## File "/x/kernels/decode.py", line 223' (optionally ', inlined at ...')
+# nvdisasm -g: '//## File "/x/primectl_kernels/decode.py", line 223' (optionally ', inlined at ...')
 _SASS_LINE = re.compile(r'^//## File "([^"]+)", line (\d+)')
 _SASS_TARGET = re.compile(r"`\(([.$\w]+)\)")
 _PRED = re.compile(r"^@!?U?P[0-9T]\s+")

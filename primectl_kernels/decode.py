@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.codec import (
+from primectl_kernels.codec import (
     bf16_bits_to_f32,
     e4m3_decode,
     fp8_quant_store,
@@ -46,7 +46,7 @@ from kernels.codec import (
     nvfp4_gather,
     nvfp4_k_slices,
 )
-from kernels.layout import (
+from primectl_kernels.layout import (
     FP8_DS_MLA_ROW_BYTES,
     HEAD_DIM_QK,
     KV_LORA_RANK,
@@ -522,7 +522,7 @@ class DecodeTuning:
     the compute (a register double buffer of the raw bytes).  ``max_registers``:
     cap registers per thread (ptxas ``maxnreg``) so more programs fit on an SM.
     ``programs_per_sm``: how many programs of this launch an SM holds at once
-    (registers / shared memory, see ``kernels.compile_check``); the split
+    (registers / shared memory, see ``primectl_kernels.compile_check``); the split
     heuristic fills exactly one wave of them.
     """
 
@@ -545,13 +545,13 @@ class DecodeTuning:
         return opts
 
 
-# the fastest launches at T=15 x 2,048 x 16 heads on an H200 (kernels/RESULTS.md)
+# the fastest launches at T=15 x 2,048 x 16 heads on an H200 (primectl_kernels/RESULTS.md)
 DEFAULT_TUNINGS: dict[str, DecodeTuning] = {
     "nvfp4": DecodeTuning(block_n=64, num_warps=8, num_stages=2, prefetch=True),
     "fp8": DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False, programs_per_sm=2),
 }
 
-# what ``python -m kernels.bench --tune`` tries (and ``kernels.compile_check --all-tunings`` compiles)
+# what ``python -m primectl_kernels.bench --tune`` tries (and ``primectl_kernels.compile_check --all-tunings`` compiles)
 TUNING_CANDIDATES: tuple[DecodeTuning, ...] = (
     # the two winners of the previous H200 runs (fp8, nvfp4), and both without compaction
     DecodeTuning(block_n=32, num_warps=4, skip_empty_tiles=True, prefetch=False),

@@ -3,7 +3,7 @@
 Each program gathers its split of a query token's selected rows, tile by tile,
 exactly as the decode kernels do (same row offsets, same masking of ``-1``
 slots), and reduces the bytes to one checksum so the loads cannot be dropped.
-Used by ``python -m kernels.ablation``.
+Used by ``python -m primectl_kernels.ablation``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.codec import jit
-from kernels.decode import _paged, _row_offsets
+from primectl_kernels.codec import jit
+from primectl_kernels.decode import _paged, _row_offsets
 
 
 @jit

@@ -4,7 +4,7 @@ Everything here is written for clarity, not speed, and uses an implementation
 that is independent of the Triton kernels (torch's own float8 cast and
 ``torch.round`` instead of bit tricks), so tests compare two formulations.
 
-Rounding rules (see ``kernels/README.md``):
+Rounding rules (see ``primectl_kernels/README.md``):
 
 * e4m3 values (nvfp4 rope, fp8 latent): round-to-nearest-even, saturating at
   +-448; the sign of zero is kept (``-0.0`` -> ``0x80``).
@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from kernels.layout import (
+from primectl_kernels.layout import (
     FP8_DS_MLA_ROW_BYTES,
     FP8_E4M3_MAX,
     FP8_ROPE_OFFSET,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.layout import (
+from primectl_kernels.layout import (
     FP8_DS_MLA_ROW_BYTES,
     KV_LORA_RANK,
     NVFP4_DS_MLA_ROW_BYTES,

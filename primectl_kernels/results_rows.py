@@ -1,9 +1,9 @@
-"""Markdown rows for kernels/RESULTS.md from a GPU run's JSON: ``python -m kernels.results_rows``.
+"""Markdown rows for primectl_kernels/RESULTS.md from a GPU run's JSON: ``python -m primectl_kernels.results_rows``.
 
 ``scripts/kernels-gpu-run.sh`` calls it on the device machine with the files
-``kernels.bench --json-out`` and ``kernels.selftest --json`` wrote; the rows it
+``primectl_kernels.bench --json-out`` and ``primectl_kernels.selftest --json`` wrote; the rows it
 prints carry the commit (``--commit``, else ``git``, else ``unknown``) and a hash
-of ``kernels/*.py``, so a figure can be traced to the code it measured even when
+of ``primectl_kernels/*.py``, so a figure can be traced to the code it measured even when
 the machine's copy of the tree has no git metadata.  Pure Python: no torch needed.
 """
 
@@ -31,11 +31,12 @@ def source_hash(kernels_dir: Path) -> str:
 
 
 def git_commit(root: Path) -> str | None:
-    """Short commit hash of ``root`` with ``+dirty`` when kernels/ has changes, or None outside git."""
+    """Short commit hash of ``root`` with ``+dirty`` when primectl_kernels/ has changes, or None outside git."""
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     if head.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "kernels"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "primectl_kernels"],
+                           capture_output=True, text=True, check=False)
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
@@ -102,9 +103,9 @@ def render(benches: list[dict[str, Any]], selftest: dict[str, Any] | None, commi
 
 def main(argv: list[str] | None = None) -> int:
     """Print the RESULTS.md block for the given JSON files; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m kernels.results_rows", description=__doc__)
-    ap.add_argument("--bench", type=Path, action="append", default=[], help="kernels.bench --json-out file (repeatable)")
-    ap.add_argument("--selftest", type=Path, help="kernels.selftest --json output")
+    ap = argparse.ArgumentParser(prog="python -m primectl_kernels.results_rows", description=__doc__)
+    ap.add_argument("--bench", type=Path, action="append", default=[], help="primectl_kernels.bench --json-out file (repeatable)")
+    ap.add_argument("--selftest", type=Path, help="primectl_kernels.selftest --json output")
     ap.add_argument("--commit", help="commit the measured tree is at (default: git, else 'unknown')")
     ap.add_argument("--date", default="", help="date of the run (printed as given)")
     args = ap.parse_args(argv)

@@ -2,13 +2,13 @@
 
 Importing this package is dependency-free (pure Python): the row-size constants
 and layout helpers below are the single source of truth for the planner.  The
-torch/triton parts live in ``kernels.reference``, ``kernels.codec`` and
-``kernels.decode`` and are imported only on demand.
+torch/triton parts live in ``primectl_kernels.reference``, ``primectl_kernels.codec`` and
+``primectl_kernels.decode`` and are imported only on demand.
 """
 
 import os
 
-from kernels.layout import (
+from primectl_kernels.layout import (
     BF16_MLA_TOKEN_BYTES,
     FP8_DS_MLA_ROW_BYTES,
     FP8_E4M3_MAX,

@@ -1,4 +1,4 @@
-"""Self-test of the kernels against the PyTorch reference: ``python -m kernels.selftest``.
+"""Self-test of the kernels against the PyTorch reference: ``python -m primectl_kernels.selftest``.
 
 Exit codes: 0 = all checks pass, 1 = bad numerics (or a check crashed),
 3 = no GPU present (pass ``--allow-cpu`` to run small shapes under the Triton
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kernels import compiled_gpu
+from primectl_kernels import compiled_gpu
 
 EXIT_OK = 0
 EXIT_NUMERICS = 1
@@ -39,7 +39,7 @@ class Check:
 def _run_checks(device: str, small: bool) -> list[Check]:
     import torch
 
-    from kernels import codec, decode, reference
+    from primectl_kernels import codec, decode, reference
 
     checks: list[Check] = []
     g = torch.Generator().manual_seed(1234)
@@ -125,7 +125,7 @@ def _run_checks(device: str, small: bool) -> list[Check]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the self-test; returns the process exit code."""
-    ap = argparse.ArgumentParser(prog="python -m kernels.selftest", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m primectl_kernels.selftest", description=__doc__)
     ap.add_argument(
         "--allow-cpu", action="store_true", help="without a GPU, run small shapes under the Triton interpreter"
     )

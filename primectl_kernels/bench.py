@@ -1,4 +1,4 @@
-"""GPU benchmark of the sparse MLA decode variants and the codecs: ``python -m kernels.bench``.
+"""GPU benchmark of the sparse MLA decode variants and the codecs: ``python -m primectl_kernels.bench``.
 
 Times the native NVFP4, staged NVFP4 and FP8 decode kernels at T=15 query
 tokens x 2,048 selected positions x 16 heads, sweeps T, times the codecs, and
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels import compiled_gpu
+from primectl_kernels import compiled_gpu
 
 EXIT_NO_GPU = 3
 SWEEP_T = (1, 2, 4, 8, 15, 20, 32, 35, 64)
@@ -57,7 +57,7 @@ def hbm_peak_bytes_per_s(name: str) -> float | None:
 
 def default_tuning(variant: str) -> Any:
     """The decode module's default launch for a benchmark variant (staged runs the fp8 kernel)."""
-    from kernels import decode
+    from primectl_kernels import decode
 
     return decode.DEFAULT_TUNINGS["nvfp4" if variant == "nvfp4_native" else "fp8"]
 
@@ -156,7 +156,7 @@ class Bench:
     def __init__(self, heads: int, topk: int, cache_tokens: int, block_size: int, device: str = "cuda", seed: int = 0) -> None:
         import torch
 
-        from kernels import codec
+        from primectl_kernels import codec
 
         self.torch = torch
         self.device = device
@@ -194,7 +194,7 @@ class Bench:
 
     def fn(self, variant: str) -> tuple[Callable[..., Any], Any, int, bool]:
         """(decode function, cache, row bytes, staged?) of a variant."""
-        from kernels import decode
+        from primectl_kernels import decode
 
         if variant == "nvfp4_native":
             return decode.decode_nvfp4_native, self.cache4, 352, False
@@ -210,7 +210,7 @@ class Bench:
 
     def max_err(self, variant: str, case: Case, tuning: Any, splits: int | None) -> float:
         """Max abs error of one call against the FP32 PyTorch reference (on the CPU)."""
-        from kernels import reference
+        from primectl_kernels import reference
 
         fn, cache, _, staged = self.fn(variant)
         q, idx = case.qs[0], case.idxs[0]
@@ -279,7 +279,7 @@ def comparisons() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the process exit code."""
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m primectl_kernels.bench", description=__doc__)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--topk", type=int, help="selected positions per query (default 2048; 64 with --allow-cpu)")
     ap.add_argument("--cache-tokens", type=int, help="rows in the paged cache (default 1,048,576; 1024 on CPU)")
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = compiled_gpu()
     if not gpu and not args.allow_cpu:
         print(
-            "kernels bench: no GPU present; the benchmark needs CUDA (use `python -m kernels.selftest "
+            "kernels bench: no GPU present; the benchmark needs CUDA (use `python -m primectl_kernels.selftest "
             "--allow-cpu` for a CPU correctness run)",
             file=sys.stderr,
         )
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
     import triton
 
-    from kernels import decode
+    from primectl_kernels import decode
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -440,7 +440,7 @@ def _measure(
 
 def _reference_and_codec(bench: Bench, t_check: int, results: dict[str, Any], log: Callable[[str], None]) -> None:
     """The unfused PyTorch reference for scale, and the codec timings."""
-    from kernels import codec, reference
+    from primectl_kernels import codec, reference
 
     # unfused PyTorch (dequantise the selected rows, then softmax attention) at T=15, for scale
     case = bench.case(t_check, 1.0, min_sets=1, max_sets=1)

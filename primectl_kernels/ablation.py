@@ -1,7 +1,7 @@
-"""Where the decode time goes: ``python -m kernels.ablation`` (GPU).
+"""Where the decode time goes: ``python -m primectl_kernels.ablation`` (GPU).
 
 Times, at the decode's own grid, split count and tile size, a kernel that does
-only the decode's memory access (``kernels.gather_probe``) next to the full
+only the decode's memory access (``primectl_kernels.gather_probe``) next to the full
 decode. The difference is the on-chip work: dequantising, the QK and PV dots,
 the online softmax and the merge. Without a GPU it exits with code 3;
 ``--allow-cpu`` runs it at toy sizes under the interpreter (no speed figures).
@@ -14,14 +14,14 @@ import functools
 import os
 import sys
 
-from kernels import compiled_gpu
+from primectl_kernels import compiled_gpu
 
 EXIT_NO_GPU = 3
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print gather-only vs full decode time per T and format; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m kernels.ablation", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m primectl_kernels.ablation", description=__doc__)
     ap.add_argument("--sweep", default="1,15,64", help="comma-separated T values")
     ap.add_argument("--allow-cpu", action="store_true", help="toy sizes under the Triton interpreter")
     args = ap.parse_args(argv)
@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_GPU
     if not gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
-    from kernels import decode
-    from kernels.bench import Bench, graph_us
-    from kernels.gather_probe import gather_only
+    from primectl_kernels import decode
+    from primectl_kernels.bench import Bench, graph_us
+    from primectl_kernels.gather_probe import gather_only
 
     device = "cuda" if gpu else "cpu"
     topk, cache_tokens, block = (2048, 1 << 20, 64) if gpu else (64, 1024, 16)
