@@ -290,3 +290,48 @@ def test_usage_is_merged_by_team_and_no_key_is_written_anywhere(fleet: Fleet) ->
         for p in w.rglob("*"):
             if p.is_file() and not p.is_symlink():
                 assert fleet.key.encode() not in p.read_bytes(), p
+
+
+def test_an_agent_sized_prompt_streams_through_the_edge_and_a_replica(fleet: Fleet) -> None:
+    from primectl.checks.smoke import words
+
+    prompt = words(115_000)  # 600 KB of JSON, ~460K tokens of the demo's tokenizer
+    assert len(prompt) > 600_000
+    stream = client(fleet.key).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": prompt}], max_tokens=8, stream=True)
+    finish = [ch.choices[0].finish_reason for ch in stream if ch.choices and ch.choices[0].finish_reason]
+    assert finish, "the agent-sized stream ended without a finish_reason"
+
+
+def test_a_weight_shift_then_down_of_the_old_site_loses_nothing(fleet: Fleet) -> None:
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        c = client(fleet.key)
+        while not stop.is_set():
+            try:
+                stream = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "go on"}],
+                                                   max_tokens=16, stream=True)
+                done = any(ch.choices and ch.choices[0].finish_reason for ch in stream)
+                outcomes.append("ok" if done else "no finish_reason")
+            except Exception as exc:
+                outcomes.append(f"lost: {type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=load) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        text = fleet.recipe.read_text()
+        fleet.recipe.write_text(text.replace("- recipe: site-a.yaml\n", "- recipe: site-a.yaml\n  weight: 0\n", 1))
+        shifted = cli("up", fleet.recipe)
+        assert shifted.returncode == 0, shifted.stdout + shifted.stderr
+        assert shifted.stderr.count("no changes") == 2, shifted.stderr  # only the gateway changed
+        gone = cli("down", fleet.sites["a"])
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        time.sleep(2)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=60)
+    assert outcomes and all(o == "ok" for o in outcomes), [o for o in outcomes if o != "ok"][:5]

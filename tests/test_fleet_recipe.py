@@ -1,0 +1,109 @@
+"""Fleet recipes (`kind: fleet`, issue 39) are validated like every recipe: each problem with its file, line and
+field, exit 2, nothing touched; a good one plans its deployments and the gateway tier."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, CliResult
+
+FLEET = """kind: fleet
+name: f
+deployments:
+  - recipe: {a}
+  - recipe: {b}
+    role: spill
+hosts:
+  - name: local
+    address: 127.0.0.1
+    connection: local
+    workdir: /tmp/primectl-fleet-test
+gateway:
+  host: local
+  port: 8300
+  ports: {{replica: 8310, etcd_client: 8379, etcd_peer: 8380}}
+"""
+SITE_A = REPO / "recipes" / "demo-site-a.yaml"
+SITE_B = REPO / "recipes" / "demo-site-b.yaml"
+
+
+def fleet(tmp_path: Path, text: str | None = None, **edits: str) -> Path:
+    body = (text or FLEET).format(a=SITE_A, b=SITE_B)
+    for old, new in edits.items():
+        assert old.replace("_", " ") in body or old in body
+        body = body.replace(old, new)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_the_demo_fleet_plans_two_deployments_and_the_gateway_tier(cli: Callable[..., CliResult]) -> None:
+    r = cli("plan", REPO / "recipes" / "demo-fleet.yaml", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(m["name"], m["role"], m["capacity"]) for m in doc["members"]] == [
+        ("demo-site-a", "primary", 128), ("demo-site-b", "primary", 128)]
+    assert doc["endpoint"] == "http://127.0.0.1:8300" and doc["served_model"] == "demo"
+    services = {s["name"]: s for s in doc["gateway"]["services"]}
+    assert list(services) == ["gateway-etcd", "gateway-0", "gateway-1", "edge"]
+    assert services["edge"]["depends_on"] == ["gateway-0", "gateway-1"]
+    assert services["gateway-0"]["drain"]["how"] == "balancer"
+    config = json.loads(next(f["content"] for f in services["gateway-1"]["files"] if f["path"].endswith(".json")))
+    assert [d["url"] for d in config["deployments"]] == ["http://127.0.0.1:8200", "http://127.0.0.1:8210"]
+    assert config["listen"] == {"host": "127.0.0.1", "port": 8311} and config["etcd"] == ["http://127.0.0.1:8379"]
+    assert cli("validate", REPO / "recipes" / "demo-fleet.yaml").stdout.strip().endswith(
+        "valid (fleet of 2 deployments, 4 gateway services)")
+
+
+@pytest.mark.parametrize(("edit", "line", "field", "message"), [
+    ({"  port: 8300": "  prot: 8300"}, 14, "gateway.prot", "unknown key `prot` (did you mean `port`?)"),
+    ({"  host: local": "  host: elsewhere"}, 13, "gateway.host", "'elsewhere' is not one of `hosts:`; allowed: local"),
+    ({"    role: spill": "    role: backup"}, 6, "deployments[1].role", "'backup' is not allowed; allowed: primary, spill"),
+    ({"replica: 8310": "replica: 8200"}, 15, "gateway.ports",
+     "port 8200 on 127.0.0.1 is used by both demo-site-a/balancer and f-gateway/gateway-0"),
+])
+def test_a_bad_fleet_is_refused_at_its_line(cli: Callable[..., CliResult], tmp_path: Path, edit: dict[str, str],
+                                            line: int, field: str, message: str) -> None:
+    path = fleet(tmp_path, **edit)
+    r = cli("up", path)
+    assert r.exit_code == 2, r.stdout + r.stderr
+    assert "nothing was changed" in r.stderr
+    assert any(p.strip().startswith(f"{path}:{line}:") and f" {field}: " in p and message in p for p in r.problems()), (
+        r.stderr)
+
+
+def test_a_missing_deployment_recipe_and_one_with_its_own_problem_are_both_named(
+        cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(f"extends: {SITE_B}\ndecode:\n  workers: 0\n")
+    path = fleet(tmp_path, FLEET.replace("{a}", str(tmp_path / "nowhere.yaml")).replace("{b}", str(broken)))
+    r = cli("validate", path)
+    assert r.exit_code == 2
+    problems = r.problems()
+    assert any(f"{path}:4:" in p and "deployments[0].recipe: no such recipe file" in p for p in problems), problems
+    assert any(f"{broken}:3:" in p and "decode.workers" in p for p in problems), problems
+
+
+def test_deployments_that_serve_different_models_are_refused(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(f"extends: {SITE_B}\nmodel:\n  served_name: other\n")
+    path = fleet(tmp_path, FLEET.replace("{b}", str(other)))
+    r = cli("validate", path)
+    assert r.exit_code == 2
+    assert any("deployments: the deployments serve different models (demo, other)" in p for p in r.problems()), r.stderr
+
+
+def test_a_fleet_with_no_primary_taking_traffic_is_refused(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    path = fleet(tmp_path, FLEET.replace("  - recipe: {a}\n", "  - recipe: {a}\n    weight: 0\n"))
+    r = cli("validate", path)
+    assert r.exit_code == 2
+    assert any("no primary deployment with a weight above 0 takes traffic" in p for p in r.problems()), r.stderr
+
+
+def test_keys_and_usage_refuse_a_deployment_recipe(cli: Callable[..., CliResult]) -> None:
+    r = cli("keys", "create", REPO / "recipes" / "demo.yaml", "--team", "x")
+    assert r.exit_code == 2 and "keys and usage belong to a fleet (`kind: fleet`)" in r.stderr
