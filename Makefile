@@ -10,7 +10,7 @@ RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
+.PHONY: bench-tools test test-integration demo demo-fleet demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
 
 system:
 	bash scripts/install-system.sh
@@ -162,6 +162,16 @@ demo-slurm: system venv wheelhouse
 .PHONY: demo-systemd
 demo-systemd: system venv runtime rootfs
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_systemd.py'
+
+# Two demo deployments ("sites" a and b) behind a fleet's gateway: its own etcd, two replicas, HAProxy on 8300.
+demo-fleet: system venv
+	$(PRIMECTL) up recipes/demo-fleet.yaml
+	$(VENV)/bin/python scripts/demo_fleet_check.py recipes/demo-fleet.yaml
+	@echo
+	@echo "Fleet is up: http://127.0.0.1:8300/v1 (model: demo). Clients need a key:"
+	@echo "  $(PRIMECTL) keys create recipes/demo-fleet.yaml --team research"
+	@echo "Status: $(PRIMECTL) status recipes/demo-fleet.yaml    Usage: $(PRIMECTL) usage recipes/demo-fleet.yaml"
+	@echo "Stop: $(PRIMECTL) down recipes/demo-fleet.yaml"
 
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)

@@ -68,10 +68,15 @@ def _etcd(fleet: FleetPlan) -> Etcd:
     return Etcd(fleet.etcd)
 
 
+def key_id(key: str) -> str:
+    """What names a key in etcd, `keys list` and usage: its SHA-256 (the key itself is kept nowhere)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def create_key(fleet: FleetPlan, team: str, name: str | None) -> str:
     """A new key for `team`, stored hashed; the key itself is returned once and kept nowhere."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    kid = hashlib.sha256(key.encode()).hexdigest()
+    kid = key_id(key)
     _etcd(fleet).put(f"{fleet.prefix}/keys/{kid}", json.dumps({"team": team, "name": name or "", "created": time.time()}))
     return key
 

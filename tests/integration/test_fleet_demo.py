@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
+
+from primectl.bench.fleet_copy import FleetCopy, write_fleet
 
 from .sshhosts import netns_problem, processes_under
 
@@ -46,26 +47,28 @@ PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
        ".venv/bin/pytest tests/integration/test_fleet_demo.py -q'")
 EDGE = 19_400
-REPLICA = 19_410
+REPLICA = EDGE + 10
 CAPACITY = 3  # per site: small, so that the overload test fills it
 BLOCK = 1
 TTL = 2
 
 
-def site_ports(offset: int) -> dict[str, int]:
-    base = 19_500 + 100 * offset
-    return {"etcd_client": base + 1, "etcd_peer": base + 2, "mooncake_rpc": base + 3, "mooncake_metadata": base + 4,
-            "mooncake_metrics": base + 5, "worker_system": base + 10, "kv_events": base + 20,
-            "nixl_side_channel": base + 30, "dp_rpc": base + 40, "bootstrap": base + 50, "response_stream": base + 60,
-            "tcp_rpc": base + 70, "frontend_replica": base + 80}
-
-
 @dataclass
 class Fleet:
-    recipe: Path
-    sites: dict[str, Path]
-    workdirs: list[Path]
+    copy: FleetCopy
     key: str = ""
+
+    @property
+    def recipe(self) -> Path:
+        return self.copy.recipe
+
+    @property
+    def sites(self) -> dict[str, Path]:
+        return self.copy.sites
+
+    @property
+    def workdirs(self) -> list[Path]:
+        return list(self.copy.workdirs.values())
 
 
 def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -107,33 +110,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     problem = netns_problem(RUN)
     if problem:
         pytest.fail(problem, pytrace=False)
-    tmp = tmp_path_factory.mktemp("fleet")
-    python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
-    sites, workdirs = {}, []
-    for i, site in enumerate(("a", "b")):
-        doc = yaml.safe_load((REPO / "recipes" / f"demo-site-{site}.yaml").read_text())
-        doc["extends"] = str(REPO / "recipes" / "demo.yaml")
-        doc["name"] = doc["namespace"] = f"fleet-site-{site}"
-        workdirs.append(tmp / f"site-{site}")
-        doc["hosts"][0]["workdir"] = str(workdirs[-1])
-        doc["frontend"] = {"port": 19_450 + i}
-        doc["ports"] = site_ports(i)
-        if python:
-            doc["software"] = {"python": python}
-        sites[site] = tmp / f"site-{site}.yaml"
-        sites[site].write_text(yaml.safe_dump(doc, sort_keys=False))
-    workdirs.append(tmp / "gateway")
-    recipe = tmp / "fleet.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "kind": "fleet", "name": "testfleet",
-        "deployments": [{"recipe": "site-a.yaml", "capacity": CAPACITY}, {"recipe": "site-b.yaml", "capacity": CAPACITY}],
-        "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs[-1])}],
-        "supervisor": "process",
-        "gateway": {"host": "local", "port": EDGE, "replicas": 2,
-                    "ports": {"replica": REPLICA, "etcd_client": 19_420, "etcd_peer": 19_421},
-                    "admission": {"block": BLOCK, "lease_ttl_s": TTL}, "breaker": {"failures": 2, "cooldown_s": 2}},
-    }, sort_keys=False))
-    f = Fleet(recipe, sites, workdirs)
+    copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="testfleet", capacity=CAPACITY,
+                       block=BLOCK, lease_ttl_s=TTL)
+    f = Fleet(copy)
+    recipe, workdirs = copy.recipe, f.workdirs
     up = cli("up", recipe)
     try:
         assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
@@ -173,8 +153,8 @@ def test_a_key_is_needed_and_then_chat_and_streams_are_answered(fleet: Fleet) ->
     status = cli("status", fleet.recipe, "-o", "json")
     assert status.returncode == 0, status.stdout + status.stderr
     doc = json.loads(status.stdout)
-    assert [(d["name"], d["breaker"]) for d in doc["deployments"]] == [("fleet-site-a", "closed"),
-                                                                       ("fleet-site-b", "closed")]
+    assert [(d["name"], d["breaker"]) for d in doc["deployments"]] == [("testfleet-site-a", "closed"),
+                                                                       ("testfleet-site-b", "closed")]
     assert all(r["ready"] and r["pid"] for r in doc["replicas"]) and doc["endpoint"] == f"http://127.0.0.1:{EDGE}"
     listed = cli("keys", "list", fleet.recipe, "-o", "json")
     assert [k["team"] for k in json.loads(listed.stdout)] == ["research"] and fleet.key not in listed.stdout
@@ -192,7 +172,7 @@ def test_losing_a_site_loses_no_request_and_its_breaker_opens_on_every_replica(f
     assert lost == 0
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        seen = [h.get("deployments", {}).get("fleet-site-a", {}).get("breaker") for h in replicas_health()]
+        seen = [h.get("deployments", {}).get("testfleet-site-a", {}).get("breaker") for h in replicas_health()]
         if seen == ["open", "open"]:
             break
         time.sleep(0.05)
@@ -202,7 +182,7 @@ def test_losing_a_site_loses_no_request_and_its_breaker_opens_on_every_replica(f
     assert back.returncode == 0, back.stdout + back.stderr
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        seen = [h.get("deployments", {}).get("fleet-site-a", {}).get("breaker") for h in replicas_health()]
+        seen = [h.get("deployments", {}).get("testfleet-site-a", {}).get("breaker") for h in replicas_health()]
         if seen == ["closed", "closed"]:
             break
         time.sleep(0.2)
@@ -255,7 +235,7 @@ def test_a_killed_replica_gives_its_capacity_back_within_its_lease(fleet: Fleet)
         prefix = "/primectl/fleet/testfleet/admit/"
         body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
                            "range_end": base64.b64encode(prefix[:-1].encode() + b"0").decode()}).encode()
-        req = urllib.request.Request("http://127.0.0.1:19420/v3/kv/range", data=body, method="POST")
+        req = urllib.request.Request(f"{fleet.copy.etcd}/v3/kv/range", data=body, method="POST")
         with urllib.request.urlopen(req, timeout=5) as resp:
             kvs = json.loads(resp.read()).get("kvs", [])
         return sum(1 for kv in kvs if base64.b64decode(kv["value"]).decode() == replica)

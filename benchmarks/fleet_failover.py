@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""What clients of a fleet see when a whole site dies, and when it comes back.
+
+Brings a copy of the demo fleet up (primectl.bench.fleet_copy: two mocker sites behind two gateway replicas and
+HAProxy, each site on a context of 524,288 tokens), creates a key, and runs `--clients` streaming chat clients
+through the openai client (retries off), each sending its own agent-sized prompt (`--prompt-kb`, 600 by
+default: ~460K tokens of the demo's tokenizer, cached turn to turn) in a loop. `--before` seconds in, every
+process of site a is SIGKILLed; `--after` seconds later `primectl up` of site a brings it back, and the load
+runs on until both replicas have closed its breaker and `--after` seconds more.
+
+Each request ends as one of: ok (a finish_reason), lost before its first byte (an error before any chunk),
+ended by an error event (a well-formed SSE error after some chunks), no finish_reason (the stream stopped
+without one), hung (still open `--hang` seconds after the end). It prints a row per phase (site lost, site
+back), the time from the breaker's trip (etcd's record) until every replica routes around it, and how many
+requests site a served again after its breaker closed.
+
+It binds loopback ports, so it refuses to run outside a private network namespace:
+
+    unshare --net -- sh -c 'ip link set lo up && \\
+        PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python benchmarks/fleet_failover.py'
+
+Targets: 0 lost before the first byte, 0 without a finish_reason or an error, 0 hung, every replica routes
+around the dead site within 0.5 s of the trip, 0 lost when it comes back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
+from primectl.checks.smoke import words  # noqa: E402
+
+PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+
+
+@dataclass
+class Outcome:
+    """One request: when it started and ended, and how."""
+
+    started: float
+    ended: float = 0.0
+    how: str = "hung"
+    site: str = ""
+
+
+@dataclass
+class Load:
+    """The clients' outcomes, and a switch to stop them."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env=os.environ | {"NO_COLOR": "1"})
+
+
+def health(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return {}
+
+
+def processes_under(path: Path) -> list[int]:
+    """Pids of live processes whose cwd is under `path` (every service runs in its workdir)."""
+    root = str(path.resolve())
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(root):
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def client_loop(fleet: FleetCopy, key: str, n: int, prompt_kb: int, load: Load) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{fleet.edge}/v1", api_key=key, max_retries=0, timeout=300)
+    prompt = words(max(1, prompt_kb * 1024 // 6), f"client {n}")
+    while not load.stop.is_set():
+        o = Outcome(time.monotonic())
+        load.outcomes.append(o)
+        chunks = 0
+        try:
+            stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}],
+                                                    max_tokens=32, stream=True)
+            finish = None
+            for ch in stream:
+                chunks += 1
+                if ch.choices and ch.choices[0].finish_reason:
+                    finish = ch.choices[0].finish_reason
+            o.how = "ok" if finish else "no finish_reason"
+        except Exception:
+            o.how = "error event" if chunks else "lost before first byte"
+        o.ended = time.monotonic()
+
+
+def breaker_seen(fleet: FleetCopy, site: str, want: str, timeout: float) -> float | None:
+    """When (time.time()) every replica first reported `site`'s breaker as `want`; None if not within timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [health(r).get("deployments", {}).get(site, {}).get("breaker") for r in fleet.replicas]
+        if all(s == want for s in states):
+            return time.time()
+        time.sleep(0.01)
+    return None
+
+
+def tripped_at(fleet: FleetCopy, name: str, site: str) -> float | None:
+    """When the breaker was written (the `since` etcd holds), from the controller's etcd client."""
+    from primectl.fleet.etcd_client import Etcd
+
+    doc = Etcd([fleet.etcd]).prefix(f"/primectl/fleet/{name}/breaker/{site}")
+    return next((float(json.loads(v)["since"]) for v in doc.values()), None)
+
+
+def tally(outcomes: list[Outcome]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in outcomes:
+        out[o.how] = out.get(o.how, 0) + 1
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--prompt-kb", type=int, default=600)
+    ap.add_argument("--before", type=float, default=8)
+    ap.add_argument("--after", type=float, default=8)
+    ap.add_argument("--hang", type=float, default=60)
+    ap.add_argument("--port", type=int, default=19_800)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+    if len(out) > 1 and os.environ.get("PRIMECTL_ALLOW_HOST_NET") != "1":
+        print("refusing to bind loopback ports outside a private network namespace; run it as\n  "
+              "unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
+              ".venv/bin/python benchmarks/fleet_failover.py'", file=sys.stderr)
+        return 2
+    name = "failover"
+    with tempfile.TemporaryDirectory(prefix="primectl-fleet-bench-") as tmp:
+        fleet = write_fleet(Path(tmp), port=args.port, name=name, capacity=64, block=4)
+        site_a = f"{name}-site-a"
+        up = cli("up", fleet.recipe)
+        if up.returncode != 0:
+            print(up.stdout + up.stderr, file=sys.stderr)
+            return 1
+        try:
+            key = cli("keys", "create", fleet.recipe, "--team", "bench").stdout.strip()
+            load = Load()
+            threads = [threading.Thread(target=client_loop, args=(fleet, key, n, args.prompt_kb, load), daemon=True)
+                       for n in range(args.clients)]
+            for t in threads:
+                t.start()
+            time.sleep(args.before)
+            t_kill = time.monotonic()
+            for pid in processes_under(fleet.workdirs["a"]):
+                os.kill(pid, signal.SIGKILL)
+            seen_open = breaker_seen(fleet, site_a, "open", 30)
+            trip = tripped_at(fleet, name, site_a)
+            time.sleep(args.after)
+            t_back, wall_back = time.monotonic(), time.time()
+            back = cli("up", fleet.sites["a"])
+            seen_closed = breaker_seen(fleet, site_a, "closed", 60)
+            usage_before = _site_requests(fleet, site_a)
+            time.sleep(args.after)
+            load.stop.set()
+            for t in threads:
+                t.join(timeout=args.hang)
+            lost_phase = [o for o in load.outcomes if t_kill <= o.started < t_back or (o.started < t_kill <= o.ended)]
+            back_phase = [o for o in load.outcomes if o.started >= t_back]
+            propagation = (seen_open - trip) if seen_open and trip else None
+            rows = {"site lost": tally(lost_phase), "site back": tally(back_phase)}
+            returned = _site_requests(fleet, site_a) - usage_before
+            print(f"fleet failover: {args.clients} streaming clients, {args.prompt_kb} KB prompts")
+            for phase, counts in rows.items():
+                print(f"  {phase:10} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+            routed = f"{propagation:.3f} s" if propagation is not None else "NEVER"
+            print(f"  breaker: every replica routes around site a {routed} after the trip")
+            closed = f"{seen_closed - wall_back:.1f} s after `up` began" if seen_closed else "NEVER"
+            print(f"  site a back: `up` {'ok' if back.returncode == 0 else 'FAILED'}, breaker closed on every replica "
+                  f"{closed}; site a served {returned} requests after that")
+            bad = sum(v for counts in rows.values() for k, v in counts.items() if k not in ("ok", "error event"))
+            if args.json:
+                args.json.write_text(json.dumps({"rows": rows, "propagation_s": propagation,
+                                                 "returned": returned}, indent=2))
+            return 0 if bad == 0 and propagation is not None and propagation <= 0.5 and returned > 0 else 1
+        finally:
+            cli("down", fleet.recipe)
+            for w in fleet.workdirs.values():
+                for pid in processes_under(w):  # what this benchmark started, by pid
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _site_requests(fleet: FleetCopy, site: str) -> int:
+    r = cli("usage", fleet.recipe, "--by", "deployment", "--since", "0", "-o", "json")
+    rows = json.loads(r.stdout or "{}").get("rows", [])
+    return sum(row["requests"] for row in rows if row.get("deployment") == site)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
