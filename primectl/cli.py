@@ -182,6 +182,13 @@ def render(
         from primectl.planner.build import plan_recipe
         from primectl.targets.base import render_for_target
 
+        fleet = _fleet(recipe)
+        if fleet is not None:
+            from primectl.fleet.commands import render as render_fleet
+
+            for line in render_fleet(fleet, out, target):
+                typer.echo(line)
+            return
         # Planned for the target it renders for: a scheduler plans logical node slots, not the recipe's hosts.
         for line in render_for_target(plan_recipe(recipe, target=target)[1], out):
             typer.echo(line)

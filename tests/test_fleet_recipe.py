@@ -107,3 +107,23 @@ def test_a_fleet_with_no_primary_taking_traffic_is_refused(cli: Callable[..., Cl
 def test_keys_and_usage_refuse_a_deployment_recipe(cli: Callable[..., CliResult]) -> None:
     r = cli("keys", "create", REPO / "recipes" / "demo.yaml", "--team", "x")
     assert r.exit_code == 2 and "keys and usage belong to a fleet (`kind: fleet`)" in r.stderr
+
+
+def test_render_writes_each_deployment_and_the_gateway_or_says_it_left_the_gateway_out(
+        cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    fleet_file = REPO / "recipes" / "demo-fleet.yaml"
+    ssh = tmp_path / "ssh"
+    r = cli("render", fleet_file, "-o", ssh)
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in ssh.iterdir()) == ["demo-fleet-gateway", "demo-site-a", "demo-site-b"]
+    gateway = ssh / "demo-fleet-gateway" / "local"
+    config = json.loads((gateway / "config" / "gateway-0.json").read_text())
+    assert config["prefix"] == "/primectl/fleet/demo-fleet" and config["breaker"] == {"failures": 3, "cooldown_s": 5.0}
+    edge = (gateway / "config" / "balancer.haproxy.cfg").read_text()
+    assert "the gateway replicas of fleet demo-fleet" in edge and "server gateway-1 127.0.0.1:8311 check" in edge
+    k8s = tmp_path / "k8s"
+    r = cli("render", fleet_file, "-o", k8s, "--target", "kubernetes")
+    assert r.exit_code == 0, r.stderr
+    assert (k8s / "demo-site-a" / "demo-site-a.yaml").is_file() or any((k8s / "demo-site-a").glob("*.yaml"))
+    assert "the gateway tier (its etcd, 2 replicas and HAProxy) is rendered for target ssh only" in (
+        k8s / "NOTES.txt").read_text()

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from primectl.errors import DeployError
@@ -62,6 +63,28 @@ def down(fleet: FleetPlan, connection: object, say: Say, *, purge: bool, break_l
     for plan in [fleet.gateway, *fleet.plans]:
         say(f"{plan.name}:")
         get(plan.target.kind).down(plan, connection, say, purge=purge, break_lock=break_lock)
+
+
+def render(fleet: FleetPlan, out: Path, target: str | None) -> list[str]:
+    """Each deployment's render in out/<deployment>/ (for `target`, else its own), and the gateway tier's in
+    out/<fleet>-gateway/ where the target runs it (SSH); elsewhere NOTES.txt says it is left out."""
+    from primectl.planner.build import plan_recipe
+    from primectl.targets.base import render_for_target
+
+    lines: list[str] = []
+    for m in fleet.members:
+        lines += render_for_target(plan_recipe(m.recipe, target=target)[1], out / m.name)
+    kind = target or fleet.gateway.target.kind
+    if kind == fleet.gateway.target.kind:
+        lines += render_for_target(fleet.gateway, out / fleet.gateway.name)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        note = out / "NOTES.txt"
+        note.write_text(f"fleet {fleet.name}: the gateway tier (its etcd, {len(replicas(fleet))} replicas and HAProxy) "
+                        f"is rendered for target {fleet.gateway.target.kind} only; for target {kind} the deployments "
+                        "are rendered here and the gateway tier is left out.\n")
+        lines.append(str(note))
+    return lines
 
 
 def _etcd(fleet: FleetPlan) -> Etcd:
