@@ -47,6 +47,19 @@ venv: $(VENV)/.stamp
 
 bench-tools: $(VENV)/.bench-stamp $(VENV)/.bench-ansible-stamp
 
+# LiteLLM's proxy, the side-by-side peer of benchmarks/gateway_overhead.py (its own venv; not needed by the tests).
+LITELLM_VERSION := 1.108.7
+.venv-litellm/.stamp: | $(UV)
+	$(PYTHON) -m venv .venv-litellm
+	$(UV_PIP) .venv-litellm/bin/python -q "litellm[proxy]==$(LITELLM_VERSION)"
+	touch $@
+
+.PHONY: litellm-tools bench-gateway
+litellm-tools: .venv-litellm/.stamp
+
+bench-gateway: system venv runtime litellm-tools
+	unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$(CURDIR)/$(RUNTIME)/bin/python exec $(VENV)/bin/python benchmarks/gateway_overhead.py'
+
 # aiconfigurator (behind `primectl predict`) lives in its own venv too: pandas, pyarrow, plotly, bokeh, ...
 $(VENV)/.predict-stamp: $(VENV)/.stamp primectl/bench/predict.py
 	$(PYTHON) -m venv .venv-predict

@@ -34,7 +34,8 @@ def site_ports(base: int) -> dict[str, int]:
 
 
 def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int = 64, block: int = 4,
-                lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2) -> FleetCopy:
+                lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2,
+                weights: tuple[int, int] = (1, 1)) -> FleetCopy:
     """The fleet's recipe and its two sites' under `root`: the edge on `port`, replicas from port + 10, the
     gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from port + 100/200.
     Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
@@ -56,7 +57,8 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
     recipe = root / "fleet.yaml"
     recipe.write_text(yaml.safe_dump({
         "kind": "fleet", "name": name,
-        "deployments": [{"recipe": f"site-{s}.yaml", "capacity": capacity} for s in SITES],
+        "deployments": [{"recipe": f"site-{s}.yaml", "capacity": capacity, "weight": w}
+                        for s, w in zip(SITES, weights, strict=True)],
         "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}],
         "supervisor": "process",
         "gateway": {"host": "local", "port": port, "replicas": replicas,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet
 
@@ -302,8 +303,9 @@ def test_a_weight_shift_then_down_of_the_old_site_loses_nothing(fleet: Fleet) ->
     for w in workers:
         w.start()
     try:
-        text = fleet.recipe.read_text()
-        fleet.recipe.write_text(text.replace("- recipe: site-a.yaml\n", "- recipe: site-a.yaml\n  weight: 0\n", 1))
+        doc = yaml.safe_load(fleet.recipe.read_text())
+        doc["deployments"][0]["weight"] = 0
+        fleet.recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
         shifted = cli("up", fleet.recipe)
         assert shifted.returncode == 0, shifted.stdout + shifted.stderr
         assert shifted.stderr.count("no changes") == 2, shifted.stderr  # only the gateway changed
