@@ -456,30 +456,132 @@ class Replica:
             resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                            "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            usage = None
-            status = 200
+            relay = Relay(resp, asked_usage, continuable(request.path, raw))
+            failure = await relay.copy(upstream)
+        tried = {d.name}
+        while failure is not None and relay.continuable:
+            # The stream broke after its first byte: go on from another deployment, with what was sent so far as
+            # the assistant's message to continue (Dynamo's preprocessor: continue_final_message).
+            await self._failed(d)
+            nxt = await self._continuation(request.path, raw, relay, tried, deadline)
+            if nxt is None:
+                break
+            d, upstream = nxt
+            tried.add(d.name)
             try:
-                async for line in _sse_events(upstream):
-                    out = line
-                    if line.startswith(b"data:") and b'"usage"' in line:
-                        with contextlib.suppress(ValueError):
-                            event = json.loads(line[5:])
-                            if event.get("usage"):
-                                usage = event["usage"]
-                            if not asked_usage and not event.get("choices"):
-                                continue  # the usage-only chunk this replica asked for
-                    await resp.write(out)
-            except (TimeoutError, ClientError) as exc:
-                status = 502
+                async with upstream:
+                    failure = await relay.copy(upstream, continuation=True)
+            finally:
+                await self._release(d)
+        if failure is not None:
+            if not relay.continuable:
                 await self._failed(d)
-                err = {"error": {"message": f"deployment {d.name} failed mid-stream: {type(exc).__name__}",
-                                 "type": "server_error", "param": None, "code": "upstream_failed"}}
-                with contextlib.suppress(ConnectionError):
-                    await resp.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
-            self.usage.record(team, kid, d.name, status, usage)
+            err = {"error": {"message": f"deployment {d.name} failed mid-stream ({failure}); the stream cannot go on",
+                             "type": "server_error", "param": None, "code": "upstream_failed"}}
             with contextlib.suppress(ConnectionError):
-                await resp.write_eof()
-            return resp
+                await resp.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
+        self.usage.record(team, kid, d.name, 200 if failure is None else 502, relay.usage)
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
+
+    async def _continuation(self, path: str, raw: bytes, relay: Relay, tried: set[str], deadline: float
+                            ) -> tuple[Deployment, Any] | None:
+        """An admitted deployment not yet tried, answering 200 to the continuation of `relay`'s stream (None: none)."""
+        assert self.session
+        body = relay.continuation_body(raw)
+        for d in self._order():
+            if d.name in tried or d.open_since is not None or time.monotonic() > deadline:
+                continue
+            if not await self._admit(d):
+                continue
+            try:
+                upstream = await self.session.post(
+                    f"{d.url}{path}", data=body, headers={"Content-Type": "application/json"},
+                    timeout=ClientTimeout(total=max(deadline - time.monotonic(), 1)))
+            except (TimeoutError, ClientError):
+                await self._release(d)
+                await self._failed(d)
+                continue
+            if upstream.status == 200:
+                return d, upstream
+            upstream.release()
+            await self._release(d)
+            tried.add(d.name)
+        return None
+
+
+GUIDED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def continuable(path: str, raw: bytes) -> bool:
+    """Whether a broken stream of this request can go on from another deployment: a chat completion with one
+    choice and no guided decoding (a continuation could not resume a grammar's state)."""
+    if path != "/v1/chat/completions":
+        return False
+    body = json.loads(raw)
+    return (body.get("n") or 1) == 1 and not any(body.get(k) for k in GUIDED)
+
+
+class Relay:
+    """Copies an upstream SSE stream to the client, keeping what a continuation needs: the assistant's text so
+    far, how many content chunks it took, whether it finished, and the usage."""
+
+    def __init__(self, resp: web.StreamResponse, asked_usage: bool, can_continue: bool):
+        self.resp = resp
+        self.asked_usage = asked_usage
+        self.continuable = can_continue
+        self.text = ""
+        self.chunks = 0
+        self.finished = False
+        self.usage: dict[str, Any] | None = None
+
+    async def copy(self, upstream: Any, continuation: bool = False) -> str | None:
+        """Relay until the stream ends: None when it ended well ([DONE] or a finish_reason), else what broke it."""
+        fresh = continuation
+        try:
+            async for raw_event in _sse_events(upstream):
+                data = raw_event.strip()
+                if data == b"data: [DONE]":
+                    await self.resp.write(raw_event)
+                    return None if self.finished or not self.continuable else "[DONE] before a finish_reason"
+                event: dict[str, Any] = {}
+                if data.startswith(b"data:"):
+                    with contextlib.suppress(ValueError):
+                        event = json.loads(data[5:])
+                if event.get("usage"):
+                    self.usage = event["usage"]
+                choices = event.get("choices")
+                if event and not choices and "usage" in event and not self.asked_usage:
+                    continue  # the usage-only chunk this replica asked for
+                if choices:
+                    delta = choices[0].get("delta") or {}
+                    if delta.get("tool_calls"):
+                        self.continuable = False  # a half-streamed tool call cannot be continued as text
+                    if fresh and not delta.get("content") and not choices[0].get("finish_reason"):
+                        continue  # the continuation's opening role chunk: the client had one already
+                    fresh = False
+                    if delta.get("content"):
+                        self.text += delta["content"]
+                        self.chunks += 1
+                    if choices[0].get("finish_reason"):
+                        self.finished = True
+                await self.resp.write(raw_event)
+        except (TimeoutError, ClientError) as exc:
+            return type(exc).__name__
+        return None if self.finished else "the stream ended without a finish_reason"
+
+    def continuation_body(self, raw: bytes) -> bytes:
+        """The request again, with the text sent so far as the final assistant message to continue."""
+        body = json.loads(raw)
+        body["messages"] = [*body.get("messages", []), {"role": "assistant", "content": self.text}]
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+        for k in ("max_tokens", "max_completion_tokens"):
+            if body.get(k):
+                body[k] = max(1, int(body[k]) - self.chunks)
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return json.dumps(body).encode()
 
 
 async def _sse_events(upstream: Any) -> Any:
