@@ -7,6 +7,7 @@ shows a Rust panic written after the watch started, never for one written before
 from __future__ import annotations
 
 import http.server
+import os
 import signal
 import subprocess
 import sys
@@ -27,10 +28,12 @@ class Listing:
     def __init__(self) -> None:
         self.body = b""
         self.status = 200
+        self.hits = 0
         listing = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                listing.hits += 1
                 self.send_response(listing.status)
                 self.send_header("content-length", str(len(listing.body)))
                 self.end_headers()
@@ -73,7 +76,7 @@ def watch(listing: Listing, pid: int, grace: float = 0.6) -> subprocess.Popen[st
 def test_a_worker_the_listing_dropped_is_ended_after_the_grace(listing: Listing, worker: subprocess.Popen[bytes]) -> None:
     listing.lists(True)
     w = watch(listing, worker.pid)
-    time.sleep(0.5)
+    polled(listing)
     listing.lists(False)
     t0 = time.monotonic()
     assert worker.wait(timeout=10) == -signal.SIGKILL  # a failure, so that systemd's Restart=on-failure acts
@@ -118,15 +121,33 @@ def logged_worker(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pat
     proc.wait()
 
 
-def panic_watch(pid: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-I", str(WATCH), "--pid", str(pid), "--interval", "0.1"],
-                            stdout=subprocess.PIPE, text=True)
+def panic_watch(pid: int, log: Path) -> subprocess.Popen[str]:
+    """The watch on `pid`, once it follows `log` (on a loaded machine its start can take seconds)."""
+    w = subprocess.Popen([sys.executable, "-I", str(WATCH), "--pid", str(pid), "--interval", "0.1"],
+                         stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and w.poll() is None:
+        try:
+            if any(os.readlink(f"/proc/{w.pid}/fd/{fd}") == str(log) for fd in os.listdir(f"/proc/{w.pid}/fd")):
+                return w
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the watch did not open {log} within 30 s")
+
+
+def polled(listing: Listing, hits: int = 2) -> None:
+    """Wait until the watch has read the listing `hits` more times (its start can take seconds under load)."""
+    want = listing.hits + hits
+    deadline = time.monotonic() + 30
+    while listing.hits < want and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_a_worker_whose_engine_panicked_is_ended(logged_worker: tuple[subprocess.Popen[bytes], Path]) -> None:
     worker, log = logged_worker
-    w = panic_watch(worker.pid)
-    time.sleep(0.6)
+    w = panic_watch(worker.pid, log)
+    time.sleep(0.3)
     assert worker.poll() is None  # the panic already in the log was an earlier life's
     with open(log, "ab") as f:
         f.write(b"thread 'tokio-rt-worker' (18314) panicked at /src/engine/host_offload/tier.rs:1222:50:\n"
@@ -139,7 +160,7 @@ def test_a_worker_whose_engine_panicked_is_ended(logged_worker: tuple[subprocess
 
 def test_an_ordinary_log_line_ends_nothing(logged_worker: tuple[subprocess.Popen[bytes], Path]) -> None:
     worker, log = logged_worker
-    w = panic_watch(worker.pid)
+    w = panic_watch(worker.pid, log)
     with open(log, "ab") as f:
         f.write(b"INFO request completed request_id=1\nWARN engine is busy\n")
     time.sleep(1.0)
