@@ -112,7 +112,7 @@ class MockerEngine:
         # sends the request on to decode (Dynamo's synchronous hand-off). With a bootstrap rendezvous the frontend
         # sends decode while prefill still runs, and Dynamo 1.6.1 cannot migrate a request whose decode worker
         # dies then: its retry books the request's prefill again under the same id ("failed to book scheduler
-        # state: Request ... already exists"), and the client gets an error (the README's "worker death").
+        # state: Request ... already exists"), and the client gets an error (docs/live-changes.md, "What a change can still lose").
         if spec.token_budget_per_gpu is not None:
             argv += ["--max-num-batched-tokens", str(spec.token_budget_per_gpu)]
         if spec.max_num_seqs is not None:

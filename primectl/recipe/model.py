@@ -171,8 +171,9 @@ class Frontend(Strict):
     migration_limit: int = Field(3, ge=0, description="Times a request may move to another worker on failure.")
     host_cache_hit_weight: float | None = Field(None, ge=0)
     replicas: int = Field(
-        1, ge=1, description="Frontend processes; more than one puts a load balancer (HAProxy) on `port` in front of "
-        "them, so a frontend change rolls through them with no lost request.")
+        1, ge=1, description="Frontend processes behind a load balancer (HAProxy) on `port`, so a frontend change "
+        "rolls through them with no lost request; on target ssh one frontend sits behind HAProxy too, with a twin "
+        "that takes its traffic while it restarts.")
     drain_timeout_s: int = Field(60, ge=0, description="How long a frontend replica may take to finish its streams.")
 
 

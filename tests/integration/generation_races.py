@@ -1,5 +1,5 @@
 """The losses Dynamo 1.6.1 still allows while `up` changes a generation, and how the frontend's log tells each one
-(README, "What a change can still lose"). primectl's rollout does not close them yet: they happen inside the
+(docs/live-changes.md, "What a change can still lose"). primectl's rollout does not close them yet: they happen inside the
 frontend, in a window of a few milliseconds."""
 
 from __future__ import annotations

@@ -350,7 +350,7 @@ def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_reques
 
 
 def test_benchmark_script_counts_what_clients_lose() -> None:
-    """benchmarks/live_change.py is what the README's table comes from: it runs and reports a count."""
+    """benchmarks/live_change.py is what docs/live-changes.md's table comes from: it runs and reports a count."""
     import subprocess
 
     env = os.environ | {"PRIMECTL_PROGRESS": "off"}
