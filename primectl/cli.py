@@ -196,11 +196,24 @@ def render(
     _guard(body)
 
 
+class RecipeKind(StrEnum):
+    """What `schema` describes."""
+
+    deployment = "deployment"
+    fleet = "fleet"
+
+
 @app.command()
-def schema() -> None:
+def schema(kind: Annotated[RecipeKind, typer.Option("--kind", help="deployment or fleet.")] = RecipeKind.deployment
+           ) -> None:
     """Print the recipe JSON Schema (for editors: yaml-language-server)."""
     from primectl.planner.load import schema_text
 
+    if kind == RecipeKind.fleet:
+        from primectl.fleet.model import fleet_schema_text
+
+        sys.stdout.write(fleet_schema_text())
+        return
     sys.stdout.write(schema_text())
 
 

@@ -23,7 +23,14 @@ def is_inventory(path: Path) -> bool:
     return isinstance(data, dict) and set(data) == {"hosts"}
 
 
-RECIPES = [p for p in RECIPE_FILES if not is_inventory(p)]
+def is_fleet(path: Path) -> bool:
+    """A `kind: fleet` recipe: checked against fleet.schema.json."""
+    data = yaml.safe_load(path.read_text())
+    return isinstance(data, dict) and data.get("kind") == "fleet"
+
+
+RECIPES = [p for p in RECIPE_FILES if not is_inventory(p) and not is_fleet(p)]
+FLEETS = [p for p in RECIPE_FILES if is_fleet(p)]
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +83,20 @@ def test_schema_rejects_what_validate_rejects(
     assert any(tuple(e.absolute_path)[: len(where)] == where for e in errors), [e.message for e in errors]
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", RECIPES + FLEETS, ids=lambda p: p.name)
 def test_every_recipe_names_its_schema_for_the_editor(recipe: Path) -> None:
     first = recipe.read_text().splitlines()[0]
-    assert first.startswith("# yaml-language-server: $schema="), f"{recipe.name} line 1: {first!r}"
+    want = "../fleet.schema.json" if recipe in FLEETS else "../recipe.schema.json"
+    assert first == f"# yaml-language-server: $schema={want}", f"{recipe.name} line 1: {first!r}"
+
+
+@pytest.mark.parametrize("recipe", FLEETS, ids=lambda p: p.name)
+def test_the_fleet_schema_accepts_every_shipped_fleet_and_refuses_a_typo(recipe: Path) -> None:
+    doc = json.loads((REPO / "fleet.schema.json").read_text())
+    data = yaml.safe_load(recipe.read_text())
+    jsonschema.Draft202012Validator(doc).validate(data)
+    data["gateway"] = {**data["gateway"], "replcias": 2}
+    assert list(jsonschema.Draft202012Validator(doc).iter_errors(data))
 
 
 def test_cli_schema_runs_without_error(cli: Callable[..., Any]) -> None:
@@ -96,3 +113,6 @@ def test_committed_schema_file_matches_primectl_schema():
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "primectl.cli", "schema"], capture_output=True, text=True, check=True, cwd=root)
     assert (root / "recipe.schema.json").read_text() == out.stdout, "run: primectl schema > recipe.schema.json"
+    out = subprocess.run([sys.executable, "-m", "primectl.cli", "schema", "--kind", "fleet"], capture_output=True,
+                         text=True, check=True, cwd=root)
+    assert (root / "fleet.schema.json").read_text() == out.stdout, "run: primectl schema --kind fleet > fleet.schema.json"

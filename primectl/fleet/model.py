@@ -67,3 +67,13 @@ class FleetRecipe(Strict):
     hosts: list[Host] = Field(..., min_length=1, description="The gateway tier's hosts.")
     supervisor: Literal["systemd", "process"] = "systemd"
     known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys; default: ~/.ssh/known_hosts.")
+
+
+def fleet_schema_text() -> str:
+    """The fleet recipe's JSON Schema as text (`primectl schema --kind fleet`, for editors)."""
+    import json
+
+    doc = FleetRecipe.model_json_schema()
+    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    doc["title"] = "primectl fleet recipe"
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
