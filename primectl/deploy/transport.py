@@ -375,7 +375,7 @@ class _AcceptNewPolicy:
 # A host that loses power or its link sends no FIN: a blocked read would wait for the call's own limit (a
 # service's start-up budget: up to hours for a big model), a kept connection ~15 min of retransmissions. The
 # kernel probes an idle connection instead, and gives up on data nobody acknowledges, after about as long as
-# the head nodes' ssh clients take to (they probe at the same interval, as many times: gateway.py).
+# the head nodes' ssh clients take to (they probe at the same interval, as many times: via.py).
 KEEPALIVE_IDLE_S = 15
 KEEPALIVE_INTERVAL_S = 15
 KEEPALIVE_PROBES = 3
