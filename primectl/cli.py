@@ -97,8 +97,8 @@ def _plan(path: Path) -> Plan:
 
 def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     from primectl.deploy.cluster import ConnectionPolicy
+    from primectl.deploy.connect import ssh_client
     from primectl.deploy.keeper import persist_s
-    from primectl.deploy.via import ssh_client
 
     persist_s()  # a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused before any host is reached
     ssh_client()

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from primectl.deploy.client import HostClient, HostError
+from primectl.deploy.connect import connect
 from primectl.deploy.fanout import parallel
 from primectl.deploy.known_hosts import known_hosts_path
 from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, starttime, unit_name
 from primectl.deploy.transport import HostUnreachable, Transport
-from primectl.deploy.via import connect
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan
 

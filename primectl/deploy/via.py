@@ -15,7 +15,6 @@ exchange is curve25519, the one primectl's own connections make (OpenSSH's post-
 
 from __future__ import annotations
 
-import os
 import posixpath
 import shlex
 import threading
@@ -23,21 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from primectl.deploy.known_hosts import host_entry_name, host_keys_for, known_hosts_path
-from primectl.deploy.libssh2_transport import Libssh2Transport, libssh2_available
+from primectl.deploy.known_hosts import host_entry_name, host_keys_for
 from primectl.deploy.transport import (
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,
     ChannelStream,
     HostUnreachable,
-    LocalTransport,
     OnProgress,
-    SSHConnection,
     SSHTransport,
-    Transport,
     peer_silent,
 )
-from primectl.errors import Refused
 from primectl.plan.model import HostPlan
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -258,41 +252,6 @@ def head_links(known_hosts: str, accept_new_host_keys: bool) -> HeadLinks:
     """This process's head-node connections for one host-key policy."""
     with _HEAD_LINKS_LOCK:
         return _HEAD_LINKS.setdefault((known_hosts, accept_new_host_keys), HeadLinks(known_hosts, accept_new_host_keys))
-
-
-def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool, shell: bool = False
-            ) -> Transport:
-    """Open the right transport for a host: local, SSH, or SSH through its head node (`via`). Here rather than
-    in transport.py, which this module builds on. `shell`: see open_ssh."""
-    if host.connection == "local":
-        return LocalTransport(host)
-    return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys,
-                    shell=shell)
-
-
-SSH_CLIENT_ENV = "PRIMECTL_SSH_CLIENT"
-SSH_CLIENTS = ("libssh2", "paramiko")
-
-
-def ssh_client() -> str:
-    """The client agent calls to directly reached hosts use: `PRIMECTL_SSH_CLIENT`, libssh2 when unset (paramiko
-    where ssh2-python is not installed)."""
-    raw = os.environ.get(SSH_CLIENT_ENV, "").strip()
-    if raw and raw not in SSH_CLIENTS:
-        raise Refused(f"{SSH_CLIENT_ENV}={raw!r}: give one of {', '.join(SSH_CLIENTS)} (unset: libssh2)")
-    return raw or ("libssh2" if libssh2_available() else "paramiko")
-
-
-def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool,
-             shell: bool = False) -> SSHConnection:
-    """A `connection: ssh` host's connection: through its head node's ssh client when it has `via`, else direct,
-    with agent calls on libssh2 (on paramiko with PRIMECTL_SSH_CLIENT=paramiko, or where ssh2-python is not
-    installed). `shell`: a connection for shell commands and uploads only (Fabric's, on paramiko)."""
-    if host.via is not None:
-        return ViaTransport(host, head_links(known_hosts, accept_new_host_keys))
-    if not shell and ssh_client() == "libssh2":
-        return Libssh2Transport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
-    return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
 
 
 def forget_head_failures() -> None:
