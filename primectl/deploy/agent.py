@@ -1,9 +1,9 @@
 """Host-side agent: every operation primectl performs on a host, in one stdlib-only script.
 
-primectl sends this source (after protocol.py, which defines the layout, the
-state schema, the request/result types and the supervisors) with the command,
-so nothing has to be installed on a host first. Over SSH it runs as
-`python3 -I -S -c <source> serve`, one session per connection: a JSON request
+primectl sends this module and protocol.py (which defines the layout, the
+state schema, the request/result types and the supervisors) as one bundle
+(`shipping.agent_bundle`), so nothing has to be installed on a host first. Over
+SSH it runs as `python3 -I -S -c <loader> serve`, one session per connection: a JSON request
 line in, a JSON result line out, one round trip per operation. Locally it runs
 as `... <op> <json-args>` and prints one JSON result. In tests the fake
 transport calls `dispatch` in-process. A request whose args hold `progress_s`
@@ -12,13 +12,13 @@ also gets `{"progress": [...]}` lines before its result while it waits (`wait`,
 probe saw and its log's last line, at least every `progress_s` seconds.
 """
 
-from __future__ import annotations  # agent-source: drop
+from __future__ import annotations
 
 import os
 import sys
 import time
 
-from primectl.deploy.protocol import (  # agent-source: drop
+from primectl.deploy.protocol import (
     CODE_EXITED,
     CODE_TIMEOUT,
     KEEP_RELEASES,
@@ -59,7 +59,7 @@ from primectl.deploy.protocol import (  # agent-source: drop
     starttime,
     unpack_files,
     write_atomic,
-)  # agent-source: drop
+)
 
 if TYPE_CHECKING:
     import re
@@ -618,7 +618,7 @@ def op_install_progress(h: Host) -> InstallProgress:
             "downloaded_mb": round(downloaded, 1), "last": readable(last)[:200]}
 
 
-AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/primectl_agent.py, the cached copy of this source
+AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/, the cached copy of the agent's bundle
 DOWNLOADED = LazyPattern(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)", lambda text: text.startswith("Downloading "))
 
 def op_settle(h: Host) -> Result:

@@ -1,8 +1,8 @@
 """The host protocol: what primectl and its host agent say to each other, and where things live on a host.
 
 Stdlib only, and importable on both sides: primectl imports it as a module,
-and the agent's source sent to a host is this file followed by agent.py (see
-`transport.agent_source`), run with `python3 -I -S`. It holds:
+and a host imports it from the agent's bundle (`shipping.agent_bundle`), run
+with `python3 -I -S`. It holds:
 
 - the host layout (`Layout`): every path under a host's workdir;
 - the state.json schema (`HostState`, `ServiceRecord`);
@@ -18,6 +18,7 @@ exited while we waited, 4 timed out) and, when not ok, `error`.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 # A host agent starts for every connection, so this file imports only what every operation needs. typing, json,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any, TypedDict
-elif __name__.startswith("primectl."):  # imported by primectl, not sent as the agent: the real TypedDict
+elif "typing" in sys.modules:  # loaded already (primectl's own process): the real TypedDict costs nothing
     from typing import TypedDict
 else:
     class TypedDict(dict):  # type: ignore[no-redef]

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import hashlib
 import io
 import json
 import os
 import posixpath
 import selectors
-import shlex
 import socket
 import struct
 import subprocess
@@ -29,10 +26,10 @@ from collections.abc import Callable
 from importlib.resources import files
 from typing import Any, Protocol
 
-from primectl.deploy.agent import AGENT_DIR
 from primectl.deploy.known_hosts import host_keys_for, record_host_key
 from primectl.deploy.paramiko_patches import tune_paramiko, use_host_keys
 from primectl.deploy.protocol import Progress
+from primectl.deploy.shipping import agent_bundle, loader_args, loader_command
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan
 
@@ -42,7 +39,6 @@ class HostUnreachable(DeployError):
 
 
 DROP = "# agent-source: drop"
-KEEP_AGENT_VERSIONS = 4  # cached agent versions a host keeps (operators with different primectl versions share it)
 
 
 def with_protocol(module_source: str, label: str) -> str:
@@ -59,12 +55,6 @@ def with_protocol(module_source: str, label: str) -> str:
         out.append(line)
     protocol = files("primectl.deploy").joinpath("protocol.py").read_text()
     return protocol + f"\n\n# --- {label} ---\n" + "\n".join(out) + "\n"
-
-
-@functools.cache
-def agent_source() -> str:
-    """The host agent's source: protocol.py, then agent.py."""
-    return with_protocol(files("primectl.deploy").joinpath("agent.py").read_text(), "agent.py")
 
 
 class Transport(Protocol):
@@ -160,8 +150,8 @@ def agent_timed_out(timeout: float | None) -> dict[str, Any]:
 
 
 def start_agent_session(stream: AgentStream, first: bytes) -> None:
-    """The loader's side of a new session (see LOADER): send the `first` request, then the agent's source if the
-    host asks for it; returns once the agent has started, its answer to `first` still to be read."""
+    """The loader's side of a new session (see shipping.LOADER): send the `first` request, then the agent's bundle
+    if the host asks for it; returns once the agent has started, its answer to `first` still to be read."""
     stream.send(first)
     said: list[bytes] = []
     while True:
@@ -170,8 +160,8 @@ def start_agent_session(stream: AgentStream, first: bytes) -> None:
             text = b"".join(said).decode(errors="replace").strip()[-2000:]
             raise EOFError(f"the host agent did not start: {text or 'no output'}")
         if line.startswith(b'{"agent": "send"}'):
-            source = agent_source().encode()
-            stream.send(b"%d\n" % len(source) + source)
+            bundle = agent_bundle()
+            stream.send(b"%d\n" % len(bundle) + bundle)
         elif line.startswith(b'{"agent": "ready"}'):
             return
         else:
@@ -194,94 +184,12 @@ def agent_answer(stream: AgentStream, timeout: float | None, on_progress: OnProg
                 stream.limit(max(0.01, deadline - time.monotonic()))
 
 
-# The agent is cached on each host, keyed by the hash of its source, and imported as a module (so Python's
-# bytecode cache applies): a connection starts this small loader, which says `ready` when a cached copy is
-# there and intact, or `send` when it needs the source (then `<length>` and the bytes come on stdin; it
-# checks them against the hash and writes them atomically, creating the directories). The copy lives in the
-# login user's cache (`$XDG_CACHE_HOME` or ~/.cache, under primectl/agent), shared by every deployment on the
-# host, so that a new deployment (each variant of a sweep) neither uploads nor compiles it again; the loader
-# keeps the newest few versions there. Where that cannot be written, the copy goes under the deployment's
-# workdir, and where neither can, the received source runs from memory. A session (`serve`) sends its first
-# request right after the command, before the loader has answered, so that a host costs one round trip, not
-# two: the loader reads that line first and hands it to the agent. Its `ready` goes out with the answer to
-# that request, in one packet.
-LOADER = """\
-import os, sys
-try:
-    from _sha256 import sha256
-except ImportError:
-    from hashlib import sha256
-w, h = sys.argv[1], sys.argv[2]
-args = sys.argv[3:]
-if args == ['serve']:
-    args.append(sys.stdin.buffer.readline().decode())
-c = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'primectl', 'agent')
-dirs = [d for d in (c, w) if os.path.isabs(d)]
-data = None
-for d in dirs:
-    p = os.path.join(d, h[:16])
-    try:
-        with open(os.path.join(p, 'primectl_agent.py'), 'rb') as x:
-            if sha256(x.read()).hexdigest() == h:
-                break
-    except OSError:
-        pass
-else:
-    sys.stdout.write('{"agent": "send"}\\n'); sys.stdout.flush()
-    data = sys.stdin.buffer.read(int(sys.stdin.buffer.readline()))
-    if sha256(data).hexdigest() != h:
-        sys.exit('primectl agent: the uploaded source does not match its hash')
-    for d in dirs:
-        p = os.path.join(d, h[:16])
-        f = os.path.join(p, 'primectl_agent.py')
-        try:
-            os.makedirs(p, exist_ok=True)
-            t = '%s.%d.tmp' % (f, os.getpid())
-            with open(t, 'wb') as x:
-                x.write(data); x.flush(); os.fsync(x.fileno())
-            os.replace(t, f)
-        except OSError:
-            continue
-        data = None
-        try:
-            old = sorted(os.listdir(d), key=lambda n: os.stat(os.path.join(d, n)).st_mtime)[:-KEEP]
-        except OSError:
-            old = []
-        if old:
-            import shutil
-            for n in old:
-                shutil.rmtree(os.path.join(d, n), ignore_errors=True)
-        break
-sys.stdout.write('{"agent": "ready"}\\n')
-if data is None:
-    sys.path.insert(0, p)
-    import primectl_agent
-    sys.exit(primectl_agent.main(['primectl_agent'] + args))
-m = sys.modules['primectl_agent'] = type(sys)('primectl_agent')
-exec(compile(data, 'primectl_agent', 'exec'), m.__dict__)
-sys.exit(m.main(['primectl_agent'] + args))
-""".replace("KEEP", str(KEEP_AGENT_VERSIONS))
-
-
-@functools.cache
-def agent_hash() -> str:
-    """sha256 of the agent's source: names its cached copy on each host."""
-    return hashlib.sha256(agent_source().encode()).hexdigest()
-
-
-def loader_command(workdir: str, *words: str) -> str:
-    """The shell command that starts the agent from its cached copy under `workdir` (see LOADER)."""
-    cache = posixpath.join(workdir, AGENT_DIR)
-    return " ".join(["python3 -I -S -c", shlex.quote(LOADER), shlex.quote(cache), agent_hash(), *map(shlex.quote, words)])
-
-
 def agent_here(workdir: str, op: str, args: dict[str, Any], timeout: float | None,
                on_progress: OnProgress | None) -> dict[str, Any]:
     """Run one agent operation on this machine (`connection: local`) and read its output as it comes: progress
     lines, then the result. It runs with primectl's own interpreter (not whatever `python3` PATH finds first: a
     version manager's shim costs ~0.1 s of CPU per call) from the cached copy under `workdir`, as on a host."""
-    argv = [sys.executable, "-I", "-S", "-c", LOADER, posixpath.join(workdir, AGENT_DIR), agent_hash(), op,
-            json.dumps(args)]
+    argv = [sys.executable, "-I", "-S", "-c", *loader_args(workdir, op, json.dumps(args))]
     deadline = None if timeout is None else time.monotonic() + timeout
     result: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as err:
@@ -303,8 +211,8 @@ def agent_here(workdir: str, op: str, args: dict[str, Any], timeout: float | Non
                     *lines, buf = (buf + chunk).split(b"\n")
                     for line in lines:
                         if line.startswith(b'{"agent": "send"}'):
-                            source = agent_source().encode()
-                            proc.stdin.write(b"%d\n" % len(source) + source)
+                            bundle = agent_bundle()
+                            proc.stdin.write(b"%d\n" % len(bundle) + bundle)
                             proc.stdin.close()
                         elif line.startswith(b'{"agent": "ready"}'):
                             if not proc.stdin.closed:
@@ -533,7 +441,7 @@ class SSHTransport:
         return t is not None and t.is_active() and (self._agent is None or not self._agent.chan.closed)
 
     def _start_agent(self, timeout: float | None, first: bytes) -> ChannelStream:
-        """Open the session the agent serves on, with its `first` request (uploading the agent's source once per
+        """Open the session the agent serves on, with its `first` request (uploading the agent's bundle once per
         host and version); returns once the agent has started, its answer to `first` still to be read."""
         chan = self.client.get_transport().open_session()
         try:
