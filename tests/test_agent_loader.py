@@ -10,16 +10,15 @@ import os
 import subprocess
 from pathlib import Path
 
-from primectl.deploy.agent import AGENT_DIR
 from primectl.deploy.shipping import (
     AGENT_ENTRY,
-    AGENT_FILES,
     KEEP_AGENT_VERSIONS,
     agent_bundle,
     agent_hash,
+    host_modules,
     loader_command,
-    source_of,
 )
+from primectl.host.agent import AGENT_DIR
 
 
 def start(workdir: Path, cache: Path, *, payload: bytes | None = None) -> tuple[list[str], dict | None, subprocess.Popen]:
@@ -63,8 +62,8 @@ def entry(copy: Path) -> Path:
 
 def intact(copy: Path) -> bool:
     """Whether a cached copy holds every file of the bundle as primectl has it, and lists them."""
-    return all((copy / path).read_bytes() == source_of(path) for path in AGENT_FILES) and \
-        (copy / "files").read_text().split() == sorted(AGENT_FILES)
+    return all((copy / path).read_bytes() == data for path, data in host_modules().items()) and \
+        (copy / "files").read_text().split() == sorted(host_modules())
 
 
 def test_first_start_uploads_into_a_missing_cache_then_imports_the_cached_copy(tmp_path: Path) -> None:

@@ -1,45 +1,52 @@
-"""How the host agent reaches a host: its package's modules as one bundle, and the loader that runs them there.
+"""How host code reaches a host: the host package's modules as one bundle, and the loader that runs them there.
 
-The agent is a package of stdlib-only modules (`AGENT_FILES`), run on a host with that host's `python3` from a
-directory of their own on `sys.path`: nothing of primectl is installed there. `agent_bundle` is those files
-as the bytes a host receives, `agent_hash` names that version, and `loader_command` is the shell command that
-starts the agent from its cached copy, asking for the bundle when the host has none (see LOADER).
+What runs on a host is primectl.host (and primectl.plan.layout, which it shares with the controller): stdlib
+only modules, run with the host's own `python3` and nothing of primectl installed. The agent's modules travel as
+one bundle (`agent_bundle`, named by `agent_hash`); `loader_command` is the shell command that starts the agent
+from its cached copy, asking for the bundle when the host has none (see LOADER). Where a file must carry host
+code by itself (a Slurm job's bin/primectl-wait), the same modules go into a zip application (`zipapp`).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import posixpath
 import shlex
+import zipfile
+from collections.abc import Mapping
 from importlib.resources import files
 
-from primectl.deploy.agent import AGENT_DIR
+from primectl.host.agent import AGENT_DIR
 
 KEEP_AGENT_VERSIONS = 4  # cached agent versions a host keeps (operators with different primectl versions share it)
-AGENT_ENTRY = "primectl.deploy.agent"  # the module whose main(argv) the loader runs
-# The agent's modules, as paths under primectl's source root (the package directories they sit in come with
-# them; a package without an __init__.py in the list is a namespace package on the host too).
-AGENT_FILES = ("primectl/__init__.py", "primectl/deploy/__init__.py", "primectl/deploy/protocol.py",
-               "primectl/deploy/agent.py")
+AGENT_ENTRY = "primectl.host.agent"  # the module whose main(argv) the loader runs
 
 
-def source_of(path: str) -> bytes:
-    """The bytes of one of primectl's own files, `path` as in AGENT_FILES (primectl/...)."""
-    root, _, rest = path.partition("/")
-    assert root == "primectl", path
-    return files("primectl").joinpath(rest).read_bytes()
+@functools.cache
+def host_modules() -> Mapping[str, bytes]:
+    """The files a host gets, by path under primectl's source root: the host package, and what it shares with
+    the controller (the host layout). A directory that is a namespace package here (primectl/plan) gets an
+    empty __init__.py: zipimport does not import namespace packages."""
+    root = files("primectl")
+    paths = ["__init__.py", *(f"host/{f.name}" for f in root.joinpath("host").iterdir() if f.name.endswith(".py")),
+             "plan/layout.py"]
+    named = {f"primectl/{path}": root.joinpath(path).read_bytes() for path in paths}
+    for path in list(named):
+        named.setdefault(f"{posixpath.dirname(path)}/__init__.py", b"")
+    return dict(sorted(named.items()))
 
 
-def pack(named: dict[str, bytes]) -> bytes:
+def pack(named: Mapping[str, bytes]) -> bytes:
     """Files as one bundle, in path order: for each, `<path> <size>\\n` then its bytes (the loader reads it back)."""
     return b"".join(b"%s %d\n" % (path.encode(), len(data)) + data for path, data in sorted(named.items()))
 
 
 @functools.cache
 def agent_bundle() -> bytes:
-    """The host agent's modules, packed (`pack`): what a host that has no copy of this version receives."""
-    return pack({path: source_of(path) for path in AGENT_FILES})
+    """The host package's modules, packed (`pack`): what a host that has no copy of this version receives."""
+    return pack(host_modules())
 
 
 @functools.cache
@@ -126,24 +133,17 @@ if data is None:
     sys.path.insert(0, p)
 else:
     from importlib.machinery import ModuleSpec
-    mods = {}
-    for n, b in got.items():
-        k = n[:-3].split('/')
-        if k[-1] == '__init__':
-            k.pop()
-        for j in range(1, len(k)):
-            mods.setdefault('.'.join(k[:j]), (n, b'', True))
-        mods['.'.join(k)] = (n, b, n.endswith('/__init__.py'))
+    mods = {n[:-3].replace('/', '.').removesuffix('.__init__'): (n, b) for n, b in got.items()}
     class Memory:
         @classmethod
         def find_spec(cls, name, *rest):
-            return ModuleSpec(name, cls, is_package=mods[name][2]) if name in mods else None
+            return ModuleSpec(name, cls, is_package=mods[name][0].endswith('__init__.py')) if name in mods else None
         @staticmethod
         def create_module(spec):
             return None
         @staticmethod
         def exec_module(m):
-            n, b, _ = mods[m.__name__]
+            n, b = mods[m.__name__]
             exec(compile(b, n, 'exec'), m.__dict__)
     sys.meta_path.insert(0, Memory)
 from ENTRY import main
@@ -160,3 +160,20 @@ def loader_args(workdir: str, *words: str) -> list[str]:
 def loader_command(workdir: str, *words: str) -> str:
     """The shell command that starts the agent from its cached copy under `workdir` (see LOADER)."""
     return " ".join(["python3 -I -S -c", *map(shlex.quote, loader_args(workdir, *words))])
+
+
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's time: a zipapp's bytes depend on its files alone
+
+
+def zipapp(main: str) -> bytes:
+    """The host package as a Python zip application: `python3 <file>` runs `main` (the source of its
+    __main__.py) with the package importable; a shebang makes the file executable by itself. Stored, not
+    compressed, so that the same files make the same bytes with any zlib."""
+    buf = io.BytesIO()
+    buf.write(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for path, data in [*host_modules().items(), ("__main__.py", main.encode())]:
+            info = zipfile.ZipInfo(path, ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data)
+    return buf.getvalue()

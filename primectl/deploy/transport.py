@@ -23,38 +23,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from importlib.resources import files
 from typing import Any, Protocol
 
 from primectl.deploy.known_hosts import host_keys_for, record_host_key
 from primectl.deploy.paramiko_patches import tune_paramiko, use_host_keys
-from primectl.deploy.protocol import Progress
 from primectl.deploy.shipping import agent_bundle, loader_args, loader_command
 from primectl.errors import DeployError
+from primectl.host.wire import Progress
 from primectl.plan.model import HostPlan
 
 
 class HostUnreachable(DeployError):
     """Could not connect or authenticate to a host."""
-
-
-DROP = "# agent-source: drop"
-
-
-def with_protocol(module_source: str, label: str) -> str:
-    """protocol.py, then `module_source` without its package-only lines (marked DROP): one stdlib-only script."""
-    out: list[str] = []
-    skipping = False
-    for line in module_source.splitlines():
-        if skipping:
-            skipping = DROP not in line
-            continue
-        if DROP in line:
-            skipping = line.rstrip().removesuffix(DROP).rstrip().endswith("(")
-            continue
-        out.append(line)
-    protocol = files("primectl.deploy").joinpath("protocol.py").read_text()
-    return protocol + f"\n\n# --- {label} ---\n" + "\n".join(out) + "\n"
 
 
 class Transport(Protocol):

@@ -12,7 +12,6 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from primectl import registry
-from primectl.deploy.protocol import Layout
 from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
 from primectl.engines.etcd import etcd_service
@@ -20,6 +19,7 @@ from primectl.engines.frontend import frontend_service, registered_probe, worker
 from primectl.engines.haproxy import balancer_service, replica_drain
 from primectl.engines.mooncake import master_service
 from primectl.errors import Finding, PlanError, Problem, RecipeError
+from primectl.plan.layout import Layout
 from primectl.plan.model import (
     RELEASE,
     Capacity,

@@ -21,10 +21,9 @@ import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
-from importlib.resources import files as package_files
 from typing import Literal
 
-from primectl.deploy.transport import with_protocol
+from primectl.deploy.shipping import zipapp
 from primectl.plan.model import Plan
 from primectl.recipe.model import Slurm
 from primectl.render.bundle import MANIFEST, Bundle, hash_files, render_host, template
@@ -151,10 +150,13 @@ def job_script(plan: Plan) -> str:
     )
 
 
+WAITER_MAIN = "import sys\nfrom primectl.host.slurm_wait import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
 def waiter_source() -> bytes:
-    """bin/primectl-wait: slurm_wait.py after protocol.py (the probes the host agent runs), stdlib only."""
-    source = with_protocol(package_files("primectl.targets").joinpath("slurm_wait.py").read_text(), "slurm_wait.py")
-    return ("#!/usr/bin/env python3\n" + source).encode()
+    """bin/primectl-wait: the host package as a zip application that runs host/slurm_wait.py (the probes the
+    host agent runs), stdlib only."""
+    return zipapp(WAITER_MAIN)
 
 
 def render_release(plan: Plan) -> Bundle:
