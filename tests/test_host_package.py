@@ -1,0 +1,89 @@
+"""The host package (primectl/host/) runs on hosts with their own python3 and nothing of primectl installed: its
+modules import only the standard library, each other and the host layout, all of which are shipped, and a bare
+interpreter runs them from the shipped files alone (as the agent's bundle, and as bin/primectl-wait)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from primectl.deploy.shipping import host_modules, zipapp
+from primectl.targets.slurm_job import WAITER_MAIN
+
+REPO = Path(__file__).resolve().parent.parent
+HOST_SIDE = [*sorted((REPO / "primectl" / "host").glob("*.py")), REPO / "primectl" / "plan" / "layout.py"]
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a file imports, at run time or for the type checker, top-level or in a function."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: a relative import"
+            out.add(node.module or "")
+    return out
+
+
+def test_host_modules_import_only_the_standard_library_and_the_shipped_modules() -> None:
+    shipped = {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for p in host_modules()}
+    for path in HOST_SIDE:
+        for name in imported(path):
+            top = name.partition(".")[0]
+            assert top in sys.stdlib_module_names or name in shipped, f"{path.relative_to(REPO)} imports {name}"
+
+
+def test_every_host_module_is_shipped() -> None:
+    assert {str(p.relative_to(REPO)) for p in HOST_SIDE} <= set(host_modules())
+    assert host_modules()["primectl/plan/__init__.py"] == b""  # a namespace package here: zipimport needs one
+
+
+def unpack(where: Path) -> Path:
+    """The shipped files under `where`, as a host's cache holds them."""
+    for path, data in host_modules().items():
+        (where / path).parent.mkdir(parents=True, exist_ok=True)
+        (where / path).write_bytes(data)
+    return where
+
+
+def bare(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by an interpreter that sees neither site-packages nor PYTHONPATH (as the loader runs it)."""
+    return subprocess.run([sys.executable, "-I", "-S", "-c", code, *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_bare_interpreter_has_no_primectl_but_what_is_shipped(tmp_path: Path) -> None:
+    assert bare("import primectl").returncode != 0
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from primectl.host.agent import dispatch; "
+            "print(dispatch('read', {'workdir': sys.argv[2], 'path': 'x'})['ok'])")
+    r = bare(code, str(unpack(tmp_path / "cache")), str(tmp_path / "wd"))
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def test_an_agent_start_imports_neither_typing_nor_json_nor_re(tmp_path: Path) -> None:
+    """What every host agent start costs: typing, json and re would each cost as much as the agent itself."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from primectl.host import agent; "
+            "agent.dispatch('inspect', {'workdir': sys.argv[2]}); "
+            "print(sorted(m for m in ('typing', 'json', 're', 'subprocess', 'shutil') if m in sys.modules))")
+    r = bare(code, str(unpack(tmp_path / "cache")), str(tmp_path / "wd"))
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_the_waiter_runs_as_a_zip_application_of_the_shipped_files(tmp_path: Path) -> None:
+    waiter = tmp_path / "primectl-wait"
+    waiter.write_bytes(zipapp(WAITER_MAIN))
+    assert zipapp(WAITER_MAIN) == waiter.read_bytes()  # the same files make the same bytes
+    r = subprocess.run([sys.executable, "-I", "-S", str(waiter)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "usage: primectl-wait" in r.stderr
+    job = tmp_path / "job"
+    (job / "release" / "ready").mkdir(parents=True)
+    (job / "release" / "ready" / "a.json").write_text(json.dumps(
+        {"kind": "command", "command": ["true"], "timeout_s": 10, "interval_s": 0.1}))
+    r = subprocess.run([sys.executable, "-I", "-S", str(waiter), str(job), "a"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert " ready a " in (job / "events").read_text()
