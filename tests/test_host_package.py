@@ -87,3 +87,16 @@ def test_the_waiter_runs_as_a_zip_application_of_the_shipped_files(tmp_path: Pat
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert " ready a " in (job / "events").read_text()
+
+
+def test_after_purge_the_agent_has_every_module_it_imports_later(tmp_path: Path) -> None:
+    """`purge` may remove the very copy the agent runs from (the workdir's, where the user's cache cannot be
+    written), and a kept session goes on: a module imported only when needed must be loaded by then."""
+    late = {node.module for path in HOST_SIDE for top in ast.parse(path.read_text()).body
+            if isinstance(top, (ast.FunctionDef, ast.ClassDef))
+            for node in ast.walk(top) if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("primectl")}
+    assert "primectl.host.haproxy" in late  # imported where a balancer is used
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from primectl.host.agent import dispatch; "
+            "dispatch('purge', {'workdir': sys.argv[2]}); print(sorted(set(sys.argv[3:]) - set(sys.modules)))")
+    r = bare(code, str(unpack(tmp_path / "cache")), str(tmp_path / "wd"), *sorted(late - {"primectl.host.slurm_wait"}))
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -465,8 +465,11 @@ def op_tail(h: Host) -> TailResult:
 
 
 def op_purge(h: Host) -> Result:
-    """Remove everything primectl put under the workdir (the agent's source too, where it was cached there: this
-    agent runs from memory now). The copy in the login user's cache stays: other deployments share it."""
+    """Remove everything primectl put under the workdir (the agent's modules too, where they were cached there:
+    this agent runs on from memory, with those it imports only when needed imported first). The copy in the
+    login user's cache stays: other deployments share it."""
+    from primectl.host import haproxy, process_supervisor, systemd_supervisor  # noqa: F401
+
     for sub in (*Layout.PURGED, AGENT_DIR):
         remove_tree(h.layout.path(sub))
     return {"ok": True}
