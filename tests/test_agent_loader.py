@@ -15,8 +15,8 @@ from primectl.deploy.shipping import (
     KEEP_AGENT_VERSIONS,
     agent_bundle,
     agent_hash,
-    host_modules,
     loader_command,
+    modules_for,
 )
 from primectl.host.agent import AGENT_DIR
 
@@ -62,8 +62,8 @@ def entry(copy: Path) -> Path:
 
 def intact(copy: Path) -> bool:
     """Whether a cached copy holds every file of the bundle as primectl has it, and lists them."""
-    return all((copy / path).read_bytes() == data for path, data in host_modules().items()) and \
-        (copy / "files").read_text().split() == sorted(host_modules())
+    return all((copy / path).read_bytes() == data for path, data in modules_for(AGENT_ENTRY).items()) and \
+        (copy / "files").read_text().split() == sorted(modules_for(AGENT_ENTRY))
 
 
 def test_first_start_uploads_into_a_missing_cache_then_imports_the_cached_copy(tmp_path: Path) -> None:

@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from primectl.deploy.shipping import host_modules, zipapp
-from primectl.targets.slurm_job import WAITER_MAIN
+from primectl.deploy.shipping import AGENT_ENTRY, host_modules, imports_in, modules_for, zipapp
 
 REPO = Path(__file__).resolve().parent.parent
 HOST_SIDE = [*sorted((REPO / "primectl" / "host").glob("*.py")), REPO / "primectl" / "plan" / "layout.py"]
@@ -43,8 +42,8 @@ def test_every_host_module_is_shipped() -> None:
 
 
 def unpack(where: Path) -> Path:
-    """The shipped files under `where`, as a host's cache holds them."""
-    for path, data in host_modules().items():
+    """The agent's files under `where`, as a host's cache holds them."""
+    for path, data in modules_for(AGENT_ENTRY).items():
         (where / path).parent.mkdir(parents=True, exist_ok=True)
         (where / path).write_bytes(data)
     return where
@@ -75,8 +74,8 @@ def test_an_agent_start_imports_neither_typing_nor_json_nor_re(tmp_path: Path) -
 
 def test_the_waiter_runs_as_a_zip_application_of_the_shipped_files(tmp_path: Path) -> None:
     waiter = tmp_path / "primectl-wait"
-    waiter.write_bytes(zipapp(WAITER_MAIN))
-    assert zipapp(WAITER_MAIN) == waiter.read_bytes()  # the same files make the same bytes
+    waiter.write_bytes(zipapp("primectl.host.slurm_wait"))
+    assert zipapp("primectl.host.slurm_wait") == waiter.read_bytes()  # the same files make the same bytes
     r = subprocess.run([sys.executable, "-I", "-S", str(waiter)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "usage: primectl-wait" in r.stderr
     job = tmp_path / "job"
@@ -100,3 +99,27 @@ def test_after_purge_the_agent_has_every_module_it_imports_later(tmp_path: Path)
             "dispatch('purge', {'workdir': sys.argv[2]}); print(sorted(set(sys.argv[3:]) - set(sys.modules)))")
     r = bare(code, str(unpack(tmp_path / "cache")), str(tmp_path / "wd"), *sorted(late - {"primectl.host.slurm_wait"}))
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_each_program_gets_the_modules_it_imports_and_no_others() -> None:
+    agent, waiter = set(modules_for(AGENT_ENTRY)), set(modules_for("primectl.host.slurm_wait"))
+    assert {"primectl/__init__.py", "primectl/host/__init__.py", "primectl/host/haproxy.py",
+            "primectl/host/systemd_supervisor.py", "primectl/plan/__init__.py", "primectl/plan/layout.py"} <= agent
+    assert "primectl/host/slurm_wait.py" not in agent
+    assert waiter == {"primectl/__init__.py", "primectl/host/__init__.py", "primectl/host/json_codec.py",
+                      "primectl/host/probes.py", "primectl/host/processes.py", "primectl/host/slurm_wait.py",
+                      "primectl/host/wire.py"}
+
+
+def test_the_quick_import_scan_finds_what_the_parser_finds() -> None:
+    """modules_for reads imports with a regular expression (parsing costs every command ~25 ms): on every shipped
+    module it must find what ast does."""
+    for path, source in host_modules().items():
+        exact: set[str] = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                exact |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                exact |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        assert imports_in(source) == exact, path
+    assert imports_in(b"import a.b as c, d\nfrom e import (\n    f,\n    g as h,\n)\n") == {"a.b", "d", "e", "e.f", "e.g"}

@@ -4,7 +4,7 @@ What runs on a host is primectl.host (and primectl.plan.layout, which it shares 
 only modules, run with the host's own `python3` and nothing of primectl installed. The agent's modules travel as
 one bundle (`agent_bundle`, named by `agent_hash`); `loader_command` is the shell command that starts the agent
 from its cached copy, asking for the bundle when the host has none (see LOADER). Where a file must carry host
-code by itself (a Slurm job's bin/primectl-wait), the same modules go into a zip application (`zipapp`).
+code by itself (a Slurm job's bin/primectl-wait), the modules it needs go into a zip application (`zipapp`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import functools
 import hashlib
 import io
 import posixpath
+import re
 import shlex
 import zipfile
 from collections.abc import Mapping
@@ -26,8 +27,8 @@ AGENT_ENTRY = "primectl.host.agent"  # the module whose main(argv) the loader ru
 
 @functools.cache
 def host_modules() -> Mapping[str, bytes]:
-    """The files a host gets, by path under primectl's source root: the host package, and what it shares with
-    the controller (the host layout). A directory that is a namespace package here (primectl/plan) gets an
+    """The files a host may get, by path under primectl's source root: the host package, and what it shares
+    with the controller (the host layout). A directory that is a namespace package here (primectl/plan) gets an
     empty __init__.py: zipimport does not import namespace packages."""
     root = files("primectl")
     paths = ["__init__.py", *(f"host/{f.name}" for f in root.joinpath("host").iterdir() if f.name.endswith(".py")),
@@ -38,6 +39,43 @@ def host_modules() -> Mapping[str, bytes]:
     return dict(sorted(named.items()))
 
 
+def module_name(path: str) -> str:
+    """primectl/host/agent.py -> primectl.host.agent; primectl/host/__init__.py -> primectl.host."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+# An import statement, read without parsing the module (ast.parse of the host package costs every command
+# ~25 ms, for the agent's hash): `import a.b, c` or `from a.b import c, d` (in parentheses over lines too).
+IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+([\w., \t]+)|from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*))", re.M)
+
+
+def imports_in(source: bytes) -> set[str]:
+    """The modules an import statement of `source` names, and for `from a import b` also a.b (b may be one)."""
+    out: set[str] = set()
+    for plain, base, names in IMPORT.findall(source.decode()):
+        words = [w.split()[0] for w in (plain or names).strip("()").replace("\n", " ").split(",") if w.strip()]
+        out |= set(words) if plain else {base, *(f"{base}.{w}" for w in words)}
+    return out
+
+
+@functools.cache
+def modules_for(entry: str) -> Mapping[str, bytes]:
+    """The files a host needs to run module `entry`: it, every shipped module it imports (at the top or in a
+    function, for the type checker too), theirs in turn, and the __init__.py of each package on the way."""
+    shipped = host_modules()
+    path_of = {module_name(path): path for path in shipped}
+    need: set[str] = set()
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        if path_of[name] in need:
+            continue
+        need.add(path_of[name])
+        todo += [name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1)]  # its packages
+        todo += sorted(imports_in(shipped[path_of[name]]) & set(path_of))
+    return {path: shipped[path] for path in sorted(need)}
+
+
 def pack(named: Mapping[str, bytes]) -> bytes:
     """Files as one bundle, in path order: for each, `<path> <size>\\n` then its bytes (the loader reads it back)."""
     return b"".join(b"%s %d\n" % (path.encode(), len(data)) + data for path, data in sorted(named.items()))
@@ -45,8 +83,8 @@ def pack(named: Mapping[str, bytes]) -> bytes:
 
 @functools.cache
 def agent_bundle() -> bytes:
-    """The host package's modules, packed (`pack`): what a host that has no copy of this version receives."""
-    return pack(host_modules())
+    """The agent's modules, packed (`pack`): what a host that has no copy of this version receives."""
+    return pack(modules_for(AGENT_ENTRY))
 
 
 @functools.cache
@@ -165,14 +203,15 @@ def loader_command(workdir: str, *words: str) -> str:
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's time: a zipapp's bytes depend on its files alone
 
 
-def zipapp(main: str) -> bytes:
-    """The host package as a Python zip application: `python3 <file>` runs `main` (the source of its
-    __main__.py) with the package importable; a shebang makes the file executable by itself. Stored, not
-    compressed, so that the same files make the same bytes with any zlib."""
+def zipapp(entry: str) -> bytes:
+    """A Python zip application of the modules `entry` needs (modules_for): `python3 <file> ARGS...` runs
+    `entry`'s main(ARGS) and exits with what it returns; a shebang makes the file executable by itself. Stored,
+    not compressed, so that the same files make the same bytes with any zlib."""
+    main = f"import sys\nfrom {entry} import main\nsys.exit(main(sys.argv[1:]))\n"
     buf = io.BytesIO()
     buf.write(b"#!/usr/bin/env python3\n")
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        for path, data in [*host_modules().items(), ("__main__.py", main.encode())]:
+        for path, data in [*modules_for(entry).items(), ("__main__.py", main.encode())]:
             info = zipfile.ZipInfo(path, ZIP_TIME)
             info.external_attr = 0o644 << 16
             z.writestr(info, data)

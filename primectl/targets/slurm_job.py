@@ -150,13 +150,10 @@ def job_script(plan: Plan) -> str:
     )
 
 
-WAITER_MAIN = "import sys\nfrom primectl.host.slurm_wait import main\nsys.exit(main(sys.argv[1:]))\n"
-
-
 def waiter_source() -> bytes:
-    """bin/primectl-wait: the host package as a zip application that runs host/slurm_wait.py (the probes the
-    host agent runs), stdlib only."""
-    return zipapp(WAITER_MAIN)
+    """bin/primectl-wait: host/slurm_wait.py (with the probes the host agent runs) as a zip application, stdlib
+    only."""
+    return zipapp("primectl.host.slurm_wait")
 
 
 def render_release(plan: Plan) -> Bundle:
