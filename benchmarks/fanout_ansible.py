@@ -301,7 +301,7 @@ class Ansible:
 def stop_by_pidfiles(workdirs: list[str]) -> int:
     """Stop what the Ansible run started: each run/*.pid's process group, only if its starttime still matches;
     then remove the workdirs. The number of services stopped."""
-    from primectl.deploy.protocol import starttime
+    from primectl.host.processes import starttime
 
     pids = []
     for wd in workdirs:

@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters, up_killed_at  # noqa: E402
-from primectl.deploy.protocol import Layout, unit_name  # noqa: E402
+from primectl.plan.layout import Layout, unit_name  # noqa: E402
 from tests.integration.generation_races import race_causes  # noqa: E402
 from tests.integration.nspawnhosts import (  # noqa: E402
     NspawnHosts,

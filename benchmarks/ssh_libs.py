@@ -110,7 +110,7 @@ def paramiko_client(h: Any, key: str, known_hosts: str) -> Any:
     import paramiko
 
     from primectl.deploy.known_hosts import host_keys_for
-    from primectl.deploy.transport import tune_paramiko
+    from primectl.deploy.paramiko_patches import tune_paramiko
 
     tune_paramiko()
     c = paramiko.SSHClient()
@@ -134,7 +134,7 @@ def fabric_one(h: Any, key: str, known_hosts: str) -> None:
     from fabric import Connection
 
     from primectl.deploy.known_hosts import host_keys_for
-    from primectl.deploy.transport import tune_paramiko
+    from primectl.deploy.paramiko_patches import tune_paramiko
 
     tune_paramiko()
     c = Connection(h.address, user="root", port=h.port, connect_timeout=10,

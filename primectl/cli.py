@@ -105,7 +105,7 @@ def _fleet(path: Path) -> FleetPlan | None:
 
 def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
     from primectl.deploy.cluster import ConnectionPolicy
-    from primectl.deploy.gateway import ssh_client
+    from primectl.deploy.connect import ssh_client
     from primectl.deploy.keeper import persist_s
 
     persist_s()  # a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused before any host is reached

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from primectl.deploy.protocol import copy_tree, json_pretty, remove_tree
+from primectl.host.files import copy_tree, remove_tree
+from primectl.host.json_codec import json_pretty
 
 STATE = {
     "revision": "r-3f2a", "previous_revision": None, "time": 1764800000.25, "ok": True,

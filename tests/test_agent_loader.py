@@ -1,4 +1,5 @@
-"""The host agent's loader: the agent is uploaded once per host and version, verified by hash, then imported.
+"""The host agent's loader: the agent's bundle is uploaded once per host and version, verified by hash, then its
+package imported.
 
 Each test gives the loader a cache of its own (XDG_CACHE_HOME), as each host has its own login user's cache."""
 
@@ -9,12 +10,20 @@ import os
 import subprocess
 from pathlib import Path
 
-from primectl.deploy.transport import AGENT_DIR, KEEP_AGENT_VERSIONS, agent_hash, agent_source, loader_command
+from primectl.deploy.shipping import (
+    AGENT_ENTRY,
+    KEEP_AGENT_VERSIONS,
+    agent_bundle,
+    agent_hash,
+    loader_command,
+    modules_for,
+)
+from primectl.host.agent import AGENT_DIR
 
 
 def start(workdir: Path, cache: Path, *, payload: bytes | None = None) -> tuple[list[str], dict | None, subprocess.Popen]:
     """Run the loader as a host would, with one op's request sent at once (before the loader answers, as a
-    session does); answer `send` with `payload` (the agent source by default). `cache` is the login user's
+    session does); answer `send` with `payload` (the agent's bundle by default). `cache` is the login user's
     XDG_CACHE_HOME."""
     proc = subprocess.Popen(["sh", "-c", loader_command(str(workdir), "serve")], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -30,7 +39,7 @@ def start(workdir: Path, cache: Path, *, payload: bytes | None = None) -> tuple[
             return said, None, proc
         said.append(line.strip())
         if line.startswith('{"agent": "send"}'):
-            data = agent_source().encode() if payload is None else payload
+            data = agent_bundle() if payload is None else payload
             proc.stdin.write(b"%d\n" % len(data) + data)
             proc.stdin.flush()
         elif line.startswith('{"agent": "ready"}'):
@@ -43,7 +52,18 @@ def start(workdir: Path, cache: Path, *, payload: bytes | None = None) -> tuple[
 
 def cached(where: Path) -> Path:
     """The cached copy in a cache directory (`cache/primectl/agent`, or a workdir's `agent`)."""
-    return where / agent_hash()[:16] / "primectl_agent.py"
+    return where / agent_hash()[:16]
+
+
+def entry(copy: Path) -> Path:
+    """The file of the agent's entry module in a cached copy."""
+    return copy / (AGENT_ENTRY.replace(".", "/") + ".py")
+
+
+def intact(copy: Path) -> bool:
+    """Whether a cached copy holds every file of the bundle as primectl has it, and lists them."""
+    return all((copy / path).read_bytes() == data for path, data in modules_for(AGENT_ENTRY).items()) and \
+        (copy / "files").read_text().split() == sorted(modules_for(AGENT_ENTRY))
 
 
 def test_first_start_uploads_into_a_missing_cache_then_imports_the_cached_copy(tmp_path: Path) -> None:
@@ -52,12 +72,13 @@ def test_first_start_uploads_into_a_missing_cache_then_imports_the_cached_copy(t
     assert said == ['{"agent": "send"}', '{"agent": "ready"}']
     assert result and result["ok"]
     home = cache / "primectl" / "agent"
-    assert cached(home).read_text() == agent_source()
+    assert intact(cached(home))
     assert not (wd / AGENT_DIR).exists()  # the login user's cache holds it, not the deployment
     said, result, _ = start(wd, cache)
     assert said == ['{"agent": "ready"}'] and result and result["ok"]
-    assert list((cached(home).parent / "__pycache__").glob("primectl_agent.*.pyc"))  # the bytecode cache applies
-    assert [p.name for p in cached(home).parent.iterdir() if p.name.endswith(".tmp")] == []
+    module = entry(cached(home))
+    assert list((module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"))  # the bytecode cache applies
+    assert [p.name for p in cached(home).rglob("*.tmp")] == []
 
 
 def test_a_new_deployment_on_the_host_uses_the_copy_already_there(tmp_path: Path) -> None:
@@ -71,7 +92,7 @@ def test_the_cache_keeps_the_newest_versions_only(tmp_path: Path) -> None:
     home = tmp_path / "cache" / "primectl" / "agent"
     for i in range(KEEP_AGENT_VERSIONS + 2):  # older versions, oldest first
         (home / f"old{i}").mkdir(parents=True)
-        (home / f"old{i}" / "primectl_agent.py").write_text("# an older agent\n")
+        (home / f"old{i}" / "files").write_text("# an older agent\n")
         os.utime(home / f"old{i}", (1000 + i, 1000 + i))
     start(tmp_path / "wd", tmp_path / "cache")
     assert sorted(p.name for p in home.iterdir()) == sorted(
@@ -81,10 +102,19 @@ def test_the_cache_keeps_the_newest_versions_only(tmp_path: Path) -> None:
 def test_a_damaged_cached_copy_is_replaced(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     start(tmp_path, cache)
-    cached(cache / "primectl" / "agent").write_text("import os; os._exit(7)\n")
+    entry(cached(cache / "primectl" / "agent")).write_text("import os; os._exit(7)\n")
     said, result, _ = start(tmp_path, cache)
     assert said[0] == '{"agent": "send"}' and result and result["ok"]
-    assert cached(cache / "primectl" / "agent").read_text() == agent_source()
+    assert intact(cached(cache / "primectl" / "agent"))
+
+
+def test_a_cached_copy_missing_a_module_is_replaced(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    start(tmp_path, cache)
+    entry(cached(cache / "primectl" / "agent")).unlink()
+    said, result, _ = start(tmp_path, cache)
+    assert said[0] == '{"agent": "send"}' and result and result["ok"]
+    assert intact(cached(cache / "primectl" / "agent"))
 
 
 def test_an_upload_that_does_not_match_the_hash_is_refused(tmp_path: Path) -> None:
@@ -110,7 +140,7 @@ def test_an_unwritable_user_cache_falls_back_to_the_workdir(tmp_path: Path) -> N
     block(cache / "primectl")
     said, result, _ = start(tmp_path / "wd", cache)
     assert said == ['{"agent": "send"}', '{"agent": "ready"}'] and result and result["ok"]
-    assert cached(tmp_path / "wd" / AGENT_DIR).read_text() == agent_source()
+    assert intact(cached(tmp_path / "wd" / AGENT_DIR))
     said, result, _ = start(tmp_path / "wd", cache)
     assert said == ['{"agent": "ready"}'] and result and result["ok"]
 
@@ -127,3 +157,16 @@ def test_no_writable_cache_still_serves_from_memory(tmp_path: Path) -> None:
                 p.chmod(0o700)
     assert said == ['{"agent": "send"}', '{"agent": "ready"}']
     assert result and result["ok"]
+
+
+def test_hosts_that_start_at_once_share_one_upload_safely(tmp_path: Path) -> None:
+    """Many sessions on one host with an empty cache (a fleet of `connection: local` hosts, or several commands
+    at once): each writes the same files atomically, and every one of them starts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda i: start(tmp_path / f"wd{i}", cache), range(8)))
+    assert all(result and result["ok"] for _, result, _ in runs)
+    assert intact(cached(cache / "primectl" / "agent"))
+    assert not any((tmp_path / f"wd{i}" / AGENT_DIR).exists() for i in range(8))

@@ -19,9 +19,7 @@ from typing import Any
 
 import pytest
 
-from primectl.deploy.protocol import (
-    DrainSpec,
-    ReloadSpec,
+from primectl.host.haproxy import (
     back_into_balancer,
     balancer_server,
     balancer_servers,
@@ -29,6 +27,7 @@ from primectl.deploy.protocol import (
     drain_from_balancer,
     reload_in_place,
 )
+from primectl.host.wire import DrainSpec, ReloadSpec
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 pytestmark = pytest.mark.skipif(not Path(HAPROXY).exists(), reason="haproxy is not installed (make system)")

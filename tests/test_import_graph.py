@@ -1,13 +1,15 @@
 """The import graph of primectl/ has no cycles (every import counts, also those inside functions).
 
-Imports under `if TYPE_CHECKING:` are for the type checker only and never run, so they are left out.
-A cycle is reported with the modules on it, so the seam to cut is visible.
+Between modules, imports under `if TYPE_CHECKING:` are for the type checker only and never run, so they
+are left out. A cycle is reported with the modules on it, so the seam to cut is visible.
 
 The same holds one level up: collapsed to their subpackages (primectl.plan, primectl.engines, ...; a
-top-level module such as primectl.cli is its own node), primectl's parts form a DAG. At that level the
-registry's string references count too: a module that calls a registry function which imports what a
-name refers to (`registry.engine(...)`) depends on every module the BUILTIN tables and pyproject.toml's
-entry points name for that kind, as if it imported them.
+top-level module such as primectl.cli is its own node), primectl's parts form a DAG. At that level a
+type-only import counts (a part that names another's types depends on it, as deploy.changes on
+render.bundle's Bundle did while render imported deploy), and so do the registry's string references: a
+module that calls a registry function which imports what a name refers to (`registry.engine(...)`)
+depends on every module the BUILTIN tables and pyproject.toml's entry points name for that kind, as if it
+imported them.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return set(import_lines(path, modules))
 
 
-def import_lines(path: Path, modules: set[str], repo: Path | None = None) -> dict[str, int]:
-    """The primectl modules a file imports at run time, each with the line of its first import."""
+def import_lines(path: Path, modules: set[str], repo: Path | None = None, *, types: bool = False) -> dict[str, int]:
+    """The primectl modules a file imports at run time (with `types`, for the type checker too), each with the
+    line of its first import."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_lines(tree)
+    skip = set() if types else _type_checking_lines(tree)
     here = module_name(path, repo)
     package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
     out: dict[str, int] = {}
@@ -246,8 +249,8 @@ Edge = tuple[str, str]
 
 
 def package_graph(repo: Path = REPO) -> tuple[dict[str, set[str]], dict[Edge, list[str]]]:
-    """The subpackage graph, and for each edge the imports (and registry calls) that make it, as
-    'module:line -> module'."""
+    """The subpackage graph, and for each edge the imports (type-only ones too) and registry calls that make
+    it, as 'module:line -> module'."""
     package = repo / "primectl"
     files = sorted(package.rglob("*.py"))
     names = {f: module_name(f, repo) for f in files}
@@ -265,7 +268,7 @@ def package_graph(repo: Path = REPO) -> tuple[dict[str, set[str]], dict[Edge, li
         why.setdefault((a, b), []).append(f"{src}:{line} -> {dst}{how}")
 
     for f in files:
-        for dst, line in sorted(import_lines(f, modules, repo).items()):
+        for dst, line in sorted(import_lines(f, modules, repo, types=True).items()):
             add(names[f], line, dst)
         for kind, line in registry_calls(f, resolvers):
             for dst in sorted(refs[kind] & modules):
@@ -343,3 +346,30 @@ def test_the_package_check_sees_through_the_registry_and_finds_a_planted_cycle(t
         "primectl.plan.direct:3 -> primectl.engines.e (through the registry, by engine name)"]
     assert "primectl.plan.build:3 -> primectl.engines.e" in describe_cycles(g, why)
     assert g["primectl.registry"] == set()
+
+
+def test_a_type_only_import_makes_a_package_edge(tmp_path: Path) -> None:
+    """The cycle deploy -> render -> deploy ran through a type-only import: the package check sees it."""
+    pkg = tmp_path / "primectl"
+    for sub in ("deploy", "render"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "registry.py").write_text(
+        "BUILTIN_ENGINES: dict[str, str] = {}\nBUILTIN_TARGETS: dict[str, str] = {}\n"
+        'GROUPS = {"engine": "primectl.engines", "target": "primectl.targets"}\n'
+        'BUILTIN = {"engine": BUILTIN_ENGINES, "target": BUILTIN_TARGETS}\n')
+    (pkg / "deploy" / "changes.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from primectl.render.bundle import Bundle\n")
+    (pkg / "deploy" / "protocol.py").write_text("")
+    (pkg / "render" / "bundle.py").write_text("from primectl.deploy.protocol import Layout\n")
+    g, why = package_graph(tmp_path)
+    assert cycles(g) == [["primectl.deploy", "primectl.render"]]
+    assert why[("primectl.deploy", "primectl.render")] == ["primectl.deploy.changes:3 -> primectl.render.bundle"]
+
+
+def test_render_and_the_planner_do_not_reach_into_deploy() -> None:
+    """What render and the planner need of a host (its layout, unit names) sits beside the Plan."""
+    g, why = package_graph()
+    for part in ("primectl.render", "primectl.planner", "primectl.plan", "primectl.host"):
+        assert "primectl.deploy" not in g[part], why[(part, "primectl.deploy")]

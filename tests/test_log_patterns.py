@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from primectl.deploy import agent
+from primectl.host import agent, logs
 
 LINES = [
     "fake runtime: -m dynamo.mocker --model-path /models/demo",
@@ -33,7 +33,7 @@ PATTERNS = ["PROBE_ECHO", "LOG_STAMP", "ANSI_ESCAPE", "ERROR_LINE", "DOWNLOADED"
 
 @pytest.mark.parametrize("name", PATTERNS)
 def test_a_guarded_pattern_finds_what_the_regex_finds(name: str) -> None:
-    lazy = getattr(agent, name)
+    lazy = getattr(logs, name, None) or getattr(agent, name)
     plain = re.compile(lazy.source)
     for line in LINES:
         ours, theirs = lazy.search(line), plain.search(line)
@@ -44,6 +44,6 @@ def test_a_guarded_pattern_finds_what_the_regex_finds(name: str) -> None:
 def test_the_last_log_line_leaves_out_stamps_escapes_and_probe_echoes(tmp_path: Path) -> None:
     log = tmp_path / "decode.log"
     log.write_text("--- primectl: starting decode-1\nfake runtime: -m dynamo.mocker\nserving on 127.0.0.2:9100\n")
-    assert agent.last_log_line(str(log)) == "serving on 127.0.0.2:9100"
+    assert logs.last_log_line(str(log)) == "serving on 127.0.0.2:9100"
     log.write_text("2026-12-03T21:40:01Z \x1b[1mloading\x1b[0m weights\n2026-12-03T21:40:02Z GET /health 503\n")
-    assert agent.last_log_line(str(log)) == "loading weights"
+    assert logs.last_log_line(str(log)) == "loading weights"

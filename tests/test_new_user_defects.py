@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from primectl.deploy.agent import readable
 from primectl.deploy.status import ServiceStatus, StatusReport, print_status
+from primectl.host.logs import readable
 from primectl.planner.build import plan_recipe
 from primectl.targets.ssh_observe import log_command
 

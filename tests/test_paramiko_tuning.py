@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from primectl.deploy.transport import tune_paramiko
+from primectl.deploy.paramiko_patches import tune_paramiko
 
 
 def _reader() -> tuple[object, socket.socket]:

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from primectl.deploy.protocol import http_fetch, inflight, run_probe
+from primectl.host.probes import http_fetch, run_probe
+from primectl.host.supervisor import inflight
 from primectl.plan.model import Drain, Probe, Service
 from primectl.targets.ssh import _recorded_drain
 

@@ -11,7 +11,9 @@ import signal
 import time
 from pathlib import Path
 
-from primectl.deploy.protocol import Layout, ProcessSupervisor, starttime
+from primectl.host.process_supervisor import ProcessSupervisor
+from primectl.host.processes import starttime
+from primectl.plan.layout import Layout
 
 
 def _release(workdir: Path, script: str) -> Layout:
@@ -76,7 +78,7 @@ def test_stop_of_a_running_service_ends_its_whole_session(tmp_path: Path) -> Non
 
 
 def test_a_spawned_helper_runs_in_its_own_session_and_logs_and_a_missing_one_is_an_error(tmp_path: Path) -> None:
-    from primectl.deploy.protocol import spawn_session
+    from primectl.host.processes import spawn_session
 
     log = tmp_path / "helper.log"
     keep = os.open(tmp_path / "held", os.O_WRONLY | os.O_CREAT)  # a descriptor the helper must not inherit
@@ -119,7 +121,7 @@ def test_an_agent_session_leaves_no_zombie_of_what_it_started(tmp_path: Path) ->
     import subprocess
     import sys
 
-    agent = subprocess.Popen([sys.executable, "-c", "import sys; from primectl.deploy.agent import main; "
+    agent = subprocess.Popen([sys.executable, "-c", "import sys; from primectl.host.agent import main; "
                               "sys.exit(main(['agent', 'serve']))"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert agent.stdin and agent.stdout
@@ -148,7 +150,7 @@ def test_a_services_watch_is_found_in_its_session_and_nothing_outside_it_is_sign
     draining worker); only that session's processes are looked at."""
     import subprocess
 
-    from primectl.deploy.protocol import WATCH_ENV, end_watches, session_of
+    from primectl.host.processes import WATCH_ENV, end_watches, session_of
 
     watch_pid_file = tmp_path / "watch.pid"
     layout = _release(tmp_path / "wd", f"#!/bin/bash\n{WATCH_ENV}=u sleep 300 &\necho $! > {watch_pid_file}\n"

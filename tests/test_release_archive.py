@@ -1,4 +1,4 @@
-"""The archive a release travels in (render.bundle.pack_files / protocol.unpack_files): what lands on a host, and what the
+"""The archive a release travels in (render.bundle.pack_files / host.files.unpack_files): what lands on a host, and what the
 host agent refuses to write."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from primectl.deploy.protocol import unpack_files
+from primectl.host.files import unpack_files
 from primectl.render.bundle import pack_files
 
 

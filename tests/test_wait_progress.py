@@ -17,13 +17,14 @@ import pytest
 
 from primectl.deploy import progress as progress_mod
 from primectl.deploy import provision as provision_mod
-from primectl.deploy.agent import dispatch, last_log_line
 from primectl.deploy.client import HostClient
 from primectl.deploy.cluster import ConnectionPolicy, opened
 from primectl.deploy.progress import InstallDisplay, WaitProgress
-from primectl.deploy.protocol import Progress
 from primectl.deploy.transport import LocalTransport
 from primectl.errors import DeployError
+from primectl.host.agent import dispatch
+from primectl.host.logs import last_log_line
+from primectl.host.wire import Progress
 from primectl.plan.model import HostPlan
 from tests.test_rollout_fake import Env
 
@@ -234,7 +235,7 @@ def test_a_wait_ends_with_its_last_progress_line_and_its_result_in_one_write(
     import json
     import socket
 
-    from primectl.deploy import agent
+    from primectl.host import agent
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

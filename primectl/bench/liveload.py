@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from primectl.deploy.protocol import balancer_command, balancer_server
+from primectl.host.haproxy import balancer_command, balancer_server
 
 
 @dataclass

@@ -19,9 +19,9 @@ from typing import Any
 
 from primectl.checks.preflight_rules import HostNeeds, Result
 from primectl.deploy.client import HostClient
-from primectl.deploy.protocol import Layout
 from primectl.deploy.transport import Transport
 from primectl.errors import DeployError
+from primectl.plan.layout import Layout
 from primectl.plan.model import Plan
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from primectl.deploy.protocol import TEXT_MISSING
+from primectl.host.probes import TEXT_MISSING
 
 if TYPE_CHECKING:
     from primectl.deploy.status import ServiceStatus
@@ -45,7 +45,7 @@ def listing_probes(plan: Plan, names: Iterable[str]) -> list[dict[str, Any]]:
 
 def run_here(probes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Run listing probes on this machine, in the shape a host agent's `probe` answers: name -> {ok, detail}."""
-    from primectl.deploy.protocol import Answers, run_probe
+    from primectl.host.probes import Answers, run_probe
 
     answers: Answers = {}  # every worker's probe reads the same listing: fetch it once
     return {p["name"]: dict(zip(("ok", "detail"), run_probe(p["probe"], "", answers), strict=True)) for p in probes}

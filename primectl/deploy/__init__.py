@@ -1,1 +1,1 @@
-"""Apply a rendered plan to hosts: transport, host agent, rollout, status."""
+"""Apply a rendered plan to hosts: transports, shipping the host agent (primectl.host) to them, rollout, status."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # types only: targets.base imports this module, and must stay light to import
-    from primectl.deploy.protocol import InspectResult, ServiceRecord
+    from primectl.host.wire import InspectResult, ServiceRecord
     from primectl.render.bundle import Bundle
 
 Action = Literal["add", "change", "update", "restart", "remove", "keep"]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 from typing import Any, cast
 
-from primectl.deploy.protocol import (
+from primectl.deploy.transport import OnProgress, Transport
+from primectl.errors import DeployError
+from primectl.host.wire import (
     CODE_FAILED,
     HostState,
     InspectResult,
@@ -23,8 +25,6 @@ from primectl.deploy.protocol import (
     StopResult,
     WaitSpec,
 )
-from primectl.deploy.transport import OnProgress, Transport
-from primectl.errors import DeployError
 
 
 class HostError(DeployError):
@@ -82,7 +82,7 @@ class HostClient:
         return bool(self.call("unlock", {"token": token, "force": force}, check=False).get("ok"))
 
     def stage(self, revision: str, archive: bytes | None = None) -> None:
-        """Unpack a release (`protocol.unpack_files`): the one uploaded to incoming/, or `archive` sent with the
+        """Unpack a release (`host.files.unpack_files`): the one uploaded to incoming/, or `archive` sent with the
         request."""
         args: dict[str, Any] = {"revision": revision}
         if archive is not None:

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from primectl.deploy.client import HostClient, HostError
+from primectl.deploy.connect import connect
 from primectl.deploy.fanout import parallel
-from primectl.deploy.gateway import connect
 from primectl.deploy.known_hosts import known_hosts_path
-from primectl.deploy.protocol import HostState, InspectResult, ServiceRecord, starttime, unit_name
 from primectl.deploy.transport import HostUnreachable, Transport
 from primectl.errors import DeployError
+from primectl.host.processes import starttime
+from primectl.host.wire import HostState, InspectResult, ServiceRecord
+from primectl.plan.layout import unit_name
 from primectl.plan.model import HostPlan, Plan
 
 LOCK_TTL_S = 3600
@@ -222,7 +224,7 @@ Asked = dict[str, "InspectResult | BaseException"]
 
 def _roster(cluster: Cluster, policy: ConnectionPolicy) -> tuple[dict[str, dict[str, Any]], Asked]:
     """The hosts the newest recorded roster of this deployment lists (name -> HostPlan fields), and what the
-    keepers said when they had to be asked. Only the keepers hold the roster (protocol.HostState): when none of
+    keepers said when they had to be asked. Only the keepers hold the roster (host.wire.HostState): when none of
     them was inspected (the recipe dropped them all), they are connected and inspected (kept in the cluster, so
     they are not asked twice); keepers that cannot be asked stay on the roster as unreachable dropped hosts, and
     the operator is told."""

@@ -20,18 +20,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from primectl.deploy import agent
-from primectl.deploy.protocol import (
-    TEXT_MISSING,
-    Layout,
-    Liveness,
-    ProbeSpec,
-    Progress,
-    ServiceRef,
-    Supervisor,
-    mark_start,
-)
 from primectl.deploy.transport import HostUnreachable, OnProgress, progress_line
+from primectl.host import agent
+from primectl.host.probes import TEXT_MISSING
+from primectl.host.supervisor import Supervisor, mark_start
+from primectl.host.wire import Liveness, ProbeSpec, Progress, ServiceRef
+from primectl.plan.layout import Layout
 from primectl.plan.model import HostPlan
 
 Fault = Literal["exit-at-start", "never-ready", "interrupt-at-start", "unhealthy-after-start"]

@@ -36,8 +36,10 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
-from primectl.deploy.gateway import forget_head_failures, open_ssh
-from primectl.deploy.transport import HostUnreachable, OnProgress, SSHConnection, agent_hash
+from primectl.deploy.connect import open_ssh
+from primectl.deploy.shipping import agent_hash
+from primectl.deploy.transport import HostUnreachable, OnProgress, SSHConnection
+from primectl.deploy.via import forget_head_failures
 from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan
 

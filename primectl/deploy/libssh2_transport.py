@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from primectl.deploy.known_hosts import host_entry_name, host_key_blobs, record_host_key
+from primectl.deploy.shipping import loader_command
 from primectl.deploy.transport import (
     HostUnreachable,
     OnProgress,
@@ -39,7 +40,6 @@ from primectl.deploy.transport import (
     agent_timed_out,
     detect_dead_peer,
     kernel_gave_up_on_peer,
-    loader_command,
     peer_silent,
     start_agent_session,
 )

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self, TextIO
 
-from primectl.deploy.protocol import InstallProgress, Progress, ServiceProgress
+from primectl.host.wire import InstallProgress, Progress, ServiceProgress
 from primectl.output import is_terminal
 
 PLAIN_EVERY_S = 5.0

@@ -26,8 +26,8 @@ from typing import Protocol
 from primectl.deploy.cluster import Cluster
 from primectl.deploy.fanout import parallel
 from primectl.deploy.progress import InstallDisplay
-from primectl.deploy.protocol import Layout
 from primectl.errors import DeployError
+from primectl.plan.layout import Layout
 from primectl.plan.model import Plan, Runtime
 
 INSTALL_TIMEOUT_S = 1800

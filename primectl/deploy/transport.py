@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import hashlib
 import io
 import json
 import os
 import posixpath
 import selectors
-import shlex
 import socket
 import struct
 import subprocess
@@ -26,44 +23,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from importlib.resources import files
 from typing import Any, Protocol
 
-from primectl.deploy.agent import AGENT_DIR
 from primectl.deploy.known_hosts import host_keys_for, record_host_key
-from primectl.deploy.protocol import Progress
+from primectl.deploy.paramiko_patches import tune_paramiko, use_host_keys
+from primectl.deploy.shipping import agent_bundle, loader_args, loader_command
 from primectl.errors import DeployError
+from primectl.host.wire import Progress
 from primectl.plan.model import HostPlan
 
 
 class HostUnreachable(DeployError):
     """Could not connect or authenticate to a host."""
-
-
-DROP = "# agent-source: drop"
-KEEP_AGENT_VERSIONS = 4  # cached agent versions a host keeps (operators with different primectl versions share it)
-
-
-def with_protocol(module_source: str, label: str) -> str:
-    """protocol.py, then `module_source` without its package-only lines (marked DROP): one stdlib-only script."""
-    out: list[str] = []
-    skipping = False
-    for line in module_source.splitlines():
-        if skipping:
-            skipping = DROP not in line
-            continue
-        if DROP in line:
-            skipping = line.rstrip().removesuffix(DROP).rstrip().endswith("(")
-            continue
-        out.append(line)
-    protocol = files("primectl.deploy").joinpath("protocol.py").read_text()
-    return protocol + f"\n\n# --- {label} ---\n" + "\n".join(out) + "\n"
-
-
-@functools.cache
-def agent_source() -> str:
-    """The host agent's source: protocol.py, then agent.py."""
-    return with_protocol(files("primectl.deploy").joinpath("agent.py").read_text(), "agent.py")
 
 
 class Transport(Protocol):
@@ -159,8 +130,8 @@ def agent_timed_out(timeout: float | None) -> dict[str, Any]:
 
 
 def start_agent_session(stream: AgentStream, first: bytes) -> None:
-    """The loader's side of a new session (see LOADER): send the `first` request, then the agent's source if the
-    host asks for it; returns once the agent has started, its answer to `first` still to be read."""
+    """The loader's side of a new session (see shipping.LOADER): send the `first` request, then the agent's bundle
+    if the host asks for it; returns once the agent has started, its answer to `first` still to be read."""
     stream.send(first)
     said: list[bytes] = []
     while True:
@@ -169,8 +140,8 @@ def start_agent_session(stream: AgentStream, first: bytes) -> None:
             text = b"".join(said).decode(errors="replace").strip()[-2000:]
             raise EOFError(f"the host agent did not start: {text or 'no output'}")
         if line.startswith(b'{"agent": "send"}'):
-            source = agent_source().encode()
-            stream.send(b"%d\n" % len(source) + source)
+            bundle = agent_bundle()
+            stream.send(b"%d\n" % len(bundle) + bundle)
         elif line.startswith(b'{"agent": "ready"}'):
             return
         else:
@@ -193,94 +164,12 @@ def agent_answer(stream: AgentStream, timeout: float | None, on_progress: OnProg
                 stream.limit(max(0.01, deadline - time.monotonic()))
 
 
-# The agent is cached on each host, keyed by the hash of its source, and imported as a module (so Python's
-# bytecode cache applies): a connection starts this small loader, which says `ready` when a cached copy is
-# there and intact, or `send` when it needs the source (then `<length>` and the bytes come on stdin; it
-# checks them against the hash and writes them atomically, creating the directories). The copy lives in the
-# login user's cache (`$XDG_CACHE_HOME` or ~/.cache, under primectl/agent), shared by every deployment on the
-# host, so that a new deployment (each variant of a sweep) neither uploads nor compiles it again; the loader
-# keeps the newest few versions there. Where that cannot be written, the copy goes under the deployment's
-# workdir, and where neither can, the received source runs from memory. A session (`serve`) sends its first
-# request right after the command, before the loader has answered, so that a host costs one round trip, not
-# two: the loader reads that line first and hands it to the agent. Its `ready` goes out with the answer to
-# that request, in one packet.
-LOADER = """\
-import os, sys
-try:
-    from _sha256 import sha256
-except ImportError:
-    from hashlib import sha256
-w, h = sys.argv[1], sys.argv[2]
-args = sys.argv[3:]
-if args == ['serve']:
-    args.append(sys.stdin.buffer.readline().decode())
-c = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'primectl', 'agent')
-dirs = [d for d in (c, w) if os.path.isabs(d)]
-data = None
-for d in dirs:
-    p = os.path.join(d, h[:16])
-    try:
-        with open(os.path.join(p, 'primectl_agent.py'), 'rb') as x:
-            if sha256(x.read()).hexdigest() == h:
-                break
-    except OSError:
-        pass
-else:
-    sys.stdout.write('{"agent": "send"}\\n'); sys.stdout.flush()
-    data = sys.stdin.buffer.read(int(sys.stdin.buffer.readline()))
-    if sha256(data).hexdigest() != h:
-        sys.exit('primectl agent: the uploaded source does not match its hash')
-    for d in dirs:
-        p = os.path.join(d, h[:16])
-        f = os.path.join(p, 'primectl_agent.py')
-        try:
-            os.makedirs(p, exist_ok=True)
-            t = '%s.%d.tmp' % (f, os.getpid())
-            with open(t, 'wb') as x:
-                x.write(data); x.flush(); os.fsync(x.fileno())
-            os.replace(t, f)
-        except OSError:
-            continue
-        data = None
-        try:
-            old = sorted(os.listdir(d), key=lambda n: os.stat(os.path.join(d, n)).st_mtime)[:-KEEP]
-        except OSError:
-            old = []
-        if old:
-            import shutil
-            for n in old:
-                shutil.rmtree(os.path.join(d, n), ignore_errors=True)
-        break
-sys.stdout.write('{"agent": "ready"}\\n')
-if data is None:
-    sys.path.insert(0, p)
-    import primectl_agent
-    sys.exit(primectl_agent.main(['primectl_agent'] + args))
-m = sys.modules['primectl_agent'] = type(sys)('primectl_agent')
-exec(compile(data, 'primectl_agent', 'exec'), m.__dict__)
-sys.exit(m.main(['primectl_agent'] + args))
-""".replace("KEEP", str(KEEP_AGENT_VERSIONS))
-
-
-@functools.cache
-def agent_hash() -> str:
-    """sha256 of the agent's source: names its cached copy on each host."""
-    return hashlib.sha256(agent_source().encode()).hexdigest()
-
-
-def loader_command(workdir: str, *words: str) -> str:
-    """The shell command that starts the agent from its cached copy under `workdir` (see LOADER)."""
-    cache = posixpath.join(workdir, AGENT_DIR)
-    return " ".join(["python3 -I -S -c", shlex.quote(LOADER), shlex.quote(cache), agent_hash(), *map(shlex.quote, words)])
-
-
 def agent_here(workdir: str, op: str, args: dict[str, Any], timeout: float | None,
                on_progress: OnProgress | None) -> dict[str, Any]:
     """Run one agent operation on this machine (`connection: local`) and read its output as it comes: progress
     lines, then the result. It runs with primectl's own interpreter (not whatever `python3` PATH finds first: a
     version manager's shim costs ~0.1 s of CPU per call) from the cached copy under `workdir`, as on a host."""
-    argv = [sys.executable, "-I", "-S", "-c", LOADER, posixpath.join(workdir, AGENT_DIR), agent_hash(), op,
-            json.dumps(args)]
+    argv = [sys.executable, "-I", "-S", "-c", *loader_args(workdir, op, json.dumps(args))]
     deadline = None if timeout is None else time.monotonic() + timeout
     result: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as err:
@@ -302,8 +191,8 @@ def agent_here(workdir: str, op: str, args: dict[str, Any], timeout: float | Non
                     *lines, buf = (buf + chunk).split(b"\n")
                     for line in lines:
                         if line.startswith(b'{"agent": "send"}'):
-                            source = agent_source().encode()
-                            proc.stdin.write(b"%d\n" % len(source) + source)
+                            bundle = agent_bundle()
+                            proc.stdin.write(b"%d\n" % len(bundle) + bundle)
                             proc.stdin.close()
                         elif line.startswith(b'{"agent": "ready"}'):
                             if not proc.stdin.closed:
@@ -374,7 +263,7 @@ class _AcceptNewPolicy:
 # A host that loses power or its link sends no FIN: a blocked read would wait for the call's own limit (a
 # service's start-up budget: up to hours for a big model), a kept connection ~15 min of retransmissions. The
 # kernel probes an idle connection instead, and gives up on data nobody acknowledges, after about as long as
-# the head nodes' ssh clients take to (they probe at the same interval, as many times: gateway.py).
+# the head nodes' ssh clients take to (they probe at the same interval, as many times: via.py).
 KEEPALIVE_IDLE_S = 15
 KEEPALIVE_INTERVAL_S = 15
 KEEPALIVE_PROBES = 3
@@ -416,133 +305,6 @@ def kernel_gave_up_on_peer(sock: socket.socket) -> bool:
     except (OSError, struct.error, AttributeError):
         return False
     return bool(last_ack_recv_ms >= (DEAD_PEER_S - KEEPALIVE_INTERVAL_S) * 1000)
-
-
-@functools.cache
-def tune_paramiko() -> None:
-    """paramiko's per-connection costs, made cheap with the same behaviour:
-    - each received packet's MAC is compared a byte at a time in Python (a seventh of the controller's CPU at
-      72 hosts); hmac.compare_digest is the same constant-time check in C;
-    - each handshake starts a threading.Timer thread only to flag its timeout; a deadline read where paramiko
-      asks (its reader checks between reads) flags the same timeout with no thread;
-    - each packet took two reads (`buffered_read_all`), and the socket blocks once logged in (SSHTransport), so
-      paramiko's own close shuts the socket down before it closes it: closing a descriptor does not wake a
-      thread blocked in a read or a write on it, and paramiko closes from its reader thread (a disconnect, a bad
-      MAC) while a call may be sending;
-    - AES-GCM (an AEAD cipher: one native call per packet) is offered before AES-CTR with a MAC (an HMAC built
-      in Python per packet): a round trip on an agent connection costs ~10% less CPU, on both ends. A server
-      without GCM (OpenSSH has it since 6.2) agrees on CTR, as before;
-    - the debug messages sshd sends after a login (the key's options) were escaped a byte at a time in Python
-      (`safe_string`) for a log line nobody enables; printable text now passes through as it is."""
-    import hmac
-
-    import paramiko.packet
-    import paramiko.transport
-    import paramiko.util
-
-    paramiko.util.constant_time_bytes_eq = hmac.compare_digest
-    paramiko.util.safe_string = printable_as_is(paramiko.util.safe_string)
-    client = paramiko.transport.Transport
-    aead = tuple(c for c in client._preferred_ciphers if c.endswith("-gcm@openssh.com"))
-    client._preferred_ciphers = aead + tuple(c for c in client._preferred_ciphers if c not in aead)
-    packetizer = paramiko.packet.Packetizer
-
-    def start_handshake(self: Any, timeout: float) -> None:
-        if getattr(self, "_handshake_deadline", None) is None:
-            self._handshake_deadline = time.monotonic() + float(timeout)
-
-    def handshake_timed_out(self: Any) -> bool:
-        deadline = getattr(self, "_handshake_deadline", None)
-        return deadline is not None and not getattr(self, "_handshake_done", False) and time.monotonic() > deadline
-
-    def complete_handshake(self: Any) -> None:
-        self._handshake_done = True
-
-    packetizer.start_handshake = start_handshake
-    packetizer.handshake_timed_out = handshake_timed_out
-    packetizer.complete_handshake = complete_handshake
-    packetizer.read_all = buffered_read_all(packetizer.read_all)
-    packetizer.close = shut_down_first(packetizer.close)
-
-
-_PRINTABLE = bytes(range(32, 128))  # what paramiko's safe_string keeps as it is
-
-
-def printable_as_is(safe_string: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
-    """paramiko's safe_string (bytes outside 32-127 become %XX), with text that has none returned at once."""
-
-    def fast(s: bytes) -> bytes:
-        if isinstance(s, bytes) and not s.translate(None, _PRINTABLE):
-            return s
-        return safe_string(s)
-
-    return fast
-
-
-def shut_down_first(close: Callable[[Any], None]) -> Callable[[Any], None]:
-    """paramiko's Packetizer.close, after a shutdown of its socket (which wakes whatever blocks on it)."""
-
-    def shut_then_close(self: Any) -> None:
-        sock = getattr(self, "_Packetizer__socket", None)
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        close(self)
-
-    return shut_then_close
-
-
-READ_CHUNK = 32768  # what one read from an SSH socket may take beyond the bytes asked for
-
-
-def buffered_read_all(exact: Callable[..., bytes]) -> Callable[..., bytes]:
-    """paramiko's Packetizer.read_all, reading what the socket holds rather than exactly what it needs: paramiko
-    reads each packet in two reads (its first block, then the rest), and a socket with a timeout makes each read
-    two system calls (poll, then recv), so most of its reader thread's time went to the kernel, and several
-    packets that arrive together (a channel's EOF, exit status and close) took six. The surplus waits in the
-    buffer paramiko keeps for what it over-reads after the version line. `exact` (paramiko's own) serves a
-    Packetizer that does not have the attributes this one reads, or whose socket is not a socket."""
-    from paramiko.packet import NeedRekeyException
-
-    def read_all(self: Any, n: int, check_rekey: bool = False) -> bytes:
-        try:
-            buf: bytes = self._Packetizer__remainder
-            sock = self._Packetizer__socket
-        except AttributeError:
-            return exact(self, n, check_rekey)
-        if not isinstance(sock, socket.socket):  # a ProxyCommand's recv waits for all it is asked for
-            return exact(self, n, check_rekey)
-        if len(buf) >= n:
-            self._Packetizer__remainder = buf[n:]
-            return buf[:n]
-        parts, have = [buf], len(buf)
-        while have < n:
-            if self.handshake_timed_out():
-                raise EOFError()
-            try:
-                got = sock.recv(max(n - have, READ_CHUNK))
-            except (TimeoutError, BlockingIOError) as exc:
-                if exc.errno == errno.ETIMEDOUT:  # the kernel gave up on the peer (detect_dead_peer), not a poll
-                    raise
-                if self._Packetizer__closed:
-                    raise EOFError() from None
-                if check_rekey and not have and self._Packetizer__need_rekey:
-                    raise NeedRekeyException() from None
-                self._check_keepalive()
-                continue
-            except OSError:
-                if self._Packetizer__closed:
-                    raise EOFError() from None
-                raise
-            if not got:
-                raise EOFError()
-            parts.append(got)
-            have += len(got)
-        data = b"".join(parts)
-        self._Packetizer__remainder = data[n:]
-        return data[:n]
-
-    return read_all
 
 
 _PKEYS: dict[tuple[str, int, int], Any] = {}
@@ -593,8 +355,7 @@ class SSHTransport:
         self.client = client = paramiko.SSHClient()
         # Only this host's entries: paramiko parses every line of the file (and checks it against all the
         # others) for each client, which is quadratic in the fleet size.
-        client._host_keys = host_keys_for(known_hosts, host.address, host.port)
-        client._host_keys_filename = known_hosts
+        use_host_keys(client, host_keys_for(known_hosts, host.address, host.port), known_hosts)
         policy = _AcceptNewPolicy(known_hosts) if accept_new_host_keys else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
         try:
@@ -660,7 +421,7 @@ class SSHTransport:
         return t is not None and t.is_active() and (self._agent is None or not self._agent.chan.closed)
 
     def _start_agent(self, timeout: float | None, first: bytes) -> ChannelStream:
-        """Open the session the agent serves on, with its `first` request (uploading the agent's source once per
+        """Open the session the agent serves on, with its `first` request (uploading the agent's bundle once per
         host and version); returns once the agent has started, its answer to `first` still to be read."""
         chan = self.client.get_transport().open_session()
         try:

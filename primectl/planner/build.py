@@ -14,10 +14,10 @@ from pydantic import BaseModel
 from primectl import registry
 from primectl.components import base as components
 from primectl.components.frontend import registered_probe
-from primectl.deploy.protocol import Layout
 from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
 from primectl.errors import Finding, PlanError, Problem, RecipeError
+from primectl.plan.layout import Layout
 from primectl.plan.model import (
     RELEASE,
     Capacity,

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import jinja2
 
-from primectl.deploy.protocol import WATCH_ENV, Layout, json_pretty
-from primectl.deploy.protocol import unit_name as protocol_unit_name
+from primectl.host.json_codec import json_pretty
+from primectl.host.processes import WATCH_ENV
+from primectl.plan.layout import Layout
+from primectl.plan.layout import unit_name as layout_unit_name
 from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
 
@@ -97,7 +99,7 @@ def _argv_lines(argv: list[str]) -> list[str]:
 
 def unit_name(plan: Plan, service: Service) -> str:
     """systemd unit (and process-supervisor) name of a service."""
-    return protocol_unit_name(plan.name, service.name)
+    return layout_unit_name(plan.name, service.name)
 
 
 def script_path(host: HostPlan, service: Service) -> str:
@@ -127,7 +129,7 @@ def render_service(plan: Plan, host: HostPlan, svc: Service) -> dict[str, str]:
         env=[(k, shell_word(v)) for k, v in sorted(svc.env.items())], dirs=[shell_word(d) for d in svc.dirs],
         argv=_argv_lines(svc.argv), watch=" ".join(shell_word(w) for w in svc.watch), watch_env=WATCH_ENV,
     )
-    after = [protocol_unit_name(plan.name, d) + ".service" for d in svc.depends_on
+    after = [layout_unit_name(plan.name, d) + ".service" for d in svc.depends_on
              if plan.service(d).role in UNIT_AFTER_ROLES and plan.service(d).host == svc.host]
     unit_text = env.get_template("unit.service.j2").render(
         plan=plan, service=svc, host=host, script=script_path(host, svc), log=log_path(host, svc), after=after,
@@ -240,7 +242,7 @@ def _compressed(data: bytes) -> bytes:
 
 
 def pack_files(files: Mapping[str, bytes], modes: Mapping[str, int]) -> bytes:
-    """A release's files as the archive a host stages (`protocol.unpack_files` says its format), each file
+    """A release's files as the archive a host stages (`host.files.unpack_files` says its format), each file
     compressed on its own, so that content many hosts get is compressed once."""
     out = []
     for path in sorted(files):

@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from primectl.deploy.agent import readable
-from primectl.deploy.protocol import write_atomic
 from primectl.errors import DeployError
+from primectl.host.files import write_atomic
+from primectl.host.logs import readable
 from primectl.plan.model import JOB, NODE_MARKER_RE, Plan
 
 STATE_SCHEMA = 1

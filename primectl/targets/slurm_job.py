@@ -21,10 +21,9 @@ import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
-from importlib.resources import files as package_files
 from typing import Literal
 
-from primectl.deploy.transport import with_protocol
+from primectl.deploy.shipping import zipapp
 from primectl.plan.model import Plan
 from primectl.recipe.model import Slurm
 from primectl.render.bundle import MANIFEST, Bundle, hash_files, render_host, template
@@ -152,9 +151,9 @@ def job_script(plan: Plan) -> str:
 
 
 def waiter_source() -> bytes:
-    """bin/primectl-wait: slurm_wait.py after protocol.py (the probes the host agent runs), stdlib only."""
-    source = with_protocol(package_files("primectl.targets").joinpath("slurm_wait.py").read_text(), "slurm_wait.py")
-    return ("#!/usr/bin/env python3\n" + source).encode()
+    """bin/primectl-wait: host/slurm_wait.py (with the probes the host agent runs) as a zip application, stdlib
+    only."""
+    return zipapp("primectl.host.slurm_wait")
 
 
 def render_release(plan: Plan) -> Bundle:

@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Any
 
-from primectl.deploy.agent import probe_once, readable
 from primectl.deploy.fanout import parallel
-from primectl.deploy.protocol import run_probe
 from primectl.deploy.status import ServiceStatus, StatusReport
+from primectl.host.logs import readable
+from primectl.host.probes import probe_once, run_probe
 from primectl.plan.model import Plan, Probe
 from primectl.targets.base import Say, StartFailed
 from primectl.targets.slurm_cli import JobView, SlurmClient

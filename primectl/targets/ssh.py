@@ -1,6 +1,6 @@
 """The SSH target (the default): push per-host bundles over SSH (or run locally) and supervise them there.
 
-Every host operation is one call of the stdlib host agent (deploy/agent.py)
+Every host operation is one call of the stdlib host agent (host/agent.py)
 over one connection per host; services run under the recipe's supervisor
 (`process` or `systemd`). Hosts bind at plan time: the recipe names them.
 """
@@ -30,19 +30,18 @@ from primectl.deploy.cluster import (
 )
 from primectl.deploy.fanout import parallel
 from primectl.deploy.progress import WaitProgress
-from primectl.deploy.protocol import (
+from primectl.errors import DeployError
+from primectl.host.wire import (
     STATE_SCHEMA,
     DrainSpec,
     HostState,
-    Layout,
     ProbeSpec,
     ReloadSpec,
     ServiceRecord,
     ServiceRef,
     WaitSpec,
-    unit_name,
 )
-from primectl.errors import DeployError
+from primectl.plan.layout import Layout, unit_name
 from primectl.plan.model import RUN_FIELDS, HostPlan, Plan, RoleRollout, Service
 from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan

@@ -56,7 +56,7 @@ def log_command(plan: Plan, service: str, *, follow: bool, lines: int, journal: 
     (StandardOutput=append:), so the journal holds only systemd's own lines: starts, stops,
     exits with their status, and automatic restarts with their counter.
     """
-    from primectl.deploy.protocol import Layout, unit_name
+    from primectl.plan.layout import Layout, unit_name
 
     svc = plan.service(service)
     if journal:

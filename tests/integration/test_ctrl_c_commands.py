@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, sys, time
-from primectl.deploy.gateway import connect
+from primectl.deploy.connect import connect
 from primectl.plan.model import HostPlan
 
 host = HostPlan(**json.loads(sys.argv[1]))

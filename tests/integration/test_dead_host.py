@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[2])
     from primectl.deploy import transport
-    from primectl.deploy.gateway import ViaTransport, gateways
+    from primectl.deploy.via import ViaTransport, head_links
     from primectl.deploy.libssh2_transport import Libssh2Transport
     from primectl.deploy.transport import HostUnreachable, SSHTransport
     from primectl.plan.model import HostPlan
@@ -74,7 +74,7 @@ SCRIPT = textwrap.dedent("""
             t.start()
             host = HostPlan(name=t.name, address=t.address, port=t.port, user="root", identity_file=None, connection="ssh",
                             workdir=str(base / "wd"), gpus=0, via=host, via_identity_file=str(key))
-            link = ViaTransport(host, gateways(known_hosts, False))
+            link = ViaTransport(host, head_links(known_hosts, False))
         else:
             client = {"paramiko": SSHTransport, "libssh2": Libssh2Transport}[sys.argv[3]]
             link = client(host, known_hosts=known_hosts, accept_new_host_keys=False)

@@ -23,7 +23,9 @@ import yaml
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters
 from primectl.bench.liveload import up_killed_at as liveload_up_killed_at
-from primectl.deploy.protocol import Layout, balancer_servers, balancer_stat, starttime
+from primectl.host.haproxy import balancer_servers, balancer_stat
+from primectl.host.processes import starttime
+from primectl.plan.layout import Layout
 
 from .conftest import PRIMECTL, REPO
 from .generation_races import ANSWERS

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from ssh2.session import LIBSSH2_METHOD_CRYPT_CS
 
-from primectl.deploy import gateway
+from primectl.deploy import connect
 from primectl.deploy.libssh2_transport import Libssh2Transport
 from primectl.deploy.transport import HostUnreachable, SSHTransport
 from primectl.plan.model import HostPlan
@@ -171,7 +171,7 @@ def test_agent_calls_go_on_libssh2_and_shell_commands_and_uploads_on_paramiko(
     h = ssh_hosts.hosts[0]
     host = host_plan(h, ssh_hosts.client_key, tmp_path / "wd")
     known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h]))
-    transport = gateway.open_ssh(host, known_hosts=known, accept_new_host_keys=False)
+    transport = connect.open_ssh(host, known_hosts=known, accept_new_host_keys=False)
     try:
         assert isinstance(transport, Libssh2Transport) and _read(transport, host)
         target = tmp_path / "up" / "loaded" / "file.txt"
@@ -180,9 +180,9 @@ def test_agent_calls_go_on_libssh2_and_shell_commands_and_uploads_on_paramiko(
         assert (code, out) == (0, "hello\n600\n")
     finally:
         transport.close()
-    assert isinstance(gateway.open_ssh(host, known_hosts=known, accept_new_host_keys=False, shell=True), SSHTransport)
-    monkeypatch.setenv(gateway.SSH_CLIENT_ENV, "paramiko")
-    transport = gateway.open_ssh(host, known_hosts=known, accept_new_host_keys=False)
+    assert isinstance(connect.open_ssh(host, known_hosts=known, accept_new_host_keys=False, shell=True), SSHTransport)
+    monkeypatch.setenv(connect.SSH_CLIENT_ENV, "paramiko")
+    transport = connect.open_ssh(host, known_hosts=known, accept_new_host_keys=False)
     try:
         assert isinstance(transport, SSHTransport) and _read(transport, host)
     finally:

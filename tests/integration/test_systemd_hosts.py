@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from primectl.deploy.protocol import unit_name
+from primectl.plan.layout import unit_name
 
 from . import conftest
 from .conftest import LAYOUT, REPO, Deployment, nspawn_runtime

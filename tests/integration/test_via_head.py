@@ -16,7 +16,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from primectl.deploy import gateway, libssh2_transport
+from primectl.deploy import libssh2_transport, via
 from primectl.deploy.cluster import ConnectionPolicy
 from primectl.pipeline import UpOptions, up
 from primectl.plan.model import HostPlan
@@ -55,7 +55,7 @@ def test_hosts_behind_a_head_node_are_deployed_through_it_fake_engine(deployment
 
     monkeypatch.setattr(libssh2_transport.Libssh2Transport, "__init__", spy_direct)
     # one host per connection to the head here, as 8 are on a rack (sshd's MaxSessions is 10 by default)
-    monkeypatch.setattr(gateway, "HOSTS_PER_LINK", 1)
+    monkeypatch.setattr(via, "HOSTS_PER_LINK", 1)
     plan = plan_recipe(path)[1]
     said: list[str] = []
     result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
@@ -153,7 +153,7 @@ def test_head_connections_are_told_apart_by_address_not_by_name(ssh_hosts: SSHHo
     h1, h2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
     key = str(ssh_hosts.client_key)
     known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
-    g = gateway.Gateways(known, False)
+    g = via.HeadLinks(known, False)
     a, b = g.acquire(_head(h1, "head", key)), g.acquire(_head(h2, "head", key))
     try:
         assert a is not b
@@ -165,11 +165,11 @@ def test_head_connections_are_told_apart_by_address_not_by_name(ssh_hosts: SSHHo
 
     h2.stop()
     try:
-        with pytest.raises(gateway.HostUnreachable):
+        with pytest.raises(via.HostUnreachable):
             g.acquire(_head(h2, "head", key))
     finally:
         h2.start()
-    with pytest.raises(gateway.HostUnreachable):  # remembered: the hosts behind a dead head fail at once
+    with pytest.raises(via.HostUnreachable):  # remembered: the hosts behind a dead head fail at once
         g.acquire(_head(h2, "head", key))
     g.forget_failures()  # what the keeper does once no command is running
     link = g.acquire(_head(h2, "head", key))
@@ -183,19 +183,19 @@ def test_a_host_closed_while_its_agent_was_about_to_start_gives_its_session_back
     h1, h2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
     key = str(ssh_hosts.client_key)
     known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
-    g = gateway.Gateways(known, False)
+    g = via.HeadLinks(known, False)
     head = _head(h1, "h1", key)
     tray = _head(h2, "h2", key).model_copy(update={"via": head, "via_identity_file": key,
                                                    "workdir": str(tmp_path / "wd")})
-    keep = gateway.ViaTransport(_head(h2, "h2b", key).model_copy(update={"via": head, "via_identity_file": key}), g)
-    t = gateway.ViaTransport(tray, g)
+    keep = via.ViaTransport(_head(h2, "h2b", key).model_copy(update={"via": head, "via_identity_file": key}), g)
+    t = via.ViaTransport(tray, g)
     try:
         t.close()
-        with pytest.raises(gateway.HostUnreachable, match="was closed"):
+        with pytest.raises(via.HostUnreachable, match="was closed"):
             t.agent("read", {"workdir": tray.workdir, "path": "none"}, 30)
         assert keep.link is t.link and t.link.hosts == 1
-        assert all(t.link.sessions.acquire(blocking=False) for _ in range(gateway.SESSIONS_PER_LINK))
-        for _ in range(gateway.SESSIONS_PER_LINK):
+        assert all(t.link.sessions.acquire(blocking=False) for _ in range(via.SESSIONS_PER_LINK))
+        for _ in range(via.SESSIONS_PER_LINK):
             t.link.sessions.release()
     finally:
         keep.close()

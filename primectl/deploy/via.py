@@ -15,7 +15,6 @@ exchange is curve25519, the one primectl's own connections make (OpenSSH's post-
 
 from __future__ import annotations
 
-import os
 import posixpath
 import shlex
 import threading
@@ -23,21 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from primectl.deploy.known_hosts import host_entry_name, host_keys_for, known_hosts_path
-from primectl.deploy.libssh2_transport import Libssh2Transport, libssh2_available
+from primectl.deploy.known_hosts import host_entry_name, host_keys_for
 from primectl.deploy.transport import (
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,
     ChannelStream,
     HostUnreachable,
-    LocalTransport,
     OnProgress,
-    SSHConnection,
     SSHTransport,
-    Transport,
     peer_silent,
 )
-from primectl.errors import Refused
 from primectl.plan.model import HostPlan
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -69,7 +63,7 @@ class Link:
     sessions: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(SESSIONS_PER_LINK))
 
 
-class Gateways:
+class HeadLinks:
     """The head-node connections of one process, shared by the hosts reached through each: opened when first
     needed, up to HOSTS_PER_LINK hosts a connection, each closed when the last of its hosts closes."""
 
@@ -122,31 +116,31 @@ class Gateways:
 class ViaTransport(SSHTransport):
     """`via:` hosts: agent calls, shell commands and uploads run through the head node's `ssh` client."""
 
-    def __init__(self, host: HostPlan, gateways: Gateways):
+    def __init__(self, host: HostPlan, heads: HeadLinks):
         assert host.via is not None
-        self.host, self.head, self._gateways = host, host.via, gateways
+        self.host, self.head, self._heads = host, host.via, heads
         self._agent = None
         self._agent_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._fabric = None
         self._sftp = None
-        self._prefix = self._ssh_prefix(gateways)
+        self._prefix = self._ssh_prefix(heads)
         try:
-            self.link = gateways.acquire(host.via)
+            self.link = heads.acquire(host.via)
         except HostUnreachable as exc:
             raise HostUnreachable(f"{host.name} ({host.address}:{host.port}) through {host.via.name}: {exc}") from None
         self.client = self.link.transport.client
         self._released = False
 
-    def _ssh_prefix(self, gateways: Gateways) -> str:
+    def _ssh_prefix(self, heads: HeadLinks) -> str:
         """`ssh <options> -- <host>` as the head node runs it, with this host's known keys on its command line."""
         h = self.host
         name = host_entry_name(h.address, h.port)
-        keys = host_keys_for(gateways.known_hosts, h.address, h.port).lookup(name) or {}
+        keys = host_keys_for(heads.known_hosts, h.address, h.port).lookup(name) or {}
         if not keys:
             hint = (" (through a head node primectl cannot learn a key: add it first, e.g. `ssh-keyscan` run on "
-                    f"{h.via.name if h.via else 'the head node'})") if gateways.accept_new else ""
-            raise HostUnreachable(f"{h.name} ({h.address}:{h.port}): unknown host key (not in {gateways.known_hosts})"
+                    f"{h.via.name if h.via else 'the head node'})") if heads.accept_new else ""
+            raise HostUnreachable(f"{h.name} ({h.address}:{h.port}): unknown host key (not in {heads.known_hosts})"
                                   f"; verify it and add it{hint}")
         # printf's \n between lines: ssh splits this option's value into words itself, quotes but no newlines;
         # it expands %-tokens in it and printf its own %s, so a % (a scoped IPv6 address) is doubled twice
@@ -247,57 +241,22 @@ class ViaTransport(SSHTransport):
             released, self._released = self._released, True
         self._close_agent()
         if not released:
-            self._gateways.release(self.head, self.link)
+            self._heads.release(self.head, self.link)
 
 
-_GATEWAYS: dict[tuple[str, bool], Gateways] = {}
-_GATEWAYS_LOCK = threading.Lock()
+_HEAD_LINKS: dict[tuple[str, bool], HeadLinks] = {}
+_HEAD_LINKS_LOCK = threading.Lock()
 
 
-def gateways(known_hosts: str, accept_new_host_keys: bool) -> Gateways:
+def head_links(known_hosts: str, accept_new_host_keys: bool) -> HeadLinks:
     """This process's head-node connections for one host-key policy."""
-    with _GATEWAYS_LOCK:
-        return _GATEWAYS.setdefault((known_hosts, accept_new_host_keys), Gateways(known_hosts, accept_new_host_keys))
-
-
-def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bool, shell: bool = False
-            ) -> Transport:
-    """Open the right transport for a host: local, SSH, or SSH through its head node (`via`). Here rather than
-    in transport.py, which this module builds on. `shell`: see open_ssh."""
-    if host.connection == "local":
-        return LocalTransport(host)
-    return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys,
-                    shell=shell)
-
-
-SSH_CLIENT_ENV = "PRIMECTL_SSH_CLIENT"
-SSH_CLIENTS = ("libssh2", "paramiko")
-
-
-def ssh_client() -> str:
-    """The client agent calls to directly reached hosts use: `PRIMECTL_SSH_CLIENT`, libssh2 when unset (paramiko
-    where ssh2-python is not installed)."""
-    raw = os.environ.get(SSH_CLIENT_ENV, "").strip()
-    if raw and raw not in SSH_CLIENTS:
-        raise Refused(f"{SSH_CLIENT_ENV}={raw!r}: give one of {', '.join(SSH_CLIENTS)} (unset: libssh2)")
-    return raw or ("libssh2" if libssh2_available() else "paramiko")
-
-
-def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool,
-             shell: bool = False) -> SSHConnection:
-    """A `connection: ssh` host's connection: through its head node's ssh client when it has `via`, else direct,
-    with agent calls on libssh2 (on paramiko with PRIMECTL_SSH_CLIENT=paramiko, or where ssh2-python is not
-    installed). `shell`: a connection for shell commands and uploads only (Fabric's, on paramiko)."""
-    if host.via is not None:
-        return ViaTransport(host, gateways(known_hosts, accept_new_host_keys))
-    if not shell and ssh_client() == "libssh2":
-        return Libssh2Transport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
-    return SSHTransport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+    with _HEAD_LINKS_LOCK:
+        return _HEAD_LINKS.setdefault((known_hosts, accept_new_host_keys), HeadLinks(known_hosts, accept_new_host_keys))
 
 
 def forget_head_failures() -> None:
-    """Every head of this process may be tried again (see Gateways.forget_failures)."""
-    with _GATEWAYS_LOCK:
-        every = list(_GATEWAYS.values())
+    """Every head of this process may be tried again (see HeadLinks.forget_failures)."""
+    with _HEAD_LINKS_LOCK:
+        every = list(_HEAD_LINKS.values())
     for g in every:
         g.forget_failures()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """primectl-wait: inside a primectl Slurm job, wait until services pass their readiness probes.
 
     primectl-wait JOB_DIR SERVICE...
@@ -14,23 +13,21 @@ Exit status: 0 every SERVICE is ready; 3 a started service ended (its name on st
 (JOB_DIR/stopping exists).
 """
 
-from __future__ import annotations  # agent-source: drop
+from __future__ import annotations
 
 import json
 import os
 import sys
 import time
 
-from primectl.deploy.protocol import (  # agent-source: drop
-    CODE_EXITED,
-    CODE_TIMEOUT,
-    ProbeRetry,
-    ProbeSpec,
-    run_probe,
-    starttime,
-)  # agent-source: drop
+from primectl.host.probes import ProbeRetry, run_probe
+from primectl.host.processes import starttime
+from primectl.host.wire import CODE_EXITED, CODE_TIMEOUT
 
-# This file is shipped after primectl/deploy/protocol.py (`slurm_job.waiter_source`), so `__doc__` is that one's.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from primectl.host.wire import ProbeSpec
+
 USAGE = "usage: primectl-wait JOB_DIR SERVICE...\n"
 
 

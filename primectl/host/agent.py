@@ -1,96 +1,71 @@
-"""Host-side agent: every operation primectl performs on a host, in one stdlib-only script.
+"""The host agent: every operation primectl performs on a host, its dispatcher, and its entry point.
 
-primectl sends this source (after protocol.py, which defines the layout, the
-state schema, the request/result types and the supervisors) with the command,
-so nothing has to be installed on a host first. Over SSH it runs as
-`python3 -I -S -c <source> serve`, one session per connection: a JSON request
-line in, a JSON result line out, one round trip per operation. Locally it runs
-as `... <op> <json-args>` and prints one JSON result. In tests the fake
-transport calls `dispatch` in-process. A request whose args hold `progress_s`
-also gets `{"progress": [...]}` lines before its result while it waits (`wait`,
-`start_wait`): each awaited service's phase, elapsed time, budget, what its
-probe saw and its log's last line, at least every `progress_s` seconds.
+primectl sends this package (stdlib only: the layout, the request/result types,
+files, processes, probes, the balancer and the supervisors are its other
+modules) as one bundle (`deploy.shipping`), so nothing has to be installed on a
+host first. Over SSH it runs as `python3 -I -S -c <loader> serve`, one session
+per connection: a JSON request line in, a JSON result line out, one round trip
+per operation. Locally it runs as `... <op> <json-args>` and prints one JSON
+result. In tests the fake transport calls `dispatch` in-process. A request
+whose args hold `progress_s` also gets `{"progress": [...]}` lines before its
+result while it waits (`wait`, `start_wait`): each awaited service's phase,
+elapsed time, budget, what its probe saw and its log's last line, at least
+every `progress_s` seconds.
 """
 
-from __future__ import annotations  # agent-source: drop
+from __future__ import annotations
 
 import os
 import sys
 import time
 
-from primectl.deploy.protocol import (  # agent-source: drop
-    CODE_EXITED,
-    CODE_TIMEOUT,
-    KEEP_RELEASES,
-    SUPERVISORS,
-    TYPE_CHECKING,
-    Answers,
-    InspectResult,
-    InstallProgress,
-    Layout,
-    Liveness,
-    LockResult,
-    ProbeResult,
-    ProbeRetry,
-    ProbeSpec,
-    Progress,
-    ReadResult,
-    ReloadResult,
-    Result,
-    ServiceProgress,
-    ServiceRef,
-    SpawnResult,
-    StartResult,
-    StopResult,
-    Supervisor,
-    TailResult,
-    WaitSpec,
-    back_into_balancer,
-    copy_tree,
-    json_dumps,
-    json_loads,
-    json_pretty,
-    kill_session,
-    read_json,
-    reap_exited,
-    remove_tree,
-    run_probe,
-    spawn_session,
-    starttime,
-    unpack_files,
-    write_atomic,
-)  # agent-source: drop
+from primectl.host.files import copy_tree, read_json, remove_tree, unpack_files, write_atomic
+from primectl.host.json_codec import json_dumps, json_loads, json_pretty
+from primectl.host.logs import LazyPattern, last_log_line, readable, tail_file
+from primectl.host.probes import ProbeRetry, probe_once
+from primectl.host.processes import kill_session, reap_exited, spawn_session, starttime
+from primectl.host.wire import CODE_EXITED, CODE_TIMEOUT, ServiceProgress
+from primectl.plan.layout import Layout
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import re
     from collections.abc import Callable, Iterator
     from typing import Any
 
+    from primectl.host.probes import Answers
+    from primectl.host.supervisor import Supervisor
+    from primectl.host.wire import (
+        InspectResult,
+        InstallProgress,
+        Liveness,
+        LockResult,
+        ProbeResult,
+        ProbeSpec,
+        Progress,
+        ReadResult,
+        ReloadResult,
+        Result,
+        ServiceRef,
+        SpawnResult,
+        StartResult,
+        StopResult,
+        TailResult,
+        WaitSpec,
+    )
 
-class LazyPattern:
-    """A regular expression compiled when it is first used: `import re` costs as much CPU as the agent's own
-    start-up, and most operations match nothing. `maybe` is a cheap test that every text it matches passes: a
-    text that fails it is not searched, so a plain log line never imports re."""
 
-    def __init__(self, source: str, maybe: Callable[[str], bool] = lambda text: True):
-        self.source = source
-        self.maybe = maybe
-        self._compiled: re.Pattern[str] | None = None
+def supervisor_for(name: str, layout: Layout) -> Supervisor:
+    """The supervisor a host's deployment names (`process` or `systemd`); its module is imported here, as only
+    one of them is ever used."""
+    if name == "systemd":
+        from primectl.host.systemd_supervisor import SystemdSupervisor
 
-    def _pattern(self) -> re.Pattern[str]:
-        if self._compiled is None:
-            import re
+        return SystemdSupervisor(layout)
+    if name != "process":
+        raise KeyError(name)
+    from primectl.host.process_supervisor import ProcessSupervisor
 
-            self._compiled = re.compile(self.source)
-        return self._compiled
-
-    def search(self, text: str) -> re.Match[str] | None:
-        """re.Pattern.search."""
-        return self._pattern().search(text) if self.maybe(text) else None
-
-    def sub(self, repl: str, text: str) -> str:
-        """re.Pattern.sub."""
-        return self._pattern().sub(repl, text) if self.maybe(text) else text
+    return ProcessSupervisor(layout)
 
 
 class Host:
@@ -101,7 +76,7 @@ class Host:
                  emit: Callable[[Progress], None] | None = None):
         self.args = args
         self.layout = Layout(args["workdir"])
-        self.supervisor = supervisor or SUPERVISORS[args.get("supervisor", "process")](self.layout)
+        self.supervisor = supervisor or supervisor_for(args.get("supervisor", "process"), self.layout)
         self._prober = prober
         self._emit = emit
 
@@ -319,6 +294,8 @@ def op_start_wait(h: Host) -> StartResult:
         for svc in h.args["services"]:  # ready again: back into the balancer's rotation it was drained from
             spec = svc.get("drain")
             if spec and spec.get("how") == "balancer":
+                from primectl.host.haproxy import back_into_balancer
+
                 error = back_into_balancer(spec)
                 if error:
                     return {"ok": False, "error": error, "service": svc["name"]}
@@ -349,38 +326,6 @@ def op_stop(h: Host) -> StopResult:
     """Stop services (SIGTERM, SIGKILL after each one's timeout); `remove_units` also forgets them."""
     stopped = h.supervisor.stop_many(h.args["services"], remove=bool(h.args.get("remove_units")))
     return {"ok": True, "stopped": stopped, "drained": h.supervisor.drained}
-
-
-def probe_once(p: ProbeSpec, workdir: str = "", answers: Answers | None = None) -> tuple[bool, str]:
-    """Run one probe against the host's current release: (passed, what it saw)."""
-    return run_probe(p, os.path.realpath(os.path.join(workdir, "current")), answers)
-
-
-def last_log_line(path: str) -> str:
-    """The last line a service wrote to its log since its last start ('' when none): what it is busy with."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    # progress bars redraw with \r: the text after the last one is what the terminal would show
-    lines = [line.strip() for line in readable(text.replace("\r", "\n")).splitlines()]
-    for line in reversed(lines):
-        if line.startswith("--- primectl: starting"):
-            return ""
-        if line and not PROBE_ECHO.search(line):
-            return LOG_STAMP.sub("", line)[:200]
-    return ""
-
-
-# What a service logs about our own readiness probe (Dynamo's system server logs each 503 it answers):
-# never what it is busy with.
-PROBE_ECHO = LazyPattern(r"tower_http::trace|\bGET /(health|live|ready)\b",
-                         lambda text: "tower_http::trace" in text or "GET /" in text)
-# a leading ISO time: the line says when, we say how long
-LOG_STAMP = LazyPattern(r"^\d{4}-\d\d-\d\dT[\d:.]+Z?\s+", lambda text: text[:4].isdigit())
 
 
 class WaitReport:
@@ -488,6 +433,9 @@ def op_probe(h: Host) -> ProbeResult:
     return {"ok": True, "results": results}
 
 
+KEEP_RELEASES = 5  # releases a host keeps besides those its state names
+
+
 def op_write_state(h: Host) -> Result:
     """Record what runs here, then drop releases nothing refers to (keeping the last few)."""
     lay, state = h.layout, h.args["state"]
@@ -502,47 +450,13 @@ def op_write_state(h: Host) -> Result:
     return {"ok": True}
 
 
-ANSI_ESCAPE = LazyPattern(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])",
-                          lambda text: "\x1b" in text)
-
-
-def readable(text: str) -> str:
-    """Text without terminal escape codes (colours, cursor moves) and other control characters but tab."""
-    text = ANSI_ESCAPE.sub("", text)
-    return "".join(c for c in text if c in "\t\n" or c >= " ")
-
-
-ERROR_LINE = LazyPattern(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): \S",
-                         lambda text: "Error: " in text or "Exception: " in text)
-
-
-def _tail_file(path: str, lines: int) -> str:
-    """The last lines of a log (plain text), led by the first exception it names when that is further up."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 262144))
-            text = readable(f.read().decode(errors="replace")).splitlines()
-    except FileNotFoundError:
-        text = []
-    starts = [i for i, line in enumerate(text) if line.startswith("--- primectl: starting")]
-    start = starts[-1] if starts else 0  # only this run: from the last start marker on
-    last = text[-lines:]
-    first_error = next((line for line in text[start:] if ERROR_LINE.search(line)), None)
-    out = [line[:400] + (" [...]" if len(line) > 400 else "") for line in last]
-    if first_error and first_error not in last:
-        out.insert(0, f"(first error in this start's log) {first_error.strip()[:400]}")
-    return "\n".join(out)
-
-
 def op_tail(h: Host) -> TailResult:
     """The last lines of each named service's log (and what the supervisor logged about it)."""
     lines = int(h.args.get("lines", 40))
     units: dict[str, str] = h.args.get("units", {})
     out = {}
     for name in h.args["services"]:
-        text = _tail_file(h.layout.log(name), lines)
+        text = tail_file(h.layout.log(name), lines)
         journal = h.supervisor.journal(units[name], 10) if name in units else ""
         if journal:
             text += f"\n--- {h.supervisor.name} about {units[name]} ---\n{journal}"
@@ -551,8 +465,11 @@ def op_tail(h: Host) -> TailResult:
 
 
 def op_purge(h: Host) -> Result:
-    """Remove everything primectl put under the workdir (the agent's source too, where it was cached there: this
-    agent runs from memory now). The copy in the login user's cache stays: other deployments share it."""
+    """Remove everything primectl put under the workdir (the agent's modules too, where they were cached there:
+    this agent runs on from memory, with those it imports only when needed imported first). The copy in the
+    login user's cache stays: other deployments share it."""
+    from primectl.host import haproxy, process_supervisor, systemd_supervisor  # noqa: F401
+
     for sub in (*Layout.PURGED, AGENT_DIR):
         remove_tree(h.layout.path(sub))
     return {"ok": True}
@@ -618,8 +535,11 @@ def op_install_progress(h: Host) -> InstallProgress:
             "downloaded_mb": round(downloaded, 1), "last": readable(last)[:200]}
 
 
-AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/primectl_agent.py, the cached copy of this source
+AGENT_DIR = "agent"  # under the workdir: agent/<hash[:16]>/, the cached copy of the agent's bundle
+
+
 DOWNLOADED = LazyPattern(r"^Downloading \S+ \(([0-9.]+) (kB|MB|GB)\)", lambda text: text.startswith("Downloading "))
+
 
 def op_settle(h: Host) -> Result:
     """Wait until no other agent on this workdir is in an operation that changes what runs (one an `up` killed
@@ -632,6 +552,8 @@ def op_settle(h: Host) -> Result:
 
 
 OPS: dict[str, Op] = {name[3:]: fn for name, fn in list(globals().items()) if name.startswith("op_")}
+
+
 # Operations that change what runs: one at a time per workdir, so that a run that takes over from a killed one
 # (`settle`) sees the end of the dead run's last call, not a service that call is about to start.
 CHANGING = frozenset({"stage", "switch", "secrets", "activate", "start", "start_wait", "reload", "stop",
