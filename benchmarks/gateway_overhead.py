@@ -2,8 +2,8 @@
 """What the fleet gateway adds to a request, side by side with LiteLLM's proxy, in one run.
 
 Brings a copy of the demo fleet up with all weight on site a (primectl.bench.fleet_copy), starts LiteLLM's proxy
-(its own venv, .venv-litellm: `make litellm-tools`) with one model pointing at site a's frontend, and drives
-four paths to the same Dynamo frontend with the openai client:
+(its own venv, .venv-litellm: `make litellm-tools`) with one model pointing at site a's frontend and a master
+key (it refuses to start without one), and drives four paths to the same Dynamo frontend with the openai client:
 
 - direct: site a's frontend;
 - replica: one primectl gateway replica (key check, admission, usage, SSE relay);
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -151,12 +152,14 @@ def main() -> int:
             direct = f"http://127.0.0.1:{args.port + 50}"
             lite_port = args.port + 90
             config = Path(tmp) / "litellm.yaml"
+            master = "sk-" + secrets.token_hex(24)  # LiteLLM's proxy refuses to start without a master key
             config.write_text(json.dumps({"model_list": [{"model_name": "demo", "litellm_params": {
                 "model": "openai/demo", "api_base": f"{direct}/v1", "api_key": "none"}}],
-                "litellm_settings": {"drop_params": True}}))
+                "litellm_settings": {"drop_params": True}, "general_settings": {"master_key": master}}))
+            lite_log = Path(tmp) / "litellm.log"
             litellm = subprocess.Popen(
                 [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(lite_port),
-                 "--num_workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                 "--num_workers", "1"], stdout=lite_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
                 env=os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"})
             deadline = time.monotonic() + 600  # LiteLLM imports for minutes on a busy 2-core machine
             while True:
@@ -165,11 +168,11 @@ def main() -> int:
                     break
                 except OSError:
                     if time.monotonic() > deadline or litellm.poll() is not None:
-                        print("LiteLLM's proxy did not start", file=sys.stderr)
+                        print("LiteLLM's proxy did not start:\n" + lite_log.read_text()[-3000:], file=sys.stderr)
                         return 1
                     time.sleep(0.5)
             paths = {"direct": (f"{direct}/v1", "none"), "replica": (f"{fleet.replicas[0]}/v1", key),
-                     "edge": (f"{fleet.edge}/v1", key), "litellm": (f"http://127.0.0.1:{lite_port}/v1", "none")}
+                     "edge": (f"{fleet.edge}/v1", key), "litellm": (f"http://127.0.0.1:{lite_port}/v1", master)}
             clients = {n: OpenAI(base_url=u, api_key=k, max_retries=0, timeout=60) for n, (u, k) in paths.items()}
             for c in clients.values():  # warm every path (connections, caches) before measuring
                 for _ in range(5):
