@@ -20,9 +20,9 @@ from pydantic import BaseModel, ValidationError
 
 from primectl.components.etcd import solo_etcd
 from primectl.components.haproxy import drain_behind, haproxy_service, request_buffer
-from primectl.deploy.protocol import Layout
 from primectl.errors import Problem, RecipeError
 from primectl.fleet.model import FleetRecipe
+from primectl.plan.layout import Layout
 from primectl.plan.model import RELEASE, FileSpec, HostPlan, Plan, Probe, RoleRollout, Runtime, Service
 from primectl.recipe.yamlpos import Path as YamlPath
 from primectl.recipe.yamlpos import Position, load_yaml
