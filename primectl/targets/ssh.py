@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from primectl.checks.preflight_rules import ours_listening
 from primectl.deploy.changes import Change, compute_changes, file_diff, pending, script_path, secrets_hash
@@ -454,14 +454,16 @@ class SSHRollout:
         return bool(svc.drain and old and svc.drain.address and old.get("address") != svc.drain.address)
 
     def _check_move_text(self, name: str) -> str:
-        """What `diff` says of a balancer whose health check moves."""
-        old = self._ready_url(name) or ""
-        was = old.split("/v1/models/", 1)[1].rsplit("/", 1)[0] if "/v1/models/" in old else None
-        head = (f"the served model is renamed ('{unquote(was)}' -> '{self.plan.served_model}'); its health check "
-                "follows" if was else "its health check moves to the model's readiness")
-        return (f"{head}, so it reloads as soon as the new workers have registered, before any replica rolls"
-                + (f"; clients must ask for '{self.plan.served_model}': the old name answers 404 once its workers "
-                   "have drained" if was else "; expected loss 0"))
+        """What `diff` says of a reloading service whose readiness check moves: what its component says of that."""
+        from primectl.components import base as components
+
+        svc = self.plan.service(name)
+        try:
+            component: object | None = components.get(svc.component)
+        except KeyError:
+            component = None
+        move = components.check_move(component, self.plan, svc, self._ready_url(name) or "")
+        return f"{move.why}, so it reloads as soon as the new workers have registered, before any replica rolls; {move.then}"
 
     def reloads(self, wave: list[str]) -> list[str]:
         """The running services of a wave that take their change in place: only their files change, and they
