@@ -1,5 +1,5 @@
-"""Generic modules name no engine (issue item 1): recipe/, checks/, targets/, deploy/, plan/, planner/ and
-pipeline.py ask the Plan or the Engine protocol, never "is this vLLM?". Identifiers and string constants are
+"""Generic modules name no engine (issue item 1): recipe/, checks/, targets/, deploy/, plan/, planner/, rollout/
+and pipeline.py ask the Plan or the Engine protocol, never "is this vLLM?". Identifiers and string constants are
 checked; docstrings, comments and field descriptions (documentation, which may name an engine as an example)
 are not."""
 
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GENERIC = ("recipe", "checks", "targets", "deploy", "plan", "planner", "pipeline.py")
+GENERIC = ("recipe", "checks", "targets", "deploy", "plan", "planner", "rollout", "pipeline.py")
 ENGINE_WORD = re.compile(r"(?<![A-Za-z0-9])(vllm|mocker|sglang)(?![a-z0-9])", re.IGNORECASE)
 # Prose shown to users that names an engine as background, not as a choice the code makes: file -> the words.
 ALLOWED = {

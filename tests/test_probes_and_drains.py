@@ -16,7 +16,7 @@ import pytest
 from primectl.host.probes import http_fetch, run_probe
 from primectl.host.supervisor import inflight
 from primectl.plan.model import Drain, Probe, Service
-from primectl.targets.ssh import _recorded_drain
+from primectl.rollout.strategy import recorded_drain
 
 ANSWERS = {  # path -> (status, body): what Dynamo's /ready says before and after the model is ready
     "/ready-503": (503, {"ready": False, "namespaces": {"ns": {"worker_types": {"prefill": {"workers": 2}}}}}),
@@ -86,9 +86,9 @@ def test_a_status_probe_still_wants_its_status(server: str) -> None:
 def test_a_balancer_drain_recorded_without_its_address_takes_it_from_the_readiness_url() -> None:
     record = {"unit": "u", "ready": {"kind": "http", "url": "http://127.0.0.1:8100/health"},
               "drain": {"how": "balancer", "socket": "/s", "server": "frontends/frontend-0", "timeout_s": 60}}
-    assert _recorded_drain(record)["address"] == "127.0.0.1:8100"  # type: ignore[arg-type,index]
+    assert recorded_drain(record)["address"] == "127.0.0.1:8100"  # type: ignore[arg-type,index]
     signal = {"how": "signal", "timeout_s": 60}
-    assert _recorded_drain({**record, "drain": signal}) == signal  # type: ignore[arg-type]
+    assert recorded_drain({**record, "drain": signal}) == signal  # type: ignore[arg-type]
 
 
 def test_a_drain_without_an_address_hashes_as_before_the_field_existed() -> None:

@@ -304,7 +304,7 @@ def test_a_failed_batch_rolls_back_only_what_it_touched(env: Env) -> None:
 
 def test_batches_never_take_every_instance_of_a_role_out_at_once() -> None:
     from primectl.plan.model import RoleRollout
-    from primectl.targets.ssh import batches
+    from primectl.rollout.strategy import batches
 
     twelve = RoleRollout(role="decode", instances=[[f"decode-{i}"] for i in range(12)], max_unavailable=4)
     assert batches(twelve, {f"decode-{i}" for i in range(12)}) == [

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from primectl.components.haproxy import BACKEND, admin_socket
 from primectl.host.haproxy import balancer_command, balancer_server
 
 
@@ -174,19 +175,16 @@ def up_killed_at(primectl: str, recipe: Path, line: str, *, cwd: Path, timeout_s
     return at_line, "".join(seen)
 
 
-# The balancer's admin socket under a deployment's workdir (engines/haproxy.py) and its backend of frontend replicas.
-BALANCER_SOCKET = "run/balancer.haproxy.sock"
-BALANCER_BACKEND = "frontends"
 _MIGRATION_SAMPLE = re.compile(r"^dynamo_frontend_model_migration_(total|duration_seconds_count)\{([^}]*)\} (\S+)$")
 
 
 def frontend_metrics_urls(workdir: Path) -> list[str]:
     """Each frontend replica's /metrics, from the balancer's server list (none without a balancer)."""
-    sock = workdir / BALANCER_SOCKET
+    sock = Path(admin_socket(str(workdir)))
     if not sock.exists():
         return []
     urls = []
-    for line in balancer_command(str(sock), f"show servers state {BALANCER_BACKEND}").splitlines():
+    for line in balancer_command(str(sock), f"show servers state {BACKEND}").splitlines():
         f = line.split()  # be_id be_name srv_id srv_name srv_addr ... srv_port (the 19th field)
         if len(f) > 18 and f[0].isdigit():
             urls.append(f"http://{f[4]}:{f[18]}/metrics")
@@ -212,9 +210,9 @@ def deployment_counters(workdir: Path) -> dict[str, float]:
             key = (f"migration/{labels.get('migration_type')}" if m.group(1) == "total"
                    else f"migration_outcome/{labels.get('outcome')}")
             out[key] = out.get(key, 0.0) + float(m.group(3))
-    sock = workdir / BALANCER_SOCKET
+    sock = Path(admin_socket(str(workdir)))
     if sock.exists():
-        out["balancer_retries"] = float(balancer_server(str(sock), f"{BALANCER_BACKEND}/BACKEND").get("wretr") or 0)
+        out["balancer_retries"] = float(balancer_server(str(sock), f"{BACKEND}/BACKEND").get("wretr") or 0)
     return out
 
 

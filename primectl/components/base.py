@@ -18,7 +18,10 @@ Beyond `name`, `stage` and `extend`, a component may declare (ComponentParts):
 - `smoke_checks(plan, service)`: checks `primectl smoke` and `up` run against
   each of its services;
 - `kubernetes(service)`: how a service of it appears in a DynamoGraphDeployment,
-  or why it is not rendered there.
+  or why it is not rendered there;
+- `check_move(plan, service, was)`: what `diff` says when a change moves the
+  readiness check of a service of it that reloads in place (a balancer whose
+  health check names the served model).
 """
 
 from __future__ import annotations
@@ -63,6 +66,15 @@ class ComponentCheck:
     body: Callable[[], str]
 
 
+@dataclass(frozen=True)
+class CheckMove:
+    """A reloading service whose readiness check moves with a change (the rollout reloads it as soon as the new
+    workers have registered): why the check moves, and what clients see once it has."""
+
+    why: str
+    then: str
+
+
 class Component(Protocol):
     """A service kind that is not an inference engine (see the module docstring)."""
 
@@ -92,6 +104,11 @@ class ComponentParts(Protocol):
 
     def kubernetes(self, service: Service) -> KubernetesForm | NotRendered:
         """How one of its services is rendered for Kubernetes."""
+        ...
+
+    def check_move(self, plan: Plan, service: Service, was: str) -> CheckMove:
+        """Why a running service of it is to take a readiness check other than the one it was recorded with (`was`,
+        a URL), and what clients see once it has."""
         ...
 
 
@@ -149,3 +166,11 @@ def kubernetes(component: object, service: Service) -> KubernetesForm | NotRende
     if callable(declared):
         return cast(ComponentParts, component).kubernetes(service)
     return NotRendered(f"component {getattr(component, 'name', '?')} declares no Kubernetes form")
+
+
+def check_move(component: object | None, plan: Plan, service: Service, was: str) -> CheckMove:
+    """What the component says of a service of it whose readiness check moves; one that says nothing loses nothing."""
+    declared = getattr(component, "check_move", None)
+    if callable(declared):
+        return cast(ComponentParts, component).check_move(plan, service, was)
+    return CheckMove("its readiness check moves", "expected loss 0")

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
-from primectl.components.base import KubernetesForm, NotRendered
+from primectl.components.base import CheckMove, KubernetesForm, NotRendered
 from primectl.engines.base import PlanContext
-from primectl.plan.model import Drain, FileSpec, Probe, Reload, Service
+from primectl.plan.model import Drain, FileSpec, Plan, Probe, Reload, Service
 
 HAPROXY_BINARY = "/usr/sbin/haproxy"
 BACKEND = "frontends"
+MODELS = "/v1/models/"  # a replica's readiness for a model is MODELS<model>/ready
 CONFIG = "config/balancer.haproxy.cfg"
 MAXCONN = 4096
 # sockaddr_un.sun_path holds 108 bytes with its NUL, and HAProxy binds `<path>.<pid>.tmp` first, then renames it
@@ -55,19 +56,30 @@ def connection_cap(bufsize: int) -> int:
     return max(64, min(MAXCONN, BUFFER_MEMORY // (2 * bufsize)))
 
 
-def socket_path(ctx: PlanContext, host: str) -> str:
-    """The admin socket of the balancer on `host` (see `socket_path_in`)."""
-    return socket_path_in(ctx.hosts[host].workdir)
-
-
-def socket_path_in(workdir: str) -> str:
-    """The admin socket of the balancer whose host's workdir is `workdir`: under the workdir (so it survives a
-    release switch), or, where that path is too long for a Unix socket's address (HAProxy refuses the
-    configuration), a short one in /tmp named after it."""
+def admin_socket(workdir: str) -> str:
+    """The admin socket of the balancer of the deployment in `workdir`: under it (so it survives a release switch),
+    or, where that path is too long for a Unix socket's address (HAProxy refuses the configuration), a short one in
+    /tmp named after it."""
     path = f"{workdir}/run/balancer.haproxy.sock"
     if len(path.encode()) <= SOCKET_PATH_MAX:
         return path
     return f"/tmp/primectl-{hashlib.sha256(path.encode()).hexdigest()[:16]}.haproxy.sock"
+
+
+def socket_path(ctx: PlanContext, host: str) -> str:
+    """The admin socket of the balancer on `host`."""
+    return admin_socket(ctx.hosts[host].workdir)
+
+
+def check_uri(model: str) -> str:
+    """The path the balancer health-checks each replica at: its readiness for the served model."""
+    return f"{MODELS}{quote(model, safe='')}/ready"
+
+
+def checked_model(url: str) -> str | None:
+    """The served model a health check at `url` asks about (None: one that names none, as balancers recorded before
+    their check named the model)."""
+    return unquote(url.split(MODELS, 1)[1].rsplit("/", 1)[0]) if MODELS in url else None
 
 
 def state_file(workdir: str) -> str:
@@ -84,7 +96,7 @@ def drain_behind(workdir: str, replica: Service, timeout_s: float) -> Drain:
     """How a service behind the balancer of the host whose workdir is `workdir` leaves rotation: the balancer
     stops sending it work and its streams finish; when it is back, the balancer reaches it at its (possibly new)
     address and port."""
-    return Drain(how="balancer", socket=socket_path_in(workdir), server=f"{BACKEND}/{replica.name}",
+    return Drain(how="balancer", socket=admin_socket(workdir), server=f"{BACKEND}/{replica.name}",
                  address=f"{replica.address}:{replica.ports['http']}", timeout_s=timeout_s)
 
 
@@ -96,21 +108,21 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spare
     return haproxy_service(
         deployment=ctx.recipe.name, host=host, address=ctx.hosts[host].address, port=fe.port,
         workdir=ctx.hosts[host].workdir, replicas=replicas, spares=spares or [],
-        check_uri=f"/v1/models/{quote(ctx.recipe.model.served_name, safe='')}/ready",
+        check=check_uri(ctx.recipe.model.served_name),
         bufsize=request_buffer(ctx.recipe.model.max_context or ctx.arch.max_context))
 
 
 def haproxy_service(*, deployment: str, host: str, address: str, port: int, workdir: str, replicas: list[Service],
-                    spares: list[Service], check_uri: str, bufsize: int, name: str = "balancer",
+                    spares: list[Service], check: str, bufsize: int, name: str = "balancer",
                     fronts: str | None = None) -> Service:
-    """HAProxy on `address:port` in front of `replicas` (each reached on its `http` port, UP while `check_uri`
+    """HAProxy on `address:port` in front of `replicas` (each reached on its `http` port, UP while `check`
     answers `"ready": true`) and `spares` (servers in maintenance until a change puts them in rotation); it is
-    ready once `check_uri` answers through it. `fronts`: what the config's header says it stands in front of."""
+    ready once `check` answers through it. `fronts`: what the config's header says it stands in front of."""
     from primectl.render.bundle import template
 
     config = template("haproxy.cfg.j2").render(
         name=name, deployment=deployment, fronts=fronts, maxconn=connection_cap(bufsize), bufsize=bufsize,
-        socket=socket_path_in(workdir), state_file=state_file(workdir), check_uri=check_uri,
+        socket=admin_socket(workdir), state_file=state_file(workdir), check_uri=check,
         stream_timeout_s=600, address=address, port=port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": False} for r in replicas]
         + [{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": True} for r in spares],
@@ -124,9 +136,9 @@ def haproxy_service(*, deployment: str, host: str, address: str, port: int, work
         ports={"http": port}, listens=[port],
         depends_on=[r.name for r in replicas],
         # ready once the model is ready through it: a balancer whose check follows a renamed model then says when
-        # it has taken the new name (the rollout reloads it as soon as the new workers serve, see targets/ssh.py)
-        ready=Probe(kind="http", url=f"http://{address}:{port}{check_uri}", timeout_s=60),
-        reload=Reload(signal="SIGUSR2", socket=socket_path_in(workdir), backend=BACKEND,
+        # it has taken the new name (the rollout reloads it as soon as the new workers serve: rollout/strategy.py)
+        ready=Probe(kind="http", url=f"http://{address}:{port}{check}", timeout_s=60),
+        reload=Reload(signal="SIGUSR2", socket=admin_socket(workdir), backend=BACKEND,
                       servers=[r.name for r in [*replicas, *spares]], state_file=state_file(workdir),
                       check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),
     )
@@ -153,6 +165,15 @@ class Balancer:
         replicas = [s for s in out if s.role == "frontend"]
         spares = [s.twin for s in replicas if s.twin]
         return [*out, balancer_service(ctx, host, replicas, spares=spares)]
+
+    def check_move(self, plan: Plan, service: Service, was: str) -> CheckMove:
+        """Its health check follows the served model: a renamed model, or a check recorded before it named one."""
+        old = checked_model(was)
+        if old is None:
+            return CheckMove("its health check moves to the model's readiness", "expected loss 0")
+        new = plan.served_model
+        return CheckMove(f"the served model is renamed ('{old}' -> '{new}'); its health check follows",
+                         f"clients must ask for '{new}': the old name answers 404 once its workers have drained")
 
     def kubernetes(self, service: Service) -> KubernetesForm | NotRendered:
         """Not rendered: the kubernetes target runs one frontend, behind the operator's Service."""

@@ -227,7 +227,7 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
         )
         replicas.append(svc.model_copy(update={"drain": drain_behind(host.workdir, svc, g.drain_timeout_s)}))
     edge = haproxy_service(deployment=r.name, host=host.name, address=host.address, port=g.port, workdir=host.workdir,
-                           replicas=replicas, spares=[], check_uri="/-/ready",
+                           replicas=replicas, spares=[], check="/-/ready",
                            bufsize=request_buffer(base.serving.model.max_context), name="edge",
                            fronts=f"the gateway replicas of fleet {r.name}")
     endpoint = f"http://{host.address}:{g.port}"

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 from primectl.checks.preflight_rules import ours_listening
 from primectl.deploy.changes import Change, compute_changes, file_diff, pending, script_path, secrets_hash
@@ -42,9 +41,12 @@ from primectl.host.wire import (
     WaitSpec,
 )
 from primectl.plan.layout import Layout, unit_name
-from primectl.plan.model import RUN_FIELDS, HostPlan, Plan, RoleRollout, Service
+from primectl.plan.model import HostPlan, Plan, RoleRollout, Service
 from primectl.recipe.model import Recipe
 from primectl.render.bundle import Bundle, render_plan
+from primectl.rollout import strategy
+from primectl.rollout.expected import drain_s, expected_loss
+from primectl.rollout.strategy import Seen, Surge, WaveRollout, recorded_drain
 from primectl.targets.base import PlannedHosts, StartFailed, StepPlan
 
 LOG_TAIL_LINES = 40
@@ -79,25 +81,7 @@ def _refs(plan: Plan, names: Iterable[str]) -> list[ServiceRef]:
 
 
 def _recorded_refs(records: dict[str, ServiceRecord], names: Iterable[str]) -> list[ServiceRef]:
-    return [_ref(n, records[n]["unit"], records[n].get("stop_timeout", 30), _recorded_drain(records[n])) for n in names]
-
-
-def _recorded_drain(record: ServiceRecord) -> DrainSpec | None:
-    """A recorded drain; a balancer's server recorded before drains carried their address gets the one its
-    readiness URL names, so a service put back at its old port is re-pointed there."""
-    drain = record.get("drain")
-    if not drain or drain.get("how") != "balancer" or drain.get("address"):
-        return drain
-    url = urlsplit(str((record.get("ready") or {}).get("url") or ""))
-    return {**drain, "address": f"{url.hostname}:{url.port}"} if url.hostname and url.port else drain
-
-
-def batches(rollout: RoleRollout, changed: set[str]) -> list[list[str]]:
-    """The changed instances of a role in restart batches: at most max_unavailable at once, and never every
-    instance of a role that has more than one (each batch lists the services of its instances)."""
-    touched = [inst for inst in rollout.instances if any(n in changed for n in inst)]
-    size = max(1, min(rollout.max_unavailable, len(rollout.instances) - 1 if len(rollout.instances) > 1 else 1))
-    return [[n for inst in touched[i:i + size] for n in inst if n in changed] for i in range(0, len(touched), size)]
+    return [_ref(n, records[n]["unit"], records[n].get("stop_timeout", 30), recorded_drain(records[n])) for n in names]
 
 
 def _record(svc: Service, bundle: Bundle) -> ServiceRecord:
@@ -144,6 +128,7 @@ class SSHRollout:
         self.started: list[str] = []
         self.twins: list[str] = []  # surge twins running now (stopped at the end of their surge, or by rollback)
         self.reloaded: list[str] = []  # services that re-read their files in place (rollback reloads them again)
+        self.seen = Seen({}, {})  # what the hosts reported, as the rollout strategy reads it (set by `diff`)
 
     # -- lock and diff --------------------------------------------------------------------------------
 
@@ -154,12 +139,11 @@ class SSHRollout:
         unlock(self.cluster)
 
     def diff(self, secrets: str | None, *, detail: bool = False) -> list[Change]:
-        # a worker with a surge twin, started by an interrupted `up` from this revision, is kept as it runs: its
-        # generation's registrations already count it (one restarted would be counted twice while it surges)
+        self.seen = self._observe()
         self.changes = self._relisted(compute_changes(self.bundles, self.cluster.views,
                                                       self._script_diff if detail else None,
-                                                      lambda n: self.plan.service(n).twin is not None))
-        self.changes += self._orphaned_twins()
+                                                      partial(strategy.adoptable, self.plan)))
+        self.changes += strategy.leftover_twins(self.plan, self.seen, exclude=self.twins)
         if secrets is not None:
             self.secrets_hash = secrets_hash(self.plan.name, secrets)
             self.stale_secrets = [h for h in self.hosts if self.cluster.state(h).get("secrets_hash") != self.secrets_hash]
@@ -168,23 +152,18 @@ class SSHRollout:
                 self.cluster.say("secrets changed: running services keep the values they started with until they restart")
         return self.changes
 
-    def _orphaned_twins(self) -> list[Change]:
-        """Surge twins that run though no `up` is under way: left by one that was killed mid-surge. One started
-        from the revision being applied serves on as this run's own twin until this run's surge is done; another
-        is drained and stopped before anything starts (its generation's registrations would count it)."""
-        out = []
-        for svc in self.plan.services:
-            if not svc.twin or svc.twin.name in self.twins or not self.cluster.alive(svc.host, svc.twin.name):
-                continue
-            why = ("it serves until this run's surge is done, then drains and stops" if self._from_this_revision(svc.twin)
-                   else "drained and stopped before anything starts")
-            out.append(Change(svc.host, svc.twin.name, "remove", f"surge twin left running by an interrupted `up`: {why}"))
-        return out
-
-    def _from_this_revision(self, svc: Service) -> bool:
-        """Whether a running service was started from the revision this run applies to its host."""
-        started = self.cluster.views[svc.host].get("services", {}).get(svc.name, {}).get("release")
-        return started == self.bundles[svc.host].revision
+    def _observe(self) -> Seen:
+        """What the hosts reported of each planned service (and its twin) at the host the plan puts it on."""
+        c, plan = self.cluster, self.plan
+        recorded = {h: c.recorded(h) for h in self.hosts}
+        live = {h: c.views.get(h, {}).get("services", {}) for h in self.hosts}
+        ones = [(svc.host, one.name) for svc in plan.services for one in (svc, svc.twin) if one]
+        running = {n for h, n in ones if live[h].get(n, {}).get("alive")}
+        current = [n for h, n in ones if n in running and live[h][n].get("release") == self.bundles[h].revision]
+        records = {s.name: recorded[s.host][s.name] for s in plan.services if s.name in recorded[s.host]}
+        wanted = {n: cast(dict[str, str], m.get("fields", {})) for b in self.bundles.values()
+                  for n, m in b.services.items()}
+        return strategy.observe(plan, records, running, current, wanted)
 
     def _relisted(self, changes: list[Change]) -> list[Change]:
         """Workers that run and pass their own probe but that the frontend lost: `restart` instead of `keep`
@@ -226,7 +205,7 @@ class SSHRollout:
 
     @property
     def to_start(self) -> set[str]:
-        return {c.service for c in self.changes if c.starts}
+        return strategy.starting(self.changes)
 
     def describe(self, *, preflight: bool, smoke: bool) -> list[StepPlan]:
         """What each step of `up` would do now."""
@@ -329,161 +308,58 @@ class SSHRollout:
 
     def stop_removed(self) -> None:
         c = self.cluster
-        twins = {svc.twin.name: svc.twin for svc in self.plan.services if svc.twin}
-        orphans = [ch.service for ch in self.changes if ch.action == "remove" and ch.service in twins]
-        if stale := [n for n in orphans if not self._from_this_revision(twins[n])]:
-            c.say(f"stopping {', '.join(stale)}: surge twin(s) of another revision an interrupted `up` left running")
-            self.twins = stale
+        gone = strategy.removals(self.plan, self.changes, self.seen)
+        if gone.stale_twins:
+            c.say(f"stopping {', '.join(gone.stale_twins)}: surge twin(s) of another revision an interrupted `up` "
+                  "left running")
+            self.twins = gone.stale_twins
             self._stop_twins()
-        if kept := [n for n in orphans if self._from_this_revision(twins[n])]:
-            c.say(f"keeping {', '.join(kept)}: surge twin(s) an interrupted `up` started from this revision serve "
-                  "until this run's surge is done")
-            self.twins = kept
-        removed: dict[str, list[str]] = {}
-        for ch in self.changes:
-            if ch.action == "remove" and ch.service not in twins:
-                removed.setdefault(ch.host, []).append(ch.service)
-        for h, names in removed.items():
+        if gone.adopted_twins:
+            c.say(f"keeping {', '.join(gone.adopted_twins)}: surge twin(s) an interrupted `up` started from this "
+                  "revision serve until this run's surge is done")
+            self.twins = gone.adopted_twins
+        for h, names in gone.services.items():
             c.client(h).stop(_recorded_refs(c.recorded(h), names), remove_units=True)
 
     def waves(self) -> list[list[str]]:
-        names = self.to_start
-        return [[n for n in wave if n in names] for wave in self.plan.start_waves() if any(n in names for n in wave)]
+        return strategy.waves(self.plan, self.changes)
 
     def rollout_plan(self) -> list[str]:
         """Per wave, how the running services that change are replaced, and what clients lose (0, or why not)."""
-        plan, out = self.plan, []
-        for wave in self.waves():
-            at_once, surge, rolls = self.rolling(wave)
-            running = set(self.running_changes())
-            for n in self.reloads(wave):
-                svc = plan.service(n)
-                out.append(f"{n}: reloads in place ({svc.reload.signal if svc.reload else ''}: only its files "
-                           "change); it keeps its sockets and finishes the connections it holds; "
-                           + (self._check_move_text(n) if n in self.check_moves() else "expected loss 0"))
-            for n in at_once:
-                if n in running:
-                    svc = plan.service(n)
-                    out.append(f"{n}: single instance, no spare capacity: up to {svc.ready.timeout_s:g}s without "
-                               f"this {svc.role} (it restarts in place)")
-            if surge:
-                new_generation = self._new_generation(surge)
-                kind = ("new generation (its own Dynamo namespace: the router never mixes the two)"
-                        if new_generation else "same generation")
-                stages = self._stages(surge)
-                order = "; ".join(", ".join(n + "-surge" for n in stage) for stage in stages)
-                joins = ("register" if any(plan.service(n).listed_as for n in surge)
-                         else "take traffic at the balancer")
-                out.append(f"surge, {kind}: twins {order} start beside the running ones and {joins}"
-                           + (" (prefill first)" if len(stages) > 1 else "")
-                           + f"; then {'; '.join(', '.join(stage) for stage in reversed(stages))} drain (up to "
-                           f"{max(_drain_s(plan.service(n)) for n in surge):g}s) "
-                           f"and restart; then the twins drain and stop; expected loss 0")
-            for rollout, steps in rolls:
-                drain = max((_drain_s(plan.service(n)) for b in steps for n in b), default=0)
-                if len(rollout.instances) == 1:
-                    svc = plan.service(steps[0][0])
-                    why = ("no spare capacity" if svc.twin is None else
-                           "its command line changes, and there is room for its twin but not for a whole second "
-                           "generation (Dynamo's router rejects a twin whose model card differs from the running one)")
-                    out.append(f"{rollout.role}: single instance, {why}: up to {svc.ready.timeout_s:g}s "
-                               f"without this role")
-                    continue
-                if rollout.registered is not None and self._card_changes(steps[0]):
-                    svc = plan.service(steps[0][0])
-                    out.append(f"{rollout.role}: {', '.join(steps[0])} restart together: their command line changes, "
-                               "and Dynamo's router rejects workers whose model card differs from the running ones; "
-                               f"no room for a second generation here: up to {svc.ready.timeout_s:g}s without "
-                               f"{'this role' if len(steps[0]) == len(rollout.instances) else 'them'}")
-                    continue
-                together = len(steps) == 1 and len(steps[0]) >= len([n for i in rollout.instances for n in i])
-                out.append(f"{rollout.role}: {len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
-                           f"drain (up to {drain:g}s) -> restart -> ready"
-                           + (" -> registered with the router" if rollout.registered else " -> back in the balancer"
-                              + (" at its new address" if any(self._moves(n) for b in steps for n in b) else ""))
-                           + ("; every instance at once: the role is out until they are ready" if together
-                              else "; expected loss 0"))
-        return out
+        return expected_loss(self.plan, self.changes, self.seen)
 
-    def rolling(self, wave: list[str]) -> tuple[list[str], list[str], list[tuple[RoleRollout, list[list[str]]]]]:
-        """A wave's services split three ways: started at once (new, dead, or of no role to roll through); workers
-        that change and have a surge twin each (a new generation starts beside the old one); and per role, the
-        batches the other running instances that change restart in."""
-        changing = set(self.running_changes()) & set(wave)
-        # A worker's twin in the running generation's namespace must carry the same model card as the workers there:
-        # only a plan with room for a whole generation (each worker in one) surges a new command line. A service no
-        # router counts (a frontend behind the balancer) surges whatever changes.
-        surge = [n for n in wave if n in changing and self.plan.service(n).twin is not None
-                 and (self.plan.service(n).generation is not None or self.plan.service(n).listed_as is None
-                      or not self._card_changes([n]))]
-        rolls = []
-        in_batches: set[str] = set(surge)
-        for rollout in self.plan.rollouts:
-            mine = {n for inst in rollout.instances for n in inst} & changing - set(surge)
-            if mine and rollout.registered is not None and self._card_changes(mine):
-                # Dynamo 1.6.1's router keeps the first configuration of a worker set and rejects workers whose
-                # model card differs ("Rejected incompatible workers"): a new argv cannot roll in batches.
-                rolls.append((rollout, [sorted(mine, key=wave.index)]))
-                in_batches |= mine
-            elif mine:
-                rolls.append((rollout, batches(rollout, mine)))
-                in_batches |= mine
-        reloads = set(self.reloads(wave))
-        return [n for n in wave if n not in in_batches and n not in reloads], surge, rolls
+    def rolling(self, wave: list[str]) -> WaveRollout:
+        """How a wave's services are replaced (rollout/strategy.py decides)."""
+        return strategy.wave_rollout(self.plan, self.changes, self.seen, wave)
 
     def running_changes(self) -> list[str]:
         """The services that change and run now (a stopped one simply starts: nothing to roll or surge past)."""
-        return [ch.service for ch in self.changes if ch.action == "change" and self.cluster.alive(ch.host, ch.service)]
+        return strategy.running_changes(self.changes, self.seen)
 
     def check_moves(self) -> list[str]:
-        """The reloading services whose readiness moves (a balancer whose health check follows a renamed model),
-        not yet reloaded. They reload as soon as the new configuration's workers have registered, while the old
-        name's still serve too: until then they would call every replica down, the ones that come back included."""
-        return [n for n in self.reloads(list(self.to_start)) if n not in self.reloaded and self._ready_url(n)]
-
-    def _ready_url(self, name: str) -> str | None:
-        """The readiness URL a running service was recorded with, when the plan's differs (else None)."""
-        have = str(((self.cluster.recorded(self.plan.service(name).host).get(name) or {}).get("ready") or {}).get("url") or "")
-        return have if have and have != self.plan.service(name).ready.url else None
-
-    def _moves(self, name: str) -> bool:
-        """Whether a service behind a balancer comes back at another address than the balancer has for it."""
-        svc = self.plan.service(name)
-        old = _recorded_drain(self.cluster.recorded(svc.host).get(name) or {})
-        return bool(svc.drain and old and svc.drain.address and old.get("address") != svc.drain.address)
-
-    def _check_move_text(self, name: str) -> str:
-        """What `diff` says of a balancer whose health check moves."""
-        old = self._ready_url(name) or ""
-        was = old.split("/v1/models/", 1)[1].rsplit("/", 1)[0] if "/v1/models/" in old else None
-        head = (f"the served model is renamed ('{unquote(was)}' -> '{self.plan.served_model}'); its health check "
-                "follows" if was else "its health check moves to the model's readiness")
-        return (f"{head}, so it reloads as soon as the new workers have registered, before any replica rolls"
-                + (f"; clients must ask for '{self.plan.served_model}': the old name answers 404 once its workers "
-                   "have drained" if was else "; expected loss 0"))
+        """The reloading services whose readiness moves, not yet reloaded: they reload as soon as the new
+        configuration's workers have registered."""
+        return [n for n in strategy.check_moves(self.plan, self.changes, self.seen) if n not in self.reloaded]
 
     def reloads(self, wave: list[str]) -> list[str]:
-        """The running services of a wave that take their change in place: only their files change, and they
-        say how to re-read them (a balancer whose replica set changes)."""
-        run = [f for f in RUN_FIELDS if f != "files"]
-        return [ch.service for ch in self.changes
-                if ch.action == "change" and ch.service in wave and self.plan.service(ch.service).reload is not None
-                and not any(self._field_changed(ch.service, f) for f in run)]
+        """The services of a wave that take their change in place."""
+        return strategy.reloads(self.plan, self.changes, self.seen, wave)
 
     def start(self, wave: list[str]) -> None:
         """Start a wave: new and dead services at once; changing workers with room for a twin as a surge (twins
         first, then the old ones drained and replaced, then the twins drained); a role's other running instances
         that change in batches, each drained first and back in the router's count before the next batch starts."""
-        at_once, surge, rolls = self.rolling(wave)
-        if at_once:
-            self._start_now(at_once)
-        if reloads := [n for n in self.reloads(wave) if n not in self.reloaded]:
+        step = self.rolling(wave)
+        if step.at_once:
+            self._start_now(step.at_once)
+        if reloads := [n for n in step.reloads if n not in self.reloaded]:
             self._reload_now(reloads)
-        if surge:
-            self._surge(surge)
-        if any(rollout.registered is None for rollout, _ in rolls) and (early := self.check_moves()):
+        if step.surge:
+            self._surge(step.surge)
+        if any(roll.rollout.registered is None for roll in step.rolls) and (early := self.check_moves()):
             self._reload_now(early)  # before a replica comes back, or the balancer would never call it up
-        for rollout, steps in rolls:
+        for roll in step.rolls:
+            rollout, steps = roll.rollout, roll.batches
             for i, batch in enumerate(steps, 1):
                 if len(steps) > 1 or len(rollout.instances) > 1:
                     self.cluster.say(f"rolling {rollout.role} {i}/{len(steps)}: {', '.join(batch)} "
@@ -492,71 +368,38 @@ class SSHRollout:
                 if rollout.registered is not None:
                     self._wait_registered(rollout)
 
-    def _surge(self, names: list[str]) -> None:
+    def _surge(self, surge: Surge) -> None:
         """Replace running workers with no moment short of capacity: their twins (the new configuration, on
         ports of their own) start and register, the old instances drain and restart as the new configuration,
         then the twins drain and stop. A new generation registers in a namespace of its own, so the router
         never mixes workers whose model cards differ."""
         plan, c = self.plan, self.cluster
-        stages = self._stages(names)
-        twins = [plan.service(n).twin for n in names]
-        extra = {r.role: sum(1 for n in names if plan.service(n).role == r.role) for r in plan.rollouts}
+        stages = surge.stages
         for i, stage in enumerate(stages):
-            c.say(f"surge: starting {', '.join(n + '-surge' for n in stage)} beside {', '.join(stage)}"
+            twins = [t for n in stage if (t := plan.service(n).twin) is not None]
+            c.say(f"surge: starting {', '.join(t.name for t in twins)} beside {', '.join(stage)}"
                   + (" (prefill first: its router is active before the generation takes requests)"
                      if len(stages) > 1 and i == 0 else ""))
-            started = [t for n in stage if (t := plan.service(n).twin) is not None and t.name not in self.twins]
+            started = [t for t in twins if t.name not in self.twins]
             self.twins += [t.name for t in started]
             if started:
                 self._start_services(started)
-            self._wait_roles(stage, extra, fresh=True)
+            self._wait_roles(stage, surge.twins, fresh=True)
         if early := self.check_moves():
             self._reload_now(early)  # both generations serve now: the only moment both names answer
         for stage in reversed(stages):
             c.say(f"surge: draining and replacing {', '.join(stage)}")
             self._start_now(stage)
-            self._wait_roles(stage, extra, fresh=False)
-        c.say(f"surge: draining {', '.join(t.name for t in twins if t)}")
+            self._wait_roles(stage, surge.twins, fresh=False)
+        c.say(f"surge: draining {', '.join(t.name for n in surge.services if (t := plan.service(n).twin))}")
         self._stop_twins()
-        self._wait_roles(names, {}, fresh=False)
-
-    def _stages(self, names: list[str]) -> list[list[str]]:
-        """The order a surge starts its twins in (and drains the old instances in, reversed). A new generation
-        with prefill workers starts their twins first: Dynamo 1.6.1's frontend routes to a generation as soon
-        as its decode workers register, and rejects what it sends there while that generation's prefill router
-        is still activating. Its old prefill workers drain last, once no decode worker of theirs is routed to."""
-        prefill = [n for n in names if self.plan.service(n).role == "prefill"]
-        rest = [n for n in names if n not in prefill]
-        if not self._new_generation(names) or not prefill or not rest:
-            return [names]
-        return [prefill, rest]
+        self._wait_roles(surge.services, {}, fresh=False)
 
     def _wait_roles(self, names: list[str], twins: dict[str, int], *, fresh: bool) -> None:
         """Until the router counts each role of `names` as planned plus its twins still up (`fresh`: only the twins
         and the instances that do not change have registered in this generation so far)."""
-        plan = self.plan
-        for rollout in plan.rollouts:
-            if rollout.registered is None or not any(n in inst for inst in rollout.instances for n in names):
-                continue
-            changing = sum(1 for inst in rollout.instances if any(n in names for n in inst))
-            unchanged = len(rollout.instances) - changing
-            # a new generation counts apart: at first only its twins and the instances that did not change
-            count = (unchanged if fresh and self._new_generation(names) else len(rollout.instances)) + twins.get(rollout.role, 0)
+        for rollout, count in strategy.registered_counts(self.plan, self.seen, names, twins, fresh=fresh):
             self._wait_registered(rollout, count)
-
-    def _card_changes(self, names: Iterable[str]) -> bool:
-        """Whether any of these workers changes its command line (what its model card is made from)."""
-        return any(self._field_changed(n, "argv") for n in names)
-
-    def _field_changed(self, name: str, field: str) -> bool:
-        host = self.plan.service(name).host
-        have = (self.cluster.recorded(host).get(name) or {}).get("fields", {})
-        want = cast(dict[str, str], self.bundles[host].services[name].get("fields", {}))
-        return have.get(field) != want.get(field)
-
-    def _new_generation(self, names: list[str]) -> bool:
-        """Whether the workers that change move to a generation (Dynamo namespace) other than the running one."""
-        return any(self._field_changed(n, "generation") for n in names)
 
     def _start_services(self, services: list[Service]) -> None:
         """Start services that are not in the plan's list (surge twins) and wait until each is ready."""
@@ -581,13 +424,10 @@ class SSHRollout:
     def _stop_twins(self) -> None:
         """Drain and stop every surge twin this `up` started (systemd: and forget their units)."""
         plan, c = self.plan, self.cluster
-        twins = [svc.twin for svc in plan.services if svc.twin and svc.twin.name in self.twins]
-        # decode twins before prefill twins: a prefill worker leaves only once nothing routes through it
-        for prefill in (False, True):
+        for twins in strategy.twin_drain_order(plan, self.twins):
             by_host: dict[str, list[ServiceRef]] = {}
             for t in twins:
-                if (t.role == "prefill") == prefill:
-                    by_host.setdefault(t.host, []).append(_service_ref(plan, t))
+                by_host.setdefault(t.host, []).append(_service_ref(plan, t))
             for h, r in parallel(partial(self._stop_on, by_host), by_host).items():
                 if isinstance(r, BaseException):
                     c.say(f"WARNING: could not stop the surge twins on {h}: {r}")
@@ -622,7 +462,7 @@ class SSHRollout:
             names = by_host[h]
             waits: list[WaitSpec] = [{"name": n, "unit": unit_name(plan.name, n),
                                       "probe": plan.service(n).ready.model_dump(mode="json")} for n in names]  # type: ignore[typeddict-item]
-            timeout = max(plan.service(n).ready.timeout_s for n in names) + 60 + sum(_drain_s(plan.service(n)) for n in names)
+            timeout = max(plan.service(n).ready.timeout_s for n in names) + 60 + sum(drain_s(plan.service(n)) for n in names)
             return c.client(h).start_wait(_refs(plan, names), waits, timeout=timeout, progress=progress.update)
 
         with WaitProgress(wave) as progress:  # each service's phase on stderr while the wave comes up
@@ -689,20 +529,15 @@ class SSHRollout:
     def rollback(self) -> None:
         """Put changed services back on the previous revision and wait until they are healthy."""
         plan, c = self.plan, self.cluster
-        planned = {s.name for s in plan.services}
-        stop = _group(plan, [n for n in self.started if n in planned])
-        added = {ch.service for ch in self.changes if ch.action == "add"}
+        stop = strategy.rollback_stops(plan, self.changes, self.started)
 
         def stop_one(h: str) -> None:
-            kept = [n for n in stop[h] if n not in added]
-            new = [n for n in stop[h] if n in added]  # never ran before: forget them (systemd: delete their units)
-            if kept:
-                c.client(h).stop(_refs(plan, kept))
-            if new:
-                c.client(h).stop(_refs(plan, new), remove_units=True)
+            if stop[h].restarted:
+                c.client(h).stop(_refs(plan, stop[h].restarted))
+            if stop[h].added:
+                c.client(h).stop(_refs(plan, stop[h].added), remove_units=True)
 
         parallel(stop_one, stop)
-        restore: dict[str, list[str]] = {}
         for h, view in c.views.items():
             prev = view.get("current")
             if prev and h in self.bundles and self.bundles[h].revision != prev:
@@ -710,11 +545,7 @@ class SSHRollout:
                     c.client(h).switch(prev)
                 except DeployError as exc:
                     c.say(f"WARNING: could not point {h} back at revision {prev}: {exc}")
-            recorded = c.recorded(h)
-            for ch in self.changes:
-                if ch.host == h and ch.action in ("change", "remove") and ch.service in recorded:
-                    if ch.action == "remove" or ch.service in self.started:
-                        restore.setdefault(h, []).append(ch.service)
+        restore = strategy.rollback_restores(self.changes, self.started, {h: c.recorded(h) for h in c.views})
         if self.reloaded:  # `current` points at the previous release again: re-read its files
             try:
                 self._reload_now(self.reloaded, rollback=True)
@@ -784,10 +615,6 @@ class SSHRollout:
     def summary(self) -> str:
         keep = sum(ch.action == "keep" for ch in self.changes)
         return f"{len(self.to_start)} started, {keep} unchanged"
-
-
-def _drain_s(svc: Service) -> float:
-    return svc.drain.timeout_s if svc.drain else 0.0
 
 
 def _drained_text(d: Any) -> str:
@@ -902,7 +729,7 @@ class SSHTarget:
                     return
                 rollout = plan.rollout_of(service)
                 if svc.twin is not None:
-                    run._surge([service])
+                    run._surge(strategy.surge(plan, run.seen, [service]))
                 else:
                     run._start_now([service])
                     if rollout is not None and rollout.registered is not None:
@@ -932,9 +759,7 @@ class SSHTarget:
                         if one and one.name not in recorded[h] and cluster.alive(h, one.name):
                             recorded[h][one.name] = {"unit": unit_name(plan.name, one.name),
                                                      "stop_timeout": one.stop_timeout_s}
-            planned = {n for wave in plan.start_waves() for n in wave}
-            extra = sorted({n for svcs in recorded.values() for n in svcs} - planned)
-            for names in [extra, *reversed(plan.start_waves())]:
+            for names in strategy.stop_order(plan, {n for svcs in recorded.values() for n in svcs}):
                 groups = {h: _recorded_refs(svcs, [n for n in names if n in svcs]) for h, svcs in recorded.items()}
                 groups = {h: refs for h, refs in groups.items() if refs}
                 for r in parallel(partial(_stop_refs, cluster, groups, purge), groups).values():
