@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
+from primectl.bench.fleet_copy import FleetCopy, host_network_refusal, write_fleet  # noqa: E402
 from primectl.checks.smoke import words  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
@@ -151,11 +151,9 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19_800)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
-    if len(out) > 1 and os.environ.get("PRIMECTL_ALLOW_HOST_NET") != "1":
-        print("refusing to bind loopback ports outside a private network namespace; run it as\n  "
-              "unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
-              ".venv/bin/python benchmarks/fleet_failover.py'", file=sys.stderr)
+    refusal = host_network_refusal("benchmarks/fleet_failover.py")
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     name = "failover"
     with tempfile.TemporaryDirectory(prefix="primectl-fleet-bench-") as tmp:

@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import write_fleet  # noqa: E402
+from primectl.bench.fleet_copy import host_network_refusal, write_fleet  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 LITELLM = REPO / ".venv-litellm" / "bin" / "litellm"
@@ -133,9 +133,9 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19_900)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
-    if len(links) > 1 and os.environ.get("PRIMECTL_ALLOW_HOST_NET") != "1":
-        print("refusing to bind loopback ports outside a private network namespace (see the docstring)", file=sys.stderr)
+    refusal = host_network_refusal("benchmarks/gateway_overhead.py")
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     if not LITELLM.exists():
         print(f"no LiteLLM at {LITELLM}: run `make litellm-tools`", file=sys.stderr)
