@@ -19,7 +19,6 @@ import typer
 from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployError, Problem, RecipeError, Refused
 
 if TYPE_CHECKING:
-    from primectl.deploy.cluster import ConnectionPolicy
     from primectl.fleet.plan import FleetPlan
     from primectl.plan.model import Plan
     from primectl.targets.base import ReachesHosts
@@ -103,14 +102,12 @@ def _fleet(path: Path) -> FleetPlan | None:
     return plan_fleet(path) if recipe_kind(path) == "fleet" else None
 
 
-def _policy(plan: Plan, accept_new_host_keys: bool) -> ConnectionPolicy:
-    from primectl.deploy.cluster import ConnectionPolicy
-    from primectl.deploy.connect import ssh_client
-    from primectl.deploy.keeper import persist_s
+def _policy(plan: Plan, accept_new_host_keys: bool) -> object:
+    """What the plan's target connects to its machines with (SSH: a ConnectionPolicy, checked before any host is
+    reached); None for a target that declares none (`connection_options`)."""
+    from primectl.targets.base import connection_options
 
-    persist_s()  # a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused before any host is reached
-    ssh_client()
-    return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
+    return connection_options(_target(plan), plan, accept_new_host_keys=accept_new_host_keys)
 
 
 def _target(plan: Plan):  # type: ignore[no-untyped-def]

@@ -323,3 +323,10 @@ def render_for_target(plan: Plan, out: Path) -> list[str]:
     report = getattr(chosen, "render_report", None)
     extra: list[str] = report(plan) if callable(report) else []
     return [f"{out / rel}" for rel in sorted(files)] + [f"{len(files)} files written for target {kind}", *extra]
+
+
+def connection_options(target: object, plan: Plan, *, accept_new_host_keys: bool) -> object:
+    """The options the target's commands connect with, built by the target (`connection_options(plan, *,
+    accept_new_host_keys)`); None for a target that declares none (it builds its own, or reaches no host)."""
+    declared = getattr(target, "connection_options", None)
+    return declared(plan, accept_new_host_keys=accept_new_host_keys) if callable(declared) else None

@@ -646,6 +646,16 @@ class SSHTarget:
         """The recipe names real hosts: planned as written."""
         return PlannedHosts(hosts)
 
+    def connection_options(self, plan: Plan, *, accept_new_host_keys: bool) -> ConnectionPolicy:
+        """How commands reach the hosts over SSH; a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused
+        here, before any host is reached."""
+        from primectl.deploy.connect import ssh_client
+        from primectl.deploy.keeper import persist_s
+
+        persist_s()
+        ssh_client()
+        return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
+
     def bind(self, plan: Plan) -> Plan:
         """Hosts are named by the recipe: the plan is already bound."""
         return plan
