@@ -26,10 +26,10 @@ from primectl.host import slurm_wait
 from primectl.plan.model import NODE_MARKER_RE, Plan
 from primectl.planner.build import build_plan, plan_recipe
 from primectl.planner.load import load_recipe
-from primectl.recipe.model import Slurm
 from primectl.targets.slurm import SlurmTarget
 from primectl.targets.slurm_files import bind
 from primectl.targets.slurm_job import components, directives, job_hash, render_release
+from primectl.targets.slurm_recipe import Slurm
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "glm53-slurm"

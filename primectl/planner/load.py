@@ -225,7 +225,9 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
     file = str(path)
     data, positions = _read(FsPath(path), file)
     engine = data.get("engine") if isinstance(data.get("engine"), str) else None
-    model = recipe_model(engine, blocks=component_blocks([k for k in data if isinstance(k, str)], file, positions))
+    target = data.get("target") if isinstance(data.get("target"), str) else None
+    blocks = target_blocks(target) + component_blocks([k for k in data if isinstance(k, str)], file, positions)
+    model = recipe_model(engine, blocks=blocks)
     try:
         recipe = model.model_validate(data)
     except ValidationError as exc:
@@ -242,7 +244,26 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
 
 def schema_text() -> str:
     """The recipe's JSON Schema as text, with the blocks and pins of every registered engine (`primectl schema`)."""
-    return recipe_json_schema(recipe_model(every=True, blocks=component_blocks(None)))
+    return recipe_json_schema(recipe_model(every=True, blocks=target_blocks(None, every=True) + component_blocks(None)))
+
+
+def target_blocks(target: str | None, *, every: bool = False) -> tuple[EngineBlock, ...]:
+    """The recipe blocks of every built-in target (a recipe may carry another target's block, e.g. one it
+    extends) and of `target`; `every`: of every registered target (the schema). A target that cannot be loaded adds
+    nothing (the recipe's `target:` check says why)."""
+    from primectl.targets.base import get
+
+    names = registry.names("target") if every else [*registry.BUILTIN_TARGETS, *([target] if target else [])]
+    out: list[EngineBlock] = []
+    for name in dict.fromkeys(names):
+        try:
+            declared = getattr(get(name), "recipe_block", None)
+        except (KeyError, registry.PluginError):
+            continue
+        block = declared() if callable(declared) else None
+        if block is not None:
+            out.append(block)
+    return tuple(out)
 
 
 def component_blocks(keys: list[str] | None, file: str = "", positions: dict[Path, Position] | None = None

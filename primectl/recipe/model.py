@@ -322,96 +322,6 @@ class Software(Strict):
     python: str | None = Field(None, description="Use this Python on every host instead of a provisioned runtime.")
 
 
-SLURM_TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
-SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_.,+-]+$")
-SBATCH_OPTION_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\;&|<>`$]*)?$")
-# sbatch options primectl writes itself (per component or job-wide), and what to do instead.
-_PLACED = "it follows from the placement (prefill/decode hosts, parallel)"
-SLURM_MANAGED: dict[str, str] = {
-    "--job-name": "it is primectl-<name>", "--output": "it goes under slurm.job_dir",
-    "--error": "it goes under slurm.job_dir", "--nodes": _PLACED, "--ntasks": _PLACED, "--ntasks-per-node": _PLACED,
-    "--het-group": _PLACED, "--gpus-per-node": "set slurm.gpu_request", "--gres": "set slurm.gpu_request",
-    "--segment": "set slurm.nvlink", "--switches": "set slurm.nvlink", "--partition": "set slurm.partition",
-    "--account": "set slurm.account", "--time": "set slurm.time_limit", "--exclusive": "set slurm.exclusive",
-    "--comment": "primectl records the revision there", "--chdir": "primectl submits from the release directory",
-}
-
-
-def _slurm_name(v: str | None) -> str | None:
-    if v is not None and not SLURM_NAME_RE.match(v):
-        raise ValueError(f"{v!r} is not a Slurm name (letters, digits and _ . , + -)")
-    return v
-
-
-SlurmName = Annotated[str | None, AfterValidator(_slurm_name)]
-
-
-def _sbatch_option(v: str) -> str:
-    if not SBATCH_OPTION_RE.match(v):
-        raise ValueError(f"{v!r} is not one sbatch option (--name or --name=value, no spaces, quotes or shell characters)")
-    flag = v.split("=", 1)[0]
-    if flag in SLURM_MANAGED:
-        raise ValueError(f"{flag} is written by primectl: {SLURM_MANAGED[flag]}")
-    return v
-
-
-SbatchOption = Annotated[str, AfterValidator(_sbatch_option)]
-
-
-def _srun_option(v: str) -> str:
-    if not SBATCH_OPTION_RE.match(v):
-        raise ValueError(f"{v!r} is not one srun option (--name or --name=value, no spaces, quotes or shell characters)")
-    return v
-
-
-class SlurmComponentOptions(Strict):
-    """Extra sbatch options for one kind of het-job component."""
-
-    head: list[SbatchOption] = Field(default_factory=list, description="The head component (etcd, Mooncake master, frontend).")
-    prefill: list[SbatchOption] = Field(default_factory=list, description="Each prefill component.")
-    decode: list[SbatchOption] = Field(default_factory=list, description="Each decode component.")
-
-
-class Slurm(Strict):
-    """How `target: slurm` submits the deployment: one (heterogeneous) batch job."""
-
-    job_dir: AbsolutePath = Field(
-        "/var/lib/primectl/slurm",
-        description="Directory on a filesystem shared by the submitting machine and every node: releases, job logs, "
-        "state, lock and (unless software.python is given) the runtime venv live under it.",
-    )
-    partition: SlurmName = Field(None, description="sbatch --partition for every component; default: the cluster's.")
-    account: SlurmName = Field(None, description="sbatch --account.")
-    time_limit: str | None = Field(
-        None, description="sbatch --time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or UNLIMITED); default: the partition's.")
-    exclusive: bool = Field(True, description="Whole nodes (sbatch --exclusive --mem=0): no other job shares them.")
-    gpu_request: Literal["gpus-per-node", "gres", "none"] = Field(
-        "gpus-per-node", description="How GPUs are asked for: --gpus-per-node=N, --gres=gpu:N, or not at all.")
-    nvlink: Literal["segment", "switches", "none"] = Field(
-        "segment",
-        description="How a multi-node instance is kept inside one NVLink domain: `segment` (--segment=N; Slurm 24.05+ with "
-        "topology/block, what NVL72 clusters use), `switches` (--switches=1 under topology/tree, any version), or `none`.",
-    )
-    switches_wait: str | None = Field(None, description="With nvlink: switches, the longest wait for one switch (--switches=1@TIME).")
-    extra_sbatch: list[SbatchOption] = Field(default_factory=list, description="More sbatch options for every component, e.g. --qos=high.")
-    component_sbatch: SlurmComponentOptions = Field(
-        default_factory=SlurmComponentOptions, description="More sbatch options for one kind of component only.")
-    srun_args: list[Annotated[str, AfterValidator(_srun_option)]] = Field(
-        default_factory=list,
-        description="More srun options for every service step, e.g. pyxis' --container-image=... when nodes run a container.")
-    interface: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9_.:-]+$",
-        description="Resolve each node's address from this network interface on the node; default: the node's NodeAddr.")
-    pending_timeout_s: int = Field(600, gt=0, description="How long `up` waits for the job to start running.")
-
-    @field_validator("time_limit", "switches_wait")
-    @classmethod
-    def _time(cls, v: str | None) -> str | None:
-        if v is not None and not SLURM_TIME_RE.match(v):
-            raise ValueError(f"{v!r} is not a Slurm time; allowed: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, UNLIMITED")
-        return v
-
-
 RECIPE_KINDS = ("deployment",)
 
 
@@ -441,7 +351,6 @@ class Recipe(Strict):
                         json_schema_extra=_registered("engine", "Worker engine"))
     target: str = Field("ssh", description="How processes reach machines (one registered in primectl.registry).",
                         json_schema_extra=_registered("target", "How processes reach machines"))
-    slurm: Slurm | None = Field(None, description="Slurm job options (target: slurm); defaults apply when left out.")
     software: Software = Field(default_factory=Software)
     supervisor: Literal["systemd", "process"] = "systemd"
     restart_delay_s: int = Field(5, ge=1, le=300, description=(
@@ -518,7 +427,11 @@ def with_engine_parts(blocks: tuple[EngineBlock, ...], pins: tuple[type[BaseMode
     _reorder(software, sw_order)
     fields: dict[str, Any] = {"software": (software, Field(default_factory=software))}
     for key, model in blocks:
-        if key not in Recipe.model_fields:
+        if key in Recipe.model_fields:
+            continue
+        if getattr(model, "optional_block", False):  # absent: None (and so it dumps, and hashes, as null)
+            fields.setdefault(key, (model | None, Field(None, description=getattr(model, "block_description", None))))
+        else:
             fields.setdefault(key, (model, Field(default_factory=model)))
     recipe = cast(type[Recipe], create_model("Recipe", __base__=Recipe, __doc__=Recipe.__doc__, __module__=__name__,
                                              **fields))

@@ -49,13 +49,14 @@ from primectl.deploy.changes import Change, diff_services, file_diff, script_pat
 from primectl.deploy.status import StatusReport
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, Runtime, node_marker
-from primectl.recipe.model import Recipe, Slurm
+from primectl.recipe.model import EngineBlock, Recipe
 from primectl.render.bundle import Bundle
 from primectl.targets import slurm_observe
 from primectl.targets.base import PlannedHosts, Say, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
+from primectl.targets.slurm_recipe import Slurm
 
 if TYPE_CHECKING:  # provision imports the SSH cluster code, which a Slurm `up` loads only to provision
     from primectl.deploy.provision import Install
@@ -432,11 +433,15 @@ class SlurmTarget:
     """`target: slurm`."""
 
     name = "slurm"
+
+    def recipe_block(self) -> EngineBlock:
+        """The recipe's `slurm:` block (None where the recipe leaves it out)."""
+        return "slurm", Slurm
     surges = False
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
         """Logical node slots: addresses bound in the job, workdirs per job on the shared filesystem."""
-        o = recipe.slurm or Slurm()
+        o = getattr(recipe, "slurm", None) or Slurm()
         root = os.path.join(o.job_dir, recipe.name)
         planned = [h.model_copy(update={"address": node_marker(h.name), "workdir": f"{root}/jobs/@job@/{h.name}"})
                    for h in hosts]

@@ -25,8 +25,8 @@ from typing import Literal
 
 from primectl.deploy.shipping import zipapp
 from primectl.plan.model import Plan
-from primectl.recipe.model import Slurm
 from primectl.render.bundle import MANIFEST, Bundle, hash_files, render_host, template
+from primectl.targets.slurm_recipe import Slurm
 
 JOB_SCRIPT = "job.sbatch"
 WAITER = "bin/primectl-wait"
