@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 OVERLOAD = (429, 529)
 PROXIED = ("/v1/chat/completions", "/v1/completions")
@@ -231,7 +231,11 @@ class Replica:
             d.failures = 0
 
     async def start(self, app: web.Application) -> None:
-        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=5))
+        # A fresh connection to the deployment per request: on a reused one, the first event of a stream often came
+        # ~40 ms after its headers (measured: benchmarks/gateway_overhead.py; docs/fleet.md), a delayed-ACK stall
+        # that a new connection, still in quick-ACK mode, does not have. A connect on loopback or a LAN costs less.
+        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=5),
+                                     connector=TCPConnector(force_close=True))
         self.etcd = Etcd(self.session, list(self.cfg["etcd"]))
         self.lease = await self.etcd.grant(self.ttl)
         for k, v in (await self.etcd.get_prefix(self.prefix + "keys/")).items():

@@ -49,7 +49,7 @@ RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.ru
        ".venv/bin/pytest tests/integration/test_fleet_demo.py -q'")
 EDGE = 19_400
 REPLICA = EDGE + 10
-CAPACITY = 3  # per site: small, so that the overload test fills it
+CAPACITY = 4  # per site: small, so that the overload test fills it
 BLOCK = 1
 TTL = 2
 
@@ -111,8 +111,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     problem = netns_problem(RUN)
     if problem:
         pytest.fail(problem, pytrace=False)
+    # site a weighs more, so that the site-loss test finds a stream on it within CAPACITY streams (all of them on
+    # site b: 1 in 256) and site b keeps a free slot to continue it on
     copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="testfleet", capacity=CAPACITY,
-                       block=BLOCK, lease_ttl_s=TTL)
+                       block=BLOCK, lease_ttl_s=TTL, weights=(3, 1))
     f = Fleet(copy)
     recipe, workdirs = copy.recipe, f.workdirs
     up = cli("up", recipe)
