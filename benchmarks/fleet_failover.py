@@ -41,10 +41,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import FleetCopy, host_network_refusal, write_fleet  # noqa: E402
+from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
 from primectl.checks.smoke import words  # noqa: E402
+from tests.integration.sshhosts import netns_problem  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
+            ".venv/bin/python benchmarks/fleet_failover.py'")
 
 
 @dataclass
@@ -151,7 +154,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19_800)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    refusal = host_network_refusal("benchmarks/fleet_failover.py")
+    refusal = netns_problem(RUN_HINT)
     if refusal:
         print(refusal, file=sys.stderr)
         return 2

@@ -43,9 +43,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import host_network_refusal, write_fleet  # noqa: E402
+from primectl.bench.fleet_copy import write_fleet  # noqa: E402
+from tests.integration.sshhosts import netns_problem  # noqa: E402
 
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
+RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
+            ".venv/bin/python benchmarks/gateway_overhead.py'")
 LITELLM = REPO / ".venv-litellm" / "bin" / "litellm"
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -133,7 +136,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19_900)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    refusal = host_network_refusal("benchmarks/gateway_overhead.py")
+    refusal = netns_problem(RUN_HINT)
     if refusal:
         print(refusal, file=sys.stderr)
         return 2

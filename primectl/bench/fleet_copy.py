@@ -4,7 +4,6 @@ of its own: what benchmarks/fleet_failover.py and tests/integration/test_fleet_d
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +68,3 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
     }, sort_keys=False))
     return FleetCopy(recipe, sites, workdirs, f"http://127.0.0.1:{port}",
                      [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], f"http://127.0.0.1:{port + 20}")
-
-
-def host_network_refusal(script: str) -> str | None:
-    """Why a benchmark that binds loopback ports must not run here (with how to run `script` instead), or None in a
-    private network namespace (or with PRIMECTL_ALLOW_HOST_NET=1)."""
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
-    if len(links) <= 1 or os.environ.get("PRIMECTL_ALLOW_HOST_NET") == "1":
-        return None
-    return ("refusing to bind loopback ports outside a private network namespace; run it as\n  unshare --net -- sh -c "
-            f"'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python .venv/bin/python {script}'")
