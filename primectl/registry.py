@@ -60,6 +60,7 @@ BUILTIN_COMPONENTS: dict[str, str] = {
     "mooncake-master": "primectl.components.mooncake:MooncakeMaster",
     "dynamo-frontend": "primectl.components.frontend:DynamoFrontend",
     "haproxy": "primectl.components.haproxy:Balancer",
+    "monitoring": "primectl.components.monitoring:Monitoring",
 }
 
 # The names the earlier registry exported (the built-in ones).

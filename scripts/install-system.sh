@@ -20,6 +20,9 @@ PACKAGES=(
   slurm-client     # sbatch, srun, squeue, scancel, scontrol, sinfo
   munge            # munged: Slurm's authentication (the tests run their own, with a key of their own)
   haproxy          # the load balancer in front of frontend replicas (2.6 on bookworm)
+  prometheus       # monitoring: Prometheus 2.42 and promtool
+  prometheus-alertmanager   # Alertmanager 0.25 and amtool
+  prometheus-node-exporter  # node_exporter 1.5 (InfiniBand and textfile collectors)
   curl
   ca-certificates
 )
@@ -67,5 +70,7 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}"
 # by hand with a temp data dir. Make sure no packaged instance holds :2379.
 if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
   systemctl disable --now etcd >/dev/null 2>&1 || true
+  # the same for the packaged Prometheus, Alertmanager and node_exporter (primectl runs its own, by pid)
+  systemctl disable --now prometheus prometheus-alertmanager prometheus-node-exporter >/dev/null 2>&1 || true
 fi
 echo "install-system: done"

@@ -109,12 +109,18 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spare
         deployment=ctx.recipe.name, host=host, address=ctx.hosts[host].address, port=fe.port,
         workdir=ctx.hosts[host].workdir, replicas=replicas, spares=spares or [],
         check=check_uri(ctx.recipe.model.served_name),
-        bufsize=request_buffer(ctx.recipe.model.max_context or ctx.arch.max_context))
+        bufsize=request_buffer(ctx.recipe.model.max_context or ctx.arch.max_context), metrics_port=metrics_port(ctx))
+
+
+def metrics_port(ctx: PlanContext) -> int | None:
+    """Where the balancer serves its own /metrics: only where the recipe turns monitoring on."""
+    mon = getattr(ctx.recipe, "monitoring", None)
+    return mon.ports.balancer if mon is not None and mon.enabled else None
 
 
 def haproxy_service(*, deployment: str, host: str, address: str, port: int, workdir: str, replicas: list[Service],
                     spares: list[Service], check: str, bufsize: int, name: str = "balancer",
-                    fronts: str | None = None) -> Service:
+                    fronts: str | None = None, metrics_port: int | None = None) -> Service:
     """HAProxy on `address:port` in front of `replicas` (each reached on its `http` port, UP while `check`
     answers `"ready": true`) and `spares` (servers in maintenance until a change puts them in rotation); it is
     ready once `check` answers through it. `fronts`: what the config's header says it stands in front of."""
@@ -123,7 +129,7 @@ def haproxy_service(*, deployment: str, host: str, address: str, port: int, work
     config = template("haproxy.cfg.j2").render(
         name=name, deployment=deployment, fronts=fronts, maxconn=connection_cap(bufsize), bufsize=bufsize,
         socket=admin_socket(workdir), state_file=state_file(workdir), check_uri=check,
-        stream_timeout_s=600, address=address, port=port,
+        stream_timeout_s=600, address=address, port=port, metrics_port=metrics_port,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": False} for r in replicas]
         + [{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": True} for r in spares],
     )
@@ -133,8 +139,10 @@ def haproxy_service(*, deployment: str, host: str, address: str, port: int, work
     return Service(
         name=name, role="balancer", component="haproxy", host=host, address=address,
         argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config)],
-        ports={"http": port}, listens=[port],
+        ports={"http": port, **({"metrics": metrics_port} if metrics_port else {})},
+        listens=[port, *([metrics_port] if metrics_port else [])],
         depends_on=[r.name for r in replicas],
+        metrics_url=f"http://{address}:{metrics_port}/metrics" if metrics_port else None,
         # ready once the model is ready through it: a balancer whose check follows a renamed model then says when
         # it has taken the new name (the rollout reloads it as soon as the new workers serve: rollout/strategy.py)
         ready=Probe(kind="http", url=f"http://{address}:{port}{check}", timeout_s=60),

@@ -455,6 +455,14 @@ class RoleRollout(Frozen):
         return self.registered.model_copy(update={"json_expect": count}) if self.registered else None
 
 
+class MonitoringPlan(Frozen):
+    """Where the deployment's monitoring answers (the recipe's `monitoring:` block)."""
+
+    host: str = Field(..., description="The host of Prometheus and Alertmanager.")
+    prometheus_url: str
+    alertmanager_url: str
+
+
 class Plan(Frozen):
     """Everything `render` and `apply` need, derived from a recipe without I/O."""
 
@@ -485,6 +493,15 @@ class Plan(Frozen):
     known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys (None: ~/.ssh/known_hosts).")
     rollouts: list[RoleRollout] = Field(default_factory=list, description="Per role: how a change rolls through it.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Values the recipe left out, as resolved.")
+    monitoring: MonitoringPlan | None = Field(None, description="Prometheus and Alertmanager (None: not monitored).")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_monitoring(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An unmonitored plan dumps as it did before monitoring existed."""
+        out: dict[str, Any] = handler(self)
+        if self.monitoring is None:
+            out.pop("monitoring", None)
+        return out
 
     def service(self, name: str) -> Service:
         """The service called `name` (KeyError if none)."""

@@ -17,6 +17,7 @@ from primectl.components.frontend import registered_probe
 from primectl.engines.base import Engine, PlanContext, drained_worker
 from primectl.engines.base import get as get_engine
 from primectl.errors import Finding, PlanError, Problem, RecipeError
+from primectl.monitoring.where import monitoring_plan
 from primectl.plan.layout import Layout
 from primectl.plan.model import (
     RELEASE,
@@ -202,6 +203,7 @@ def build_plan(recipe: Recipe) -> Plan:
         capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
         known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,
+        monitoring=monitoring_plan(services),
     )
     port_findings = check_ports(plan)
     if port_findings:

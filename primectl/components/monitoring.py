@@ -1,0 +1,180 @@
+"""Monitoring (`monitoring:`): Prometheus, Alertmanager, node_exporter and a health-check loop on every host, and
+dcgm-exporter on every GPU host, planned after everything they watch.
+
+Prometheus scrapes every planned service that has a metrics URL (primectl/monitoring/scrape.py) and evaluates
+primectl's rules (primectl/monitoring/rules.py); Alertmanager routes what fires to the recipe's receivers. Both
+take a change of their files by SIGHUP after the new files pass `promtool` / `amtool`, so a plan change (a worker
+more) reloads them without losing their data. The health loop runs the host checks every `health_interval` and
+writes node_exporter textfile metrics, so a check that fails between launches fires an alert.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from primectl.components.base import NotRendered
+from primectl.engines.base import PlanContext
+from primectl.monitoring import alertmanager as am
+from primectl.monitoring import rules as rules_mod
+from primectl.monitoring import scrape
+from primectl.monitoring.model import KEY, MonitoringBlock, duration_s
+from primectl.plan.model import RELEASE, WORKER_ROLES, FileSpec, Probe, Reload, Service
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+AMTOOL = "/usr/bin/amtool"
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+DCGM_EXPORTER = "/usr/bin/dcgm-exporter"
+PROMETHEUS_CONFIG = "config/prometheus.yml"
+RULES = "config/primectl.rules.yml"
+ALERTMANAGER_CONFIG = "config/alertmanager.yml"
+HEALTH_LOOP = "probes/health_loop.py"
+DCGM_COUNTERS = "config/dcgm-counters.csv"
+
+
+def block(ctx: PlanContext) -> MonitoringBlock | None:
+    """The recipe's monitoring block, when it is on."""
+    mon = getattr(ctx.recipe, KEY, None)
+    return mon if isinstance(mon, MonitoringBlock) and mon.enabled else None
+
+
+def textfile_dir(workdir: str) -> str:
+    """Where the health loop writes, and node_exporter reads, textfile metrics (kept across releases)."""
+    return posixpath.join(workdir, "run", "textfile")
+
+
+def node_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
+    """node_exporter on `host`: host metrics, InfiniBand ports (from `sysfs`) and the health loop's textfiles."""
+    addr = ctx.hosts[host].address
+    port = mon.ports.node_exporter
+    textfiles = textfile_dir(ctx.hosts[host].workdir)
+    return Service(
+        name=f"node-exporter-{host}", role="auxiliary", component="node-exporter", host=host, address=addr,
+        argv=[NODE_EXPORTER, f"--web.listen-address={addr}:{port}", f"--path.sysfs={mon.sysfs}",
+              f"--collector.textfile.directory={textfiles}", "--collector.infiniband"],
+        dirs=[textfiles], ports={"metrics": port}, listens=[port],
+        ready=Probe(kind="http", url=f"http://{addr}:{port}/metrics", timeout_s=30),
+        metrics_url=f"http://{addr}:{port}/metrics",
+    )
+
+
+def health_loop(ctx: PlanContext, mon: MonitoringBlock, host: str, gate: str | None) -> Service:
+    """The host's health checks on a timer, written as textfile metrics for node_exporter."""
+    from importlib.resources import files
+
+    workdir = ctx.hosts[host].workdir
+    argv = [ctx.python(host), f"{RELEASE}/{HEALTH_LOOP}", "--textfile-dir", textfile_dir(workdir),
+            "--interval", str(duration_s(mon.health_interval)), "--host", host, "--workdir", workdir]
+    if gate:
+        argv += ["--gate", gate]
+    return Service(
+        name=f"health-{host}", role="auxiliary", component="health-check", host=host, address=ctx.hosts[host].address,
+        argv=argv, dirs=[textfile_dir(workdir)],
+        files=[FileSpec(path=HEALTH_LOOP, content=files("primectl.monitoring").joinpath("health_loop.py").read_text(),
+                        mode=0o755)],
+        ready=Probe(kind="command", command=["test", "-s", posixpath.join(textfile_dir(workdir), "primectl_health.prom")],
+                    timeout_s=60),
+    )
+
+
+def dcgm_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
+    """dcgm-exporter on a GPU host, collecting primectl's counters every `dcgm_interval_ms`."""
+    from primectl.monitoring.dcgm import counters_csv
+
+    addr = ctx.hosts[host].address
+    port = mon.ports.dcgm_exporter
+    return Service(
+        name=f"dcgm-exporter-{host}", role="auxiliary", component="dcgm-exporter", host=host, address=addr,
+        argv=[DCGM_EXPORTER, "-f", f"{RELEASE}/{DCGM_COUNTERS}", "-c", str(mon.dcgm_interval_ms),
+              "-a", f"{addr}:{port}"],
+        files=[FileSpec(path=DCGM_COUNTERS, content=counters_csv())],
+        ports={"metrics": port}, listens=[port],
+        ready=Probe(kind="http", url=f"http://{addr}:{port}/metrics", timeout_s=60),
+        metrics_url=f"http://{addr}:{port}/metrics",
+    )
+
+
+def alertmanager(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
+    """Alertmanager, alone (no cluster), its silences under the workdir."""
+    addr = ctx.hosts[host].address
+    port = mon.ports.alertmanager
+    workdir = ctx.hosts[host].workdir
+    current = posixpath.join(workdir, "current", ALERTMANAGER_CONFIG)
+    return Service(
+        name="alertmanager", role="auxiliary", component="alertmanager", host=host, address=addr,
+        argv=[ALERTMANAGER, f"--config.file={current}", f"--storage.path={posixpath.join(workdir, 'data', 'alertmanager')}",
+              f"--web.listen-address={addr}:{port}", "--cluster.listen-address=", f"--web.external-url=http://{addr}:{port}"],
+        files=[FileSpec(path=ALERTMANAGER_CONFIG, content=am.alertmanager_config(mon.alerts, ctx.recipe.name))],
+        ports={"http": port}, listens=[port],
+        ready=Probe(kind="http", url=f"http://{addr}:{port}/-/ready", timeout_s=30),
+        metrics_url=f"http://{addr}:{port}/metrics",
+        reload=Reload(signal="SIGHUP", check=[AMTOOL, "check-config", current]),
+    )
+
+
+def prometheus(ctx: PlanContext, mon: MonitoringBlock, host: str, planned: list[Service], am_svc: Service) -> Service:
+    """Prometheus scraping every planned service with metrics (itself and Alertmanager included)."""
+    addr = ctx.hosts[host].address
+    port = mon.ports.prometheus
+    workdir = ctx.hosts[host].workdir
+    current = posixpath.join(workdir, "current", PROMETHEUS_CONFIG)
+    me = f"http://{addr}:{port}"
+    placeholder = Service(name="prometheus", role="auxiliary", component="prometheus", host=host, address=addr,
+                          argv=[], ready=Probe(kind="tcp"), metrics_url=f"{me}/metrics")
+    scraped = [*planned, placeholder]
+    facts = rules_mod.RuleFacts(
+        deployment=ctx.recipe.name, slo=mon.slo, scrape_interval=mon.scrape_interval,
+        workers={role: sum(1 for s in planned if s.role == role) for role in WORKER_ROLES
+                 if any(s.role == role for s in planned)},
+        roles=tuple(sorted({s.role for s in scraped if s.metrics_url})),
+        components=tuple(sorted({s.component for s in scraped if s.metrics_url})))
+    config = scrape.prometheus_config(
+        jobs=scrape.scrape_jobs(scraped, ctx.recipe.name), scrape_interval=mon.scrape_interval,
+        evaluation_interval=mon.evaluation_interval, alertmanager=f"{am_svc.address}:{am_svc.ports['http']}",
+        rule_files=[posixpath.basename(RULES)], deployment=ctx.recipe.name)  # read beside the config
+    return Service(
+        name="prometheus", role="auxiliary", component="prometheus", host=host, address=addr,
+        argv=[PROMETHEUS, f"--config.file={current}", f"--storage.tsdb.path={posixpath.join(workdir, 'data', 'prometheus')}",
+              f"--storage.tsdb.retention.time={mon.retention}", f"--web.listen-address={addr}:{port}",
+              f"--web.external-url={me}"],
+        files=[FileSpec(path=PROMETHEUS_CONFIG, content=config), FileSpec(path=RULES, content=rules_mod.rules_yaml(facts))],
+        ports={"http": port}, listens=[port], depends_on=[am_svc.name],
+        ready=Probe(kind="http", url=f"{me}/-/ready", timeout_s=60),
+        metrics_url=f"{me}/metrics",
+        reload=Reload(signal="SIGHUP", check=[PROMTOOL, "check", "config", current]),
+    )
+
+
+class Monitoring:
+    """The monitoring services, when the recipe's `monitoring:` block is on."""
+
+    name = KEY
+    stage = "edge"
+
+    def recipe_block(self) -> tuple[str, type[MonitoringBlock]]:
+        """`monitoring:`."""
+        return KEY, MonitoringBlock
+
+    def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
+        """Exporters and the health loop on every host, then Alertmanager and Prometheus on the monitoring host."""
+        mon = block(ctx)
+        if mon is None:
+            return planned
+        home = mon.host or ctx.recipe.frontend.host
+        gate = f"http://{ctx.hosts[ctx.recipe.frontend.host].address}:{ctx.recipe.frontend.port}/v1/models/" \
+               f"{ctx.recipe.model.served_name}/ready"
+        added: list[Service] = []
+        for host in ctx.hosts:
+            added.append(node_exporter(ctx, mon, host))
+            added.append(health_loop(ctx, mon, host, gate if host == home else None))
+            if ctx.hosts[host].gpus:
+                added.append(dcgm_exporter(ctx, mon, host))
+        am_svc = alertmanager(ctx, mon, home)
+        return [*planned, *added, am_svc, prometheus(ctx, mon, home, [*planned, *added, am_svc], am_svc)]
+
+    def kubernetes(self, service: Service) -> NotRendered:
+        """Not rendered as DGD components: the cluster's Prometheus operator scrapes the PodMonitor and loads the
+        PrometheusRule the target writes beside the DGD."""
+        return NotRendered("the cluster's Prometheus operator scrapes the PodMonitor and loads the PrometheusRule "
+                           "written beside the DynamoGraphDeployment")

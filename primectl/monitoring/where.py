@@ -1,0 +1,15 @@
+"""Where a plan's monitoring answers, from its planned Prometheus and Alertmanager."""
+
+from __future__ import annotations
+
+from primectl.plan.model import MonitoringPlan, Service
+
+
+def monitoring_plan(services: list[Service]) -> MonitoringPlan | None:
+    """The Prometheus and Alertmanager URLs, when the plan has both (None: the recipe does not monitor)."""
+    by_component = {s.component: s for s in services}
+    prom, am = by_component.get("prometheus"), by_component.get("alertmanager")
+    if prom is None or am is None:
+        return None
+    return MonitoringPlan(host=prom.host, prometheus_url=f"http://{prom.address}:{prom.ports['http']}",
+                          alertmanager_url=f"http://{am.address}:{am.ports['http']}")
