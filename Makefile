@@ -10,7 +10,7 @@ RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-fleet demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
+.PHONY: bench-tools test test-integration demo demo-fleet demo-monitoring demo-monitoring-down demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
 
 system:
 	bash scripts/install-system.sh
@@ -175,6 +175,19 @@ demo-slurm: system venv wheelhouse
 .PHONY: demo-systemd
 demo-systemd: system venv runtime rootfs
 	unshare --net -- sh -c 'ip link set lo up && exec $(VENV)/bin/python scripts/demo_systemd.py'
+
+# The demo with monitoring (instead of `make demo`: same ports): Prometheus, Alertmanager, node_exporter and the
+# health loop beside it, scraping every service the plan has; prints what fires and where both answer.
+demo-monitoring: system venv
+	$(PRIMECTL) up recipes/demo-monitoring.yaml
+	$(PRIMECTL) alerts recipes/demo-monitoring.yaml
+	@echo
+	@echo "Demo with monitoring is up: http://127.0.0.1:8000/v1 (model: demo)"
+	@echo "Prometheus http://127.0.0.1:9090   Alertmanager http://127.0.0.1:9093"
+	@echo "What fires: $(PRIMECTL) alerts recipes/demo-monitoring.yaml    Stop: make demo-monitoring-down"
+
+demo-monitoring-down: venv
+	$(PRIMECTL) down recipes/demo-monitoring.yaml
 
 # Two demo deployments ("sites" a and b) behind a fleet's gateway: its own etcd, two replicas, HAProxy on 8300.
 demo-fleet: system venv

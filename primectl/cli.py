@@ -331,10 +331,44 @@ def status(
         p = _plan(recipe)
         while True:
             report = _target(p).status(p, _policy(p, accept_new_host_keys), _say)
+            if p.monitoring is not None:
+                from primectl.monitoring.alerts_view import attach_alerts
+
+                attach_alerts(report, p.monitoring, p.name)
             print_status(report, output.value)
             if not watch:
                 return 0 if report.healthy else EXIT_FAILURE
             time.sleep(watch)
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def alerts(
+    recipe: RecipeArg,
+    output: Annotated[StatusOutput, typer.Option("--output", "-o", help="table or json.")] = StatusOutput.table,
+    silenced: Annotated[bool, typer.Option("--silenced", help="Also list alerts a change or an operator silenced.")
+                        ] = False,
+) -> None:
+    """What fires now (from Alertmanager): since when, on which service and host, and the runbook line; exit 1 if
+    anything fires (the always-firing Watchdog aside)."""
+
+    def body() -> int:
+        from primectl.monitoring import alertmanager_api as api
+        from primectl.monitoring.alerts_view import print_alerts, problems
+
+        p = _plan(recipe)
+        if p.monitoring is None:
+            raise RecipeError([Problem(str(recipe), 0, 0, "monitoring",
+                                       "this recipe has no `monitoring:` block, so nothing watches it; add one "
+                                       "(see docs/monitoring.md)")])
+        try:
+            firing = api.firing(p.monitoring.alertmanager_url, p.name, include_silenced=silenced)
+        except api.AlertmanagerError as exc:
+            raise DeployError(f"Alertmanager of {p.name} did not answer ({exc}); `primectl status {recipe}` "
+                              "says whether it runs") from None
+        print_alerts(p.name, p.monitoring, firing, "json" if output.value == "json" else "table")
+        return EXIT_FAILURE if [a for a in problems(firing) if not a.silenced] else 0
 
     raise typer.Exit(_guard(body))
 
@@ -371,10 +405,15 @@ def _drain_or_restart(recipe: Path, service: str, *, restart: bool, accept_new_h
     from primectl.planner.build import check_service_name
 
     def body() -> None:
+        from primectl.deploy.changes import Change
+        from primectl.monitoring.quiet import quiet_change
+
         p = _plan(recipe)
         check_service_name(p, service, str(recipe))
-        _host_commands(p, "restart" if restart else "drain").drain(
-            p, service, _policy(p, accept_new_host_keys), _say, restart=restart, break_lock=break_lock)
+        touch = [Change(p.service(service).host, service, "restart", "")]
+        with quiet_change(p, touch, _say, why=f"primectl {'restart' if restart else 'drain'} {service}"):
+            _host_commands(p, "restart" if restart else "drain").drain(
+                p, service, _policy(p, accept_new_host_keys), _say, restart=restart, break_lock=break_lock)
 
     _guard(body)
 

@@ -26,6 +26,7 @@ from typing import TextIO
 
 from primectl.deploy.changes import Change
 from primectl.errors import DeployError, Interrupted, Problem, RecipeError
+from primectl.monitoring import quiet
 from primectl.plan.model import Plan
 from primectl.targets.base import Rollout, StepPlan
 from primectl.targets.base import get as get_target
@@ -101,9 +102,15 @@ def up(plan: Plan, options: UpOptions, say: Say) -> UpResult:
 
 def _locked(run: Rollout, options: UpOptions, secrets: str, say: Say, t0: float) -> UpResult:
     lines = run.diff(secrets)
+    quiet.lift_stale(run.plan, say)  # we hold the lock: a silence still set is a dead change's
     if run.nothing_to_do():
         say("no changes: every service is running its planned revision")
         return UpResult(lines, seconds=time.monotonic() - t0)
+    with quiet.quiet_change(run.plan, lines, say, why="primectl up: a change of the deployment"):
+        return _change(run, options, secrets, say, t0, lines)
+
+
+def _change(run: Rollout, options: UpOptions, secrets: str, say: Say, t0: float, lines: list[Change]) -> UpResult:
     # Preflight and provisioning run only when something is about to change, under the lock,
     # so a concurrent `up` is refused as locked, not mistaken for a host problem.
     if options.preflight:
@@ -135,6 +142,9 @@ def _locked(run: Rollout, options: UpOptions, secrets: str, say: Say, t0: float)
     run.record()
     run.retire()
     say(f"ready: {run.plan.endpoint} ({run.summary()})")
+    if run.plan.monitoring is not None:
+        say(f"monitoring: prometheus {run.plan.monitoring.prometheus_url}, "
+            f"alertmanager {run.plan.monitoring.alertmanager_url}")
     return UpResult(lines, started, time.monotonic() - t0)
 
 

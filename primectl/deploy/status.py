@@ -42,6 +42,8 @@ class StatusReport:
     gate_url: str
     sections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # e.g. "kv cache", "nixl"
     notes: list[str] = field(default_factory=list)
+    monitoring: dict[str, str] = field(default_factory=dict)  # prometheus/alertmanager -> URL, where monitored
+    alerts: dict[str, list[str]] = field(default_factory=dict)  # service -> the alerts firing about it
 
     @property
     def healthy(self) -> bool:
@@ -52,7 +54,8 @@ class StatusReport:
         """The JSON form (`status -o json`)."""
         return {"deployment": self.deployment, "healthy": self.healthy, "gate": self.gate,
                 "services": [asdict(r) | {"healthy": r.healthy} for r in self.rows],
-                **{k.replace(" ", "_"): v for k, v in self.sections.items()}, "notes": self.notes}
+                **{k.replace(" ", "_"): v for k, v in self.sections.items()}, "notes": self.notes,
+                **({"monitoring": self.monitoring, "alerts": self.alerts} if self.monitoring else {})}
 
 
 def print_status(report: StatusReport, output: str, stream: TextIO | None = None) -> None:
@@ -65,6 +68,8 @@ def print_status(report: StatusReport, output: str, stream: TextIO | None = None
     headers = ["service", "host", "role", "running", "ready", "pid", "revision"]
     if wide:
         headers += ["state", "restarts"]
+    if report.monitoring:
+        headers.append("alerts")
     headers.append("detail")
     rows = []
     for r in report.rows:
@@ -72,6 +77,8 @@ def print_status(report: StatusReport, output: str, stream: TextIO | None = None
                r.revision or "-"]
         if wide:
             row += [r.state or "-", str(r.restarts)]
+        if report.monitoring:
+            row.append(", ".join(report.alerts.get(r.service, [])) or "-")
         detail = r.detail + (f" (restarted {r.restarts}x by the supervisor)" if r.restarts and not wide else "")
         rows.append([*row, detail])
     print_table(f"{report.deployment}: {'healthy' if report.healthy else 'NOT HEALTHY'}", headers, rows, fold="detail",
@@ -84,6 +91,8 @@ def print_status(report: StatusReport, output: str, stream: TextIO | None = None
                  f"({report.gate.get('detail')})\n")
     for note in report.notes:
         stream.write(f"note: {note}\n")
+    for name, url in report.monitoring.items():
+        stream.write(f"{name} {url}\n")
 
 
 def _cell(v: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 KEY = "monitoring"
 DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
@@ -37,7 +37,8 @@ class Email(_Block):
 
 
 class Alerts(_Block):
-    """Where Alertmanager sends notifications, and how it groups them."""
+    """Where Alertmanager sends notifications, and how it groups them (neither `webhook` nor `email`: alerts are
+    only seen with `primectl alerts` and in Alertmanager's own UI)."""
 
     webhook: str | None = Field(None, description="URL Alertmanager POSTs each notification to (its webhook format).")
     email: Email | None = Field(None, description="Send notifications by email instead of, or beside, the webhook.")
@@ -50,12 +51,6 @@ class Alerts(_Block):
 
     _durations = field_validator("group_wait", "group_interval", "repeat_interval")(classmethod(
         lambda cls, v: _duration(v)))
-
-    @model_validator(mode="after")
-    def _somewhere(self) -> Alerts:
-        if self.webhook is None and self.email is None:
-            raise ValueError("alerts need somewhere to go: set `webhook` (a URL) or `email` (to, from, smarthost)")
-        return self
 
 
 class Slo(_Block):
@@ -90,7 +85,7 @@ class MonitoringBlock(_Block):
     scrape_interval: str = Field("5s", description="How often every target is scraped.")
     evaluation_interval: str = Field("5s", description="How often the rules are evaluated.")
     health_interval: str = Field("15s", description="How often each host runs its health checks (textfile metrics).")
-    alerts: Alerts = Field(..., description="Where alerts go.")
+    alerts: Alerts = Field(default_factory=Alerts, description="Where alerts go.")
     slo: Slo = Field(default_factory=Slo, description="SLOs for the quality rules.")
     sysfs: str = Field("/sys", description="The sysfs node_exporter reads (InfiniBand ports among others).")
     dcgm_interval_ms: int = Field(5000, ge=100, description="dcgm-exporter's collection interval (its default is "

@@ -461,6 +461,9 @@ class MonitoringPlan(Frozen):
     host: str = Field(..., description="The host of Prometheus and Alertmanager.")
     prometheus_url: str
     alertmanager_url: str
+    alertmanager_service: str = Field(..., description="Its service's name (a change that adds it sets no silence).")
+    settle_s: float = Field(..., description="How long after a change its silence lasts: Prometheus sees a "
+                            "restarted service up again within this.")
 
 
 class Plan(Frozen):

@@ -203,7 +203,7 @@ def build_plan(recipe: Recipe) -> Plan:
         capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
         known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,
-        monitoring=monitoring_plan(services),
+        monitoring=monitoring_plan(services, getattr(recipe, "monitoring", None)),
     )
     port_findings = check_ports(plan)
     if port_findings:
