@@ -1,7 +1,8 @@
 """Changes do not page: the silence a change sets in Alertmanager, scoped to the services it touches.
 
 A change that drains, restarts or removes services silences the alerts about them (and the role-wide worker count
-of their roles) for as long as it runs, and lifts the silence when it ends, rollback included: it shortens the
+of their roles) for as long as it runs (not those of a service already firing: the change is its repair, and its
+resolution must reach the receivers), and lifts the silence when it ends, rollback included: it shortens the
 silence to end `settle_s` later, the time Prometheus needs to see the restarted services up again, so an alert
 still pending from the change never pages. A controller killed mid-change leaves a silence that ends by itself
 (`MAX_MINUTES`); the next change of the deployment, which holds its lock, lifts it first.
@@ -66,6 +67,14 @@ def quiet_change(plan: Plan, changes: list[Change], say: Callable[[str], None], 
         yield
         return
     base = mon.alertmanager_url
+    try:  # one already paged about is not the change's doing: its resolution must reach the receivers
+        down = {a.service for a in api.firing(base, plan.name) if a.service}
+    except api.AlertmanagerError:
+        down = set()
+    services = [s for s in services if s not in down]
+    if not services:
+        yield
+        return
     ids: list[tuple[str, dict[str, str]]] = []
     for m in matchers(plan, services):
         try:
