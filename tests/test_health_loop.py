@@ -21,6 +21,8 @@ import pytest
 
 from primectl.checks.host_rules import GPU_CHECKS, HostNeeds, Result, check_memory, fail, gpu_checks, ok
 from primectl.monitoring import health_loop as loop
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
 from tests.conftest import REPO, CliResult
 from tests.exposition import (
     NODE_EXPORTER,
@@ -282,3 +284,31 @@ def test_node_exporter_exposes_the_textfile(bundle: Path, tmp_path: Path) -> Non
     assert value(series, OK, check="memory", check_host="h1") == 1
     assert value(series, TS) == value(parse(text), TS)
     assert value(series, "node_textfile_scrape_error") == 0
+
+
+def test_memory_rule_thresholds() -> None:
+    mem = {"total": 16 * 10**9, "available": 3 * 10**9}
+    assert check_memory("h1", mem, 4e9).status == "fail"
+    assert check_memory("h1", mem, 2e9).status == "warn"
+    assert check_memory("h1", mem, 1e9).status == "pass"
+    assert check_memory("h1", {}, 1e9).status == "n/a"  # no /proc/meminfo: not written
+
+
+def test_the_plan_gives_gpu_hosts_the_gpu_checks(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        extends: {REPO / "recipes" / "glm53.yaml"}
+        hosts:
+          inventory: {REPO / "recipes" / "glm53-hosts.yaml"}
+        monitoring:
+          alerts:
+            webhook: http://127.0.0.1:9/alerts
+        """))
+    plan = build_plan(load_recipe(path).recipe)
+    health = {s.host: s for s in plan.services if s.component == "health-check"}
+    tray, head = health["tray01"], health["head"]
+    assert tray.argv[tray.argv.index("--gpus") + 1] == "4"
+    assert tray.argv[tray.argv.index("--gpu-name") + 1] == "NVIDIA GB200"
+    assert {"--multi-host", "--nvlink-expected"} <= set(tray.argv)
+    assert "--gpus" not in head.argv  # the CPU head node: no GPU check can fire there
+    assert sorted(f.path for f in tray.files) == ["probes/health_loop.py", "probes/host_rules.py", "probes/preflight_host.py"]
