@@ -60,19 +60,29 @@ def node_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
 
 
 def health_loop(ctx: PlanContext, mon: MonitoringBlock, host: str, gate: str | None) -> Service:
-    """The host's health checks on a timer, written as textfile metrics for node_exporter."""
+    """The host's health checks on a timer, written as textfile metrics for node_exporter: preflight's host facts
+    and rules (shipped beside the loop), with the GPU checks where the plan gives the host GPUs."""
     from importlib.resources import files
 
     workdir = ctx.hosts[host].workdir
+    hw = ctx.hw
+    gpus = ctx.hosts[host].gpus if (hw.gpus_per_host or hw.gpu) else 0  # as preflight's host_needs counts them
     argv = [ctx.python(host), f"{RELEASE}/{HEALTH_LOOP}", "--textfile-dir", textfile_dir(workdir),
             "--interval", str(duration_s(mon.health_interval)), "--host", host, "--workdir", workdir]
+    if gpus:
+        argv += ["--gpus", str(gpus), "--gpu-name", hw.gpu, "--sm", str(hw.sm)]
+        argv += ["--multi-host"] if len(ctx.hosts) > 1 else []
+        argv += ["--nvlink-expected"] if hw.hosts_per_nvlink_domain > 1 or hw.gpus_per_host > 1 else []
     if gate:
         argv += ["--gate", gate]
+    shipped = [FileSpec(path=HEALTH_LOOP, content=files("primectl.monitoring").joinpath("health_loop.py").read_text(),
+                        mode=0o755)]
+    shipped += [FileSpec(path=posixpath.join(posixpath.dirname(HEALTH_LOOP), name),  # stdlib only; the loop imports them
+                         content=files("primectl.checks").joinpath(name).read_text())
+                for name in ("preflight_host.py", "host_rules.py")]
     return Service(
         name=f"health-{host}", role="auxiliary", component="health-check", host=host, address=ctx.hosts[host].address,
-        argv=argv, dirs=[textfile_dir(workdir)],
-        files=[FileSpec(path=HEALTH_LOOP, content=files("primectl.monitoring").joinpath("health_loop.py").read_text(),
-                        mode=0o755)],
+        argv=argv, dirs=[textfile_dir(workdir)], files=shipped,
         ready=Probe(kind="command", command=["test", "-s", posixpath.join(textfile_dir(workdir), "primectl_health.prom")],
                     timeout_s=60),
     )
