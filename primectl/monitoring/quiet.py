@@ -30,7 +30,7 @@ def created_by(plan: Plan) -> str:
 def alternation(values: Iterable[str]) -> str:
     """One exact value, or a regex alternation of several (Alertmanager anchors regexes)."""
     vals = sorted(set(values))
-    return vals[0] if len(vals) == 1 else "|".join(re.escape(v) for v in vals)
+    return vals[0] if len(vals) == 1 else "|".join(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", v) for v in vals)
 
 
 def matchers(plan: Plan, services: list[str]) -> list[dict[str, str]]:

@@ -7,8 +7,8 @@ in this process) goes `up` with the process supervisor. Then, as an operator wou
 - `primectl alerts` says nothing fires (exit 0) and prints where Prometheus and Alertmanager answer;
 - decode-1 SIGKILLed: the webhook gets TargetDown for decode-1; `alerts` lists it with its runbook line (exit 1)
   and `status` marks decode-1 with it; `up` starts decode-1 again and the webhook gets the resolution;
-- a change that restarts every decode worker sends no notification, and leaves no silence in force once
-  Prometheus has seen them up again;
+- a change that restarts every decode worker silences their alerts while it runs, sends no notification, and
+  leaves no silence in force once Prometheus has seen them up again;
 - `down` stops every process it started.
 
 Run inside a loopback-only network namespace:
@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -154,14 +155,31 @@ def test_a_killed_worker_pages_shows_in_alerts_and_status_and_its_repair_resolve
 def test_a_change_that_restarts_workers_sends_no_notification(demo: tuple[Demo, Receiver]) -> None:
     d, rx = demo
     wait(lambda: cli("alerts", d.recipe).returncode == 0, 60, "nothing firing before the change")
+    am = f"http://127.0.0.1:{MONITORING_PORTS['alertmanager']}"
+    seen: list[str] = []  # the matchers of the silences in force while the change runs
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for s in get(f"{am}/api/v2/silences"):
+                if s["status"]["state"] == "active" and s["createdBy"] == "primectl:mon-it":
+                    seen.append(" ".join(f"{m['name']}={m['value']}" for m in s["matchers"]))
+            time.sleep(0.3)
+
     t0 = time.monotonic()
     d.doc["decode"] = {**d.doc.get("decode", {}), "max_num_seqs": 32}
     d.write()
-    r = cli("up", d.recipe, "--skip-preflight", timeout=600)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = cli("up", d.recipe, "--skip-preflight", timeout=600)
+    finally:
+        done.set()
+        watcher.join()
     assert r.returncode == 0, r.stdout[-3000:]
     assert "decode-0" in r.stdout + r.stderr  # it did restart the decode workers
+    assert any("decode-0" in m and "decode-1" in m for m in seen), seen  # silenced while it ran
     time.sleep(25)  # past the silence's end: Prometheus has seen them up again, rules evaluated twice
     assert rx.since(t0) == [], [(n.status, n.alert, n.labels.get("service")) for n in rx.since(t0)]
-    am = f"http://127.0.0.1:{MONITORING_PORTS['alertmanager']}"
     active = [s for s in get(f"{am}/api/v2/silences") if s["status"]["state"] == "active"]
     assert active == [], active

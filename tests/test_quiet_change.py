@@ -1,0 +1,137 @@
+"""Changes do not page: the silences a change sets in a real Alertmanager 0.25 (primectl/monitoring/quiet.py).
+
+Alertmanager runs with primectl's own configuration (alertmanager.py), its webhook pointed at a receiver in this
+process; alerts are posted to it as Prometheus would post them. Run inside `unshare --net` (it binds loopback).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primectl.bench.webhook import Receiver
+from primectl.deploy.changes import Change
+from primectl.monitoring import alertmanager_api as api
+from primectl.monitoring import quiet
+from primectl.monitoring.alertmanager import alertmanager_config
+from primectl.monitoring.model import Alerts
+from primectl.plan.model import MonitoringPlan, Plan
+from primectl.planner.build import build_plan
+from primectl.planner.load import load_recipe
+from tests.exposition import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+
+
+@pytest.fixture
+def am(tmp_path: Path) -> Iterator[tuple[str, Receiver]]:
+    rx = Receiver().start()
+    port = free_port()
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(alertmanager_config(Alerts(webhook=rx.url, group_wait="0s", group_interval="1s"), "demo"))
+    log = (tmp_path / "am.log").open("w")
+    proc = subprocess.Popen([ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/-/ready", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "am.log").read_text()
+                time.sleep(0.1)
+        yield base, rx
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        rx.stop()
+
+
+def monitored_plan(base: str) -> Plan:
+    plan = build_plan(load_recipe(REPO / "recipes" / "demo-monitoring.yaml").recipe)
+    mon = MonitoringPlan(host="local", prometheus_url="http://127.0.0.1:1", alertmanager_url=base,
+                         alertmanager_service="alertmanager", settle_s=2)
+    return plan.model_copy(update={"monitoring": mon})
+
+
+def post(base: str, service: str, *, resolved: bool = False, alert: str = "TargetDown", **labels: str) -> None:
+    now = datetime.now(UTC)
+    doc: dict[str, Any] = {"labels": {"alertname": alert, "deployment": "demo-monitoring", "service": service,
+                                      "severity": "critical", **labels},
+                           "startsAt": (now - timedelta(minutes=1)).isoformat()}
+    if resolved:
+        doc["endsAt"] = now.isoformat()
+    req = urllib.request.Request(f"{base}/api/v2/alerts", json.dumps([doc]).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5)
+
+
+def touch(*services: str, action: str = "change") -> list[Change]:
+    return [Change("local", s, action, "") for s in services]  # type: ignore[arg-type]
+
+
+def test_a_change_silences_what_it_touches_and_nothing_else(am: tuple[str, Receiver]) -> None:
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    with quiet.quiet_change(plan, touch("decode-0"), lambda _: None, why="test"):
+        post(base, "decode-0")
+        post(base, "", alert="WorkersBelowPlan", role="decode")
+        post(base, "prefill-0")
+        assert rx.wait_for(t0, 10, status="firing", service="prefill-0") is not None
+        time.sleep(2)
+        assert [n.labels.get("service") for n in rx.since(t0)] == ["prefill-0"]
+
+
+def test_the_silence_ends_soon_after_the_change_even_when_it_fails(am: tuple[str, Receiver]) -> None:
+    base, _ = am
+    plan = monitored_plan(base)
+    with pytest.raises(RuntimeError), quiet.quiet_change(plan, touch("decode-0"), lambda _: None, why="test"):
+        assert len(api.active_silences(base, quiet.created_by(plan))) == 2  # the service, its role's worker count
+        raise RuntimeError("the rollout failed and rolled back")
+    assert plan.monitoring is not None
+    time.sleep(plan.monitoring.settle_s + 0.5)
+    assert api.active_silences(base, quiet.created_by(plan)) == []
+
+
+def test_a_dead_changes_silence_is_lifted_by_the_next(am: tuple[str, Receiver]) -> None:
+    base, _ = am
+    plan = monitored_plan(base)
+    left = api.silence(base, {"deployment": plan.name, "service": "decode-0"}, minutes=60,
+                       created_by=quiet.created_by(plan), comment="a controller killed mid-change")
+    said: list[str] = []
+    quiet.lift_stale(plan, said.append)
+    assert api.active_silences(base, quiet.created_by(plan)) == []
+    assert left in said[0]
+
+
+def test_a_repair_of_a_service_already_paged_about_lets_its_resolution_through(am: tuple[str, Receiver]) -> None:
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    post(base, "decode-1")
+    assert rx.wait_for(t0, 10, status="firing", service="decode-1") is not None
+    t1 = time.monotonic()
+    with quiet.quiet_change(plan, touch("decode-1", action="restart"), lambda _: None, why="repair"):
+        post(base, "decode-1", resolved=True)
+        assert rx.wait_for(t1, 10, status="resolved", service="decode-1") is not None
+
+
+def test_a_change_that_starts_alertmanager_itself_sets_no_silence(am: tuple[str, Receiver]) -> None:
+    base, _ = am
+    plan = monitored_plan(base)
+    with quiet.quiet_change(plan, [*touch("decode-0"), *touch("alertmanager", action="add")], lambda _: None,
+                            why="first up"):
+        assert api.active_silences(base, quiet.created_by(plan)) == []
