@@ -10,7 +10,8 @@ webhook pointed at a receiver in this process), then per run and fault:
 - and for each, from the start of its repair (`primectl up`, which restarts the service and waits for it, or the
   port back ACTIVE) to the resolved notification: target 30 s.
 
-It also counts notifications nobody caused: after the deployment settles, and between faults, none may arrive.
+It also counts notifications nobody caused: after the deployment settles, between faults, and over an idle soak
+first (`--soak-min 30`), none may arrive.
 Prints a table and exits 1 if a target is missed. Run it inside a loopback-only network namespace:
 
     unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python \\
@@ -114,6 +115,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--faults", default=",".join(TARGETS), help="comma-separated: " + ", ".join(TARGETS))
+    ap.add_argument("--soak-min", type=float, default=0,
+                    help="first leave the deployment idle this many minutes: no notification may arrive")
     args = ap.parse_args()
     problem = netns_problem(RUN_HINT)
     if problem:
@@ -134,6 +137,12 @@ def main() -> int:
                 return 1
             settle(recipe)
             quiet_from = time.monotonic()
+            soaked = 0
+            if args.soak_min:
+                time.sleep(args.soak_min * 60)
+                soaked = len(rx.since(quiet_from))
+                print(f"idle {args.soak_min:g} min: {soaked} notification(s)", flush=True)
+                quiet_from = time.monotonic()
             results: dict[str, list[tuple[float | None, float | None]]] = {f: [] for f in faults}
             stray = 0
             for run in range(args.runs):
@@ -144,7 +153,7 @@ def main() -> int:
                     settle(recipe)
                     time.sleep(10)  # the resolved group's last flush, then a quiet stretch that must stay quiet
                     quiet_from = time.monotonic()
-            stray += len(rx.since(quiet_from))
+            stray += len(rx.since(quiet_from)) + soaked
         finally:
             cli("down", recipe, timeout=300)
             rx.stop()

@@ -35,7 +35,8 @@ Options: --recipe recipes/demo.yaml  --clients 6  --before 5  --after 6  --scena
          --prompt-kb 0,24,128 (one row set per prompt size; each client's prompt is its own history
          of that size, mostly cached turn to turn, as an agent session's)
          --keep (leave the deployment up; not with --systemd)  --json FILE  --systemd
-Target: every row 0 lost.
+         --monitoring (monitoring on, its webhook here: each row counts the notifications it caused)
+Target: every row 0 lost (and with --monitoring, 0 notifications but for kill-decode).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from primectl.bench.liveload import LiveLoad, LoadReport, counter_delta, deployment_counters, up_killed_at  # noqa: E402
+from primectl.bench.webhook import Receiver  # noqa: E402
 from primectl.plan.layout import Layout, unit_name  # noqa: E402
 from tests.integration.generation_races import race_causes  # noqa: E402
 from tests.integration.nspawnhosts import (  # noqa: E402
@@ -138,6 +140,9 @@ def scenarios(doc: Doc) -> list[Scenario]:
                  _set("decode.max_num_seqs", seqs + 8), action="controller-crash"),
     ]
 
+
+# After a row: the change's silence ends (MonitoringPlan.settle_s: 13 s at 2 s intervals) and a group's last flush.
+SETTLE_S = 20
 
 # Where `controller-crash` kills `up`: the old workers are draining while their twins serve, the surge half done.
 CRASH_AT = "surge: draining and replacing"
@@ -364,9 +369,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--systemd", action="store_true",
                     help="on three systemd-nspawn hosts with `supervisor: systemd`")
+    ap.add_argument("--monitoring", action="store_true",
+                    help="with recipes/demo-monitoring.yaml's monitoring on, its webhook pointed here: each row also "
+                         "counts the notifications it caused (target: 0 but for kill-decode, a fault, not a change)")
     args = ap.parse_args()
     if args.systemd and args.keep:
         sys.exit("--keep does not go with --systemd: the nspawn hosts stop when the benchmark ends")
+    if args.systemd and args.monitoring:
+        sys.exit("--monitoring runs on this machine's demo only, not with --systemd")
     # --systemd: nspawn_problem refuses outside a private network namespace whatever the override says (a bridge
     # and 10.77.0.x must never appear on a real network), and without root or systemd-nspawn.
     problem = (isolated_hint(nspawn_problem()) if args.systemd else None) or netns_problem(RUN_HINT)
@@ -386,9 +396,13 @@ def main() -> int:
 def run_all(args: argparse.Namespace, tmp: Path, cluster: NspawnHosts | None) -> int:
     """Bring the deployment up, run the chosen scenarios in order, take it down; the exit status."""
     recipe = tmp / "live-change.yaml"
+    receiver = None
     if cluster is None:
         doc = prepare(args.recipe, tmp, args.port)
         where = local_where(doc, tmp / "wd")
+        if args.monitoring:
+            receiver = Receiver().start()
+            doc["monitoring"] = monitoring_block(receiver.url)
     else:
         doc = prepare_systemd(args.recipe, tmp, args.port, cluster)
         where = systemd_where(doc, cluster)
@@ -416,11 +430,15 @@ def run_all(args: argparse.Namespace, tmp: Path, cluster: NspawnHosts | None) ->
                 doc = copy.deepcopy(first)
                 write(doc, recipe)
                 primectl("up", str(recipe), "--no-smoke")
+            t_row = time.monotonic()
             row = run_one(s, doc, recipe, where, args, size)
+            if receiver is not None:
+                row["notifications"] = settled_notifications(recipe, receiver, t_row)
             rows.append(row)
             print(f"{row['scenario']:19} {_size(size):>6} {row['change']:48} lost {row['lost']:3}  "
-                  f"served {row['served']:4}  change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}",
-                  flush=True)
+                  f"served {row['served']:4}  change {row['change_s']:5.1f}s  exit {row['up_exit']}  {row['seen']}"
+                  + (f"  notified {len(row['notifications'])}: {', '.join(row['notifications']) or '-'}"
+                     if receiver is not None else ""), flush=True)
             if "kill" in row:
                 print(f"{'':17}{kill_line(row['kill'])}", flush=True)
             if "frontend_503s" in row:
@@ -430,11 +448,34 @@ def run_all(args: argparse.Namespace, tmp: Path, cluster: NspawnHosts | None) ->
     finally:
         if not args.keep:
             primectl("down", str(recipe), "--break-lock", *(["--purge"] if cluster else []))
+        if receiver is not None:
+            receiver.stop()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     lost = sum(r["lost"] for r in rows)
     print(f"total lost: {lost} over {len(rows)} scenario(s) (target: 0)")
-    return 0 if lost == 0 and all(r["up_exit"] == 0 for r in rows) else 1
+    false_pages = sum(len(r.get("notifications", [])) for r in rows if r["scenario"] != "kill-decode")
+    if receiver is not None:
+        print(f"notifications from changes: {false_pages} over {len(rows)} scenario(s) (target: 0; kill-decode is "
+              "a fault and left out)")
+    return 0 if lost == 0 and false_pages == 0 and all(r["up_exit"] == 0 for r in rows) else 1
+
+
+def monitoring_block(webhook: str) -> Doc:
+    """recipes/demo-monitoring.yaml's monitoring block, its alerts sent to `webhook`."""
+    block: Doc = yaml.safe_load((REPO / "recipes" / "demo-monitoring.yaml").read_text())["monitoring"]
+    block["alerts"]["webhook"] = webhook
+    return block
+
+
+def settled_notifications(recipe: Path, receiver: Receiver, since: float, timeout: float = 120) -> list[str]:
+    """Once nothing fires (or `timeout`) and the silences a change set have ended, the notifications that arrived
+    since `since`, as `status alert service`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and primectl("alerts", str(recipe)).returncode != 0:
+        time.sleep(1)
+    time.sleep(SETTLE_S)
+    return [f"{n.status} {n.alert} {n.labels.get('service', '')}".strip() for n in receiver.since(since)]
 
 
 if __name__ == "__main__":
