@@ -6,8 +6,11 @@ npm), so a refresh reads them from git checkouts made elsewhere:
 
   git clone https://github.com/ai-dynamo/dynamo          # or any clone/mirror of it
   git clone https://github.com/NVIDIA/k8s-dra-driver-gpu
+  git clone https://github.com/prometheus-operator/prometheus-operator
   scripts/refresh-crds.py --dynamo-git dynamo --dynamo-ref v1.6.1 \\
-                          --dra-git k8s-dra-driver-gpu --dra-ref v25.12.0
+                          --dra-git k8s-dra-driver-gpu --dra-ref v25.12.0 \\
+                          --podmonitor-git prometheus-operator --podmonitor-ref v0.93.0 \\
+                          --prometheusrule-git prometheus-operator --prometheusrule-ref v0.93.0
 
 Bare repositories work too (files are read with `git show REF:PATH`, no work
 tree needed). The script copies each CRD byte for byte into --dest (default:
@@ -65,6 +68,19 @@ SOURCES = (
         # The chart directory was renamed after v25.12.0 (dra-driver-nvidia-gpu); pass --dra-path for newer refs.
         path="deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_computedomains.yaml",
         vendored_as="resource.nvidia.com_computedomains.yaml",
+    ),
+    # The monitoring.yaml of a monitored recipe: for the cluster's Prometheus operator.
+    Source(
+        key="podmonitor",
+        repo="github.com/prometheus-operator/prometheus-operator",
+        path="example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+        vendored_as="monitoring.coreos.com_podmonitors.yaml",
+    ),
+    Source(
+        key="prometheusrule",
+        repo="github.com/prometheus-operator/prometheus-operator",
+        path="example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+        vendored_as="monitoring.coreos.com_prometheusrules.yaml",
     ),
 )
 
@@ -151,7 +167,8 @@ def main() -> int:
         refreshed += 1
         print(f"{entry['file']}: {entry['repo']} {ref} = {entry['commit'][:12]} ({entry['commit_date']}), sha256 {entry['sha256'][:16]}")
     if not refreshed:
-        ap.error("nothing to do: give --dynamo-git/--dynamo-ref and/or --dra-git/--dra-ref, or --check")
+        ap.error("nothing to do: give --KEY-git and --KEY-ref for at least one of "
+                 f"{', '.join(s.key for s in SOURCES)}, or --check")
     record["files"] = [entries[s.vendored_as] for s in SOURCES if s.vendored_as in entries]
     PROVENANCE.write_text(
         "# Written by scripts/refresh-crds.py; `scripts/refresh-crds.py --check` verifies the sha256s.\n"

@@ -462,6 +462,8 @@ CEL_RULE_COUNTS = {
     ("DynamoGraphDeployment", "v1alpha1"): (13, 11, 1, 1),
     ("DynamoGraphDeployment", "v1beta1"): (18, 17, 1, 0),  # what primectl renders
     ("ComputeDomain", "v1beta1"): (1, 0, 1, 0),  # spec is immutable: self == oldSelf
+    ("PodMonitor", "v1"): (0, 0, 0, 0),  # a monitored recipe's monitoring.yaml
+    ("PrometheusRule", "v1"): (0, 0, 0, 0),
 }
 
 

@@ -31,6 +31,8 @@ RULES = "config/primectl.rules.yml"
 ALERTMANAGER_CONFIG = "config/alertmanager.yml"
 HEALTH_LOOP = "probes/health_loop.py"
 DCGM_COUNTERS = "config/dcgm-counters.csv"
+# The `component` of every service this component plans (a target tells them from the deployment's own).
+SERVICE_COMPONENTS = ("node-exporter", "health-check", "dcgm-exporter", "alertmanager", "prometheus")
 
 
 def block(ctx: PlanContext) -> MonitoringBlock | None:
@@ -185,6 +187,11 @@ class Monitoring:
 
     def kubernetes(self, service: Service) -> NotRendered:
         """Not rendered as DGD components: the cluster's Prometheus operator scrapes the PodMonitor and loads the
-        PrometheusRule the target writes beside the DGD."""
-        return NotRendered("the cluster's Prometheus operator scrapes the PodMonitor and loads the PrometheusRule "
-                           "written beside the DynamoGraphDeployment")
+        PrometheusRule the target writes beside the DGD; the cluster runs its own node exporters."""
+        if service.component in ("node-exporter", "dcgm-exporter"):
+            return NotRendered("the cluster runs its own on every node (e.g. kube-prometheus-stack's node-exporter, "
+                               "the GPU operator's dcgm-exporter)")
+        if service.component == "health-check":
+            return NotRendered("host checks of a machine primectl runs on; the operator probes every pod")
+        return NotRendered("the cluster's Prometheus operator scrapes the PodMonitor and evaluates the PrometheusRule "
+                           "of monitoring.yaml")

@@ -94,11 +94,13 @@ def component_of(svc: Service) -> tuple[str, str | None] | str:
     """(DGD component name, type) for a Plan service: a worker by its role, anything else as its component says;
     else why it is not rendered."""
     from primectl.components import base as components
+    from primectl.components import monitoring
 
     if svc.role in ("prefill", "decode"):
         return svc.role, svc.role
+    owner = monitoring.Monitoring.name if svc.component in monitoring.SERVICE_COMPONENTS else svc.component
     try:
-        component = components.get(svc.component)
+        component = components.get(owner)
     except KeyError:
         raise KubernetesRenderError(f"{svc.name}: no Kubernetes component for a {svc.component} service "
                                     f"(role {svc.role}): {svc.component} is not a registered component") from None
@@ -294,12 +296,17 @@ def build_manifests(plan: Plan) -> Manifests:
     endpoints = _endpoints(plan, mooncake) if mooncake else {}
     dropped: list[Dropped] = []
     groups: dict[str, tuple[str | None, list[Service]]] = {}
+    left_out: dict[tuple[str, str], list[str]] = {}  # (component, why) -> its services not rendered
     for svc in plan.services:
         kind = component_of(svc)
         if isinstance(kind, str):
-            dropped.append(Dropped(svc.name, f"service {svc.name}", kind))
+            left_out.setdefault((svc.component, kind), []).append(svc.name)
             continue
         groups.setdefault(kind[0], (kind[1], []))[1].append(svc)
+    for (what, why), names in left_out.items():
+        # one line per kind of service: one per host would list a node exporter for every tray
+        item = f"service {names[0]}" if len(names) == 1 else f"{len(names)} {what} services"
+        dropped.append(Dropped(names[0] if len(names) == 1 else what, item, why))
     order = [*(n for n in COMPONENT_ORDER if n in groups), *(n for n in groups if n not in COMPONENT_ORDER)]
     components = [_component(plan, name, groups[name][0], groups[name][1], endpoints, dropped) for name in order]
     frontend = next((s for s in plan.services if s.role == "frontend"), None)

@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Mapping
 
 from primectl.plan.model import Plan
-from primectl.targets import k8s_schema
+from primectl.targets import k8s_monitoring, k8s_schema
 from primectl.targets.k8s_manifests import COMPONENT_ORDER, Component, Manifests
 from primectl.targets.k8s_pod import POD_IP, RELEASE_ROOT
 
@@ -50,13 +50,21 @@ def _secret_command(plan: Plan, secret: str) -> str:
     return " ".join(words)
 
 
-def crd_lines() -> list[str]:
-    """Which CRD each custom resource is checked against (from PROVENANCE, committed: no CRD file needed)."""
+def crd_lines(kinds: set[str]) -> list[str]:
+    """Which CRD each rendered custom resource kind is checked against (from PROVENANCE, committed: no CRD file
+    needed); the DynamoGraphDeployment's always."""
     lines = []
     for (_, kind), file in k8s_schema.VENDORED_CRDS.items():
+        if kind not in kinds | {"DynamoGraphDeployment"}:
+            continue
         pin = k8s_schema.crd_pins()[file]
         lines.append(f"  {kind}: {pin['repo']} {pin['path']} at {pin['ref']} (sha256 {pin['sha256'][:16]}...)")
     return lines
+
+
+def _kinds(plan: Plan, m: Manifests) -> set[str]:
+    kinds = {"DynamoGraphDeployment"} | ({"ComputeDomain"} if m.compute_domains else set())
+    return kinds | ({"PodMonitor", "PrometheusRule"} if plan.monitoring else set())
 
 
 def notes(plan: Plan, m: Manifests, files: Mapping[str, str]) -> str:
@@ -77,7 +85,7 @@ def notes(plan: Plan, m: Manifests, files: Mapping[str, str]) -> str:
         "  `primectl render` validates every resource before it writes it (a problem is a primectl bug and",
         "  stops the render, naming the JSON path). Custom resources are checked against the CRDs pinned in",
         f"  {PROVENANCE_PATH} (the CRD files themselves are not in the repository):",
-        *crd_lines(),
+        *crd_lines(_kinds(plan, m)),
         "  The DynamoGraphDeployment CRD is not the one tagged v1.6.1 (see PROVENANCE); every field",
         "  ai-dynamo 1.6.1's own DGD templates use is in it. Where a CRD file is absent the render prints",
         "  that the kind was not checked. ConfigMap and Service are checked against primectl's own small",
@@ -125,6 +133,9 @@ def notes(plan: Plan, m: Manifests, files: Mapping[str, str]) -> str:
             "  becomes the text $(POD_IP), which Kubernetes does not expand; the vLLM Mooncake store connector",
             "  takes its local hostname from MOONCAKE_REQUESTER_LOCAL_HOSTNAME (the pod IP), not the file.",
         ]
+    monitoring = k8s_monitoring.notes(plan, m)
+    if monitoring:
+        out += ["", *monitoring]
     out += ["", "Not rendered, or not known to work"]
     if m.secret:
         out.append(f"  - the Secret {m.secret}: values are never rendered; create it as above (Frontend and workers read it).")

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -50,6 +51,8 @@ PROVENANCE = "data/crds/PROVENANCE"  # inside the primectl.targets package
 VENDORED_CRDS = {
     ("nvidia.com", "DynamoGraphDeployment"): "nvidia.com_dynamographdeployments.yaml",
     ("resource.nvidia.com", "ComputeDomain"): "resource.nvidia.com_computedomains.yaml",
+    ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
 }
 INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 # OpenAPI keywords with a schema (or list of schemas) as value, converted recursively.
@@ -243,6 +246,8 @@ def openapi_to_json_schema(node: Mapping[str, Any]) -> JSONSchema:
     - other `x-kubernetes-*` keywords (CEL rules, list types) are dropped (k8s_cel evaluates the CEL rules).
     """
     out: JSONSchema = {k: copy.deepcopy(v) for k, v in node.items() if k not in _K8S_ONLY}
+    if isinstance(node.get("pattern"), str):
+        out["pattern"] = python_pattern(node["pattern"])
     for key in ("properties", "patternProperties"):
         if key in node:
             out[key] = {name: openapi_to_json_schema(sub) for name, sub in node[key].items()}
@@ -271,6 +276,15 @@ def openapi_to_json_schema(node: Mapping[str, Any]) -> JSONSchema:
     if node.get("nullable"):
         _allow_null(out)
     return out
+
+
+_LEADING_FLAGS = re.compile(r"^\^(\(\?[imsU]+\))")
+
+
+def python_pattern(pattern: str) -> str:
+    """An OpenAPI `pattern` (the API server's Go RE2) that Python's `re` reads the same: RE2 takes flags after
+    `^` (the PrometheusRule CRD's `^(?i)(abort|warn)?$`), Python only at the very start."""
+    return _LEADING_FLAGS.sub(lambda m: m.group(1) + "^", pattern, count=1)
 
 
 def _refuses_unknown_fields(node: Mapping[str, Any]) -> bool:

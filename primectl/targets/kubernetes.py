@@ -8,6 +8,7 @@ only (primectl/targets/k8s_manifests.py):
     configmaps.yaml     the services' files (e.g. the Mooncake store config), one ConfigMap per directory
     model.yaml          the generated model (tokenizer and config) when the recipe generates one
     services.yaml       the Service the Mooncake master is reached by
+    monitoring.yaml     a monitored recipe's PodMonitor and PrometheusRule (primectl/targets/k8s_monitoring.py)
     NOTES.txt           how to apply it, and what was left out because the operator provides it
 
 Every resource is validated offline before anything is returned
@@ -25,7 +26,7 @@ from typing import Any
 
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
-from primectl.targets import k8s_schema
+from primectl.targets import k8s_monitoring, k8s_schema
 from primectl.targets.base import PlannedHosts
 from primectl.targets.k8s_manifests import Manifests, build_manifests, component_of
 from primectl.targets.k8s_notes import notes
@@ -54,6 +55,15 @@ def manifest_files(m: Manifests) -> dict[str, list[dict[str, Any]]]:
         files["model.yaml"] = [m.model_configmap]
     if m.services:
         files["services.yaml"] = m.services
+    return files
+
+
+def rendered_files(plan: Plan, m: Manifests) -> dict[str, list[dict[str, Any]]]:
+    """manifest_files, and monitoring.yaml where the recipe monitors."""
+    files = manifest_files(m)
+    monitoring = k8s_monitoring.resources(plan, m)
+    if monitoring:
+        files["monitoring.yaml"] = monitoring
     return files
 
 
@@ -88,7 +98,7 @@ def _what(docs: Sequence[dict[str, Any]]) -> str:
 def render_manifests(plan: Plan, validate: Validate = k8s_schema.validate_resource) -> tuple[dict[str, bytes], list[str]]:
     """The files `render` returns, and the kinds that were not schema-checked (their CRD is absent)."""
     m = build_manifests(plan)
-    docs = manifest_files(m)
+    docs = rendered_files(plan, m)
     unchecked = check_manifests(docs, validate)
     header = (f"for deployment {plan.name} (recipe hash {plan.recipe_hash}): rendered by primectl for the Dynamo "
               f"operator of ai-dynamo {plan.pins.get('ai-dynamo', '?')}; do not edit, see NOTES.txt")
@@ -117,7 +127,7 @@ class KubernetesTarget:
 
     def render_report(self, plan: Plan) -> list[str]:
         """Lines for the operator after a render: which rendered kinds were checked, against which schema."""
-        resources = [doc for docs in manifest_files(build_manifests(plan)).values() for doc in docs]
+        resources = [doc for docs in rendered_files(plan, build_manifests(plan)).values() for doc in docs]
         rendered = {str(doc["kind"]) for doc in resources}
         lines = []
         for (_, kind), file in k8s_schema.VENDORED_CRDS.items():

@@ -56,6 +56,7 @@ from primectl.targets.base import PlannedHosts, Say, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
+from primectl.targets.slurm_monitoring import job_plan
 from primectl.targets.slurm_recipe import Slurm
 
 if TYPE_CHECKING:  # provision imports the SSH cluster code, which a Slurm `up` loads only to provision
@@ -104,14 +105,15 @@ class SlurmRollout:
     """One `up` as a Slurm job: what the deployment directory and squeue said, and what the pipeline decided."""
 
     def __init__(self, plan: Plan, client: SlurmClient, say: Say):
-        self.plan = plan  # bound to the job's addresses once it runs (activate)
-        self.unbound = plan
+        job = job_plan(plan)  # monitoring runs outside the job (slurm_monitoring.py); the release carries it
+        self.plan = job  # bound to the job's addresses once it runs (activate)
+        self.unbound = job
         self.client = client
         self.say = say
         self.options = options(plan)
         self.files = DeploymentFiles(deploy_dir(plan))
         # The plan a release ran with travels with it, so a rollback can wait for exactly that job.
-        self.release: Bundle = _with_plan(render_release(plan), plan)
+        self.release: Bundle = _with_plan(render_release(plan), job)
         self.state = self.files.state()
         self.active = self.client.active_jobs(job_name(plan))
         recorded = str(self.state.get("job") or "")
@@ -456,7 +458,7 @@ class SlurmTarget:
 
     def render(self, plan: Plan) -> dict[str, bytes]:
         """The release directory `up` submits from: job.sbatch, run scripts, probes, configs, model, manifest."""
-        return _with_plan(render_release(plan), plan).files
+        return _with_plan(render_release(plan), job_plan(plan)).files
 
     @contextmanager
     def apply(self, plan: Plan, options: Any, say: Say) -> Iterator[SlurmRollout]:
@@ -465,17 +467,18 @@ class SlurmTarget:
 
     def status(self, plan: Plan, options: Any, say: Say) -> StatusReport:
         """squeue/scontrol for the job and its steps, plus every service's probe at its bound address."""
-        return slurm_observe.status(plan, _client(options))
+        return slurm_observe.status(job_plan(plan), _client(options))
 
     def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
         """The service's step output from the recorded job (or the newest job that ran), escape codes removed."""
         if journal:
             raise DeployError("`logs --journal` reads systemd's journal; on the slurm target services are job steps, "
                               "not units, and the step's output is the whole log (drop --journal)")
-        return slurm_observe.logs(plan, service, follow=follow, tail=tail)
+        return slurm_observe.logs(job_plan(plan), service, follow=follow, tail=tail)
 
     def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
         """Stop every job of the deployment: SIGTERM to the services, scancel after their stop timeout."""
+        plan = job_plan(plan)
         client = _client(options)
         files = DeploymentFiles(deploy_dir(plan))
         lock = DeploymentLock(files.path("lock"), plan.name)

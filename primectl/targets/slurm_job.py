@@ -26,6 +26,7 @@ from typing import Literal
 from primectl.deploy.shipping import zipapp
 from primectl.plan.model import Plan
 from primectl.render.bundle import MANIFEST, Bundle, hash_files, render_host, template
+from primectl.targets import slurm_monitoring
 from primectl.targets.slurm_recipe import Slurm
 
 JOB_SCRIPT = "job.sbatch"
@@ -147,6 +148,8 @@ def job_script(plan: Plan) -> str:
         comp_of=comp_of, q=shlex.quote, srun_args=" ".join(o.srun_args), runtimes=runtimes,
         segment_note=SEGMENT_NOTE if any(c.one_domain for c in comps) and o.nvlink == "segment" else "",
         workdirs=sorted({plan.host(h).workdir for h in plan.deployed_hosts()}),
+        sd_dir=slurm_monitoring.sd_dir(deploy_dir(plan)) if plan.monitoring else "",
+        targets=slurm_monitoring.TARGETS,
     )
 
 
@@ -157,10 +160,13 @@ def waiter_source() -> bytes:
 
 
 def render_release(plan: Plan) -> Bundle:
-    """The job's release directory: job.sbatch, run scripts, readiness probes, configs, model, manifest."""
+    """The job's release directory: job.sbatch, run scripts, readiness probes, configs, model, manifest; and
+    for a monitored plan, what runs outside the job (monitoring/, targets/slurm_monitoring.py)."""
     deploy = deploy_dir(plan)
-    files: dict[str, bytes] = {}
-    modes: dict[str, int] = {}
+    outside = slurm_monitoring.render(plan, deploy)
+    plan = slurm_monitoring.job_plan(plan)
+    files: dict[str, bytes] = dict(outside)
+    modes = {path: 0o644 for path in outside}
     services: dict[str, object] = {}
     for host_name in plan.deployed_hosts():
         # Secrets are written once per deployment, next to its releases (the run scripts source them).

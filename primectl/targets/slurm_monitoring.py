@@ -1,0 +1,195 @@
+"""A monitored recipe on Slurm: exporters as node daemons, Prometheus and Alertmanager on the head, the job's
+scrape targets as Prometheus file_sd files.
+
+The Monitoring component plans its services for hosts that run them all the time. On Slurm the job is not such a
+host: a GPU must be watched between jobs, and Prometheus must outlive the job it watches. So none of them is a
+job step (`job_plan`); the release carries instead, under monitoring/ (`render`):
+
+    node/primectl-node-exporter.service, node/primectl-dcgm-exporter.service, node/dcgm-counters.csv
+                          systemd units for every node (dcgm-exporter: GPU nodes), from the planned argv with the
+                          node's own address left to the unit (all addresses)
+    head/prometheus.yml, head/primectl.rules.yml, head/alertmanager.yml, head/primectl-<name>-*.service
+                          Prometheus and Alertmanager for the head; prometheus.yml reads the job's targets from
+                          file_sd files and scrapes itself and Alertmanager on localhost
+    targets/<scrape job>.json
+                          the planned static targets of each scrape job, node markers and all: the job's batch
+                          script binds them like the rest of the release, writes them to `sd_dir` as
+                          <scrape job>.<job id>.json and removes them when it ends
+    README.txt            what to install where
+
+Labels are the planned ones (deployment, service, host = the logical host, role), so the head evaluates the same
+rule file as a bare-metal Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from primectl.components import monitoring as mon
+from primectl.monitoring import scrape
+from primectl.plan.model import MonitoringPlan, Plan, Service
+from primectl.render.bundle import template
+
+OUTSIDE_JOB = mon.SERVICE_COMPONENTS
+ON_HEAD = ("prometheus", "alertmanager")
+NODE_DAEMONS = ("node-exporter", "dcgm-exporter")
+TARGETS = "monitoring/targets"  # in the release, one file per scrape job (the job binds and publishes them)
+HEAD_HOST = "slurm-head"  # the host label of Prometheus's and Alertmanager's own targets
+NODE_COUNTERS = "/etc/primectl/dcgm-counters.csv"
+
+
+def job_plan(plan: Plan) -> Plan:
+    """The plan the job runs: without the monitoring services, and with Prometheus and Alertmanager where they
+    answer on Slurm (the head, on the machine primectl runs on). The plan itself when it does not monitor."""
+    if plan.monitoring is None:
+        return plan
+    services = [s for s in plan.services if s.component not in OUTSIDE_JOB]
+    gone = {s.name for s in plan.services} - {s.name for s in services}
+    needing = [f"{s.name} -> {d}" for s in services for d in s.depends_on if d in gone]
+    if needing:
+        raise ValueError(f"job services depend on monitoring services, which do not run in the job: {needing}")
+    here = MonitoringPlan(host=HEAD_HOST, prometheus_url=f"http://127.0.0.1:{_port(plan, 'prometheus')}",
+                          alertmanager_url=f"http://127.0.0.1:{_port(plan, 'alertmanager')}")
+    return plan.model_copy(update={"services": services, "monitoring": here})
+
+
+def sd_dir(deploy_dir: str) -> str:
+    """Where the jobs publish their targets and the head's Prometheus reads them (the shared filesystem)."""
+    return posixpath.join(deploy_dir, "monitoring", "targets")
+
+
+def head_dir(plan: Plan) -> str:
+    """Where the head keeps the deployment's Prometheus and Alertmanager configuration."""
+    return f"/etc/primectl/{plan.name}"
+
+
+def data_dir(plan: Plan) -> str:
+    """Where the head's Prometheus and Alertmanager keep their data."""
+    return f"/var/lib/primectl/monitoring/{plan.name}"
+
+
+def _service(plan: Plan, component: str) -> Service:
+    return next(s for s in plan.services if s.component == component)
+
+
+def _port(plan: Plan, component: str) -> int:
+    return next(iter(_service(plan, component).ports.values()))
+
+
+def _file(svc: Service, path: str) -> str:
+    return next(f.content for f in svc.files if f.path == path)
+
+
+def _rewrite(argv: list[str], flags: dict[str, str | None]) -> list[str]:
+    """`--flag=value` arguments with the values `flags` gives (None: the argument dropped); others as they are."""
+    out = [argv[0]]
+    for arg in argv[1:]:
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            if flags[name] is not None:
+                out.append(f"{name}={flags[name]}")
+        else:
+            out.append(arg)
+    return out
+
+
+def _swap(argv: list[str], values: dict[str, str]) -> list[str]:
+    """`-f VALUE` style arguments with the values `values` gives."""
+    return [values.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+
+
+def _unit(description: str, argv: list[str]) -> bytes:
+    if any(c in a for a in argv for c in " \t\n\"'\\"):
+        raise ValueError(f"{description}: an argument needs quoting, which this unit does not do: {argv}")
+    return template("monitoring-unit.service.j2").render(description=description, exec_start=" ".join(argv)).encode()
+
+
+def _node_units(plan: Plan) -> dict[str, bytes]:
+    units: dict[str, Callable[[Service], list[str]]] = {
+        "node-exporter": lambda s: _rewrite(s.argv, {"--web.listen-address": f":{_port(plan, 'node-exporter')}",
+                                                     "--collector.textfile.directory": None}),
+        "dcgm-exporter": lambda s: _swap(s.argv, {"-f": NODE_COUNTERS, "-a": f":{_port(plan, 'dcgm-exporter')}"}),
+    }
+    out = {}
+    for component, argv in units.items():
+        planned = [s for s in plan.services if s.component == component]
+        if planned:
+            out[f"monitoring/node/primectl-{component}.service"] = _unit(f"{component} (node daemon)", argv(planned[0]))
+    if "monitoring/node/primectl-dcgm-exporter.service" in out:
+        out["monitoring/node/dcgm-counters.csv"] = _file(_service(plan, "dcgm-exporter"), mon.DCGM_COUNTERS).encode()
+    return out
+
+
+def _head_units(plan: Plan) -> dict[str, bytes]:
+    home, data = head_dir(plan), data_dir(plan)
+    prom, am = _service(plan, "prometheus"), _service(plan, "alertmanager")
+    return {
+        f"monitoring/head/primectl-{plan.name}-prometheus.service": _unit(f"Prometheus of deployment {plan.name}", _rewrite(
+            prom.argv, {"--config.file": f"{home}/prometheus.yml", "--storage.tsdb.path": f"{data}/prometheus",
+                        "--web.listen-address": f":{_port(plan, 'prometheus')}", "--web.external-url": None})),
+        f"monitoring/head/primectl-{plan.name}-alertmanager.service": _unit(f"Alertmanager of deployment {plan.name}", _rewrite(
+            am.argv, {"--config.file": f"{home}/alertmanager.yml", "--storage.path": f"{data}/alertmanager",
+                      "--web.listen-address": f":{_port(plan, 'alertmanager')}", "--web.external-url": None})),
+    }
+
+
+def head_config(plan: Plan, targets_dir: str) -> str:
+    """The head's prometheus.yml: the planned one, with the job's targets read from `targets_dir` (file_sd) and
+    Prometheus and Alertmanager on localhost."""
+    planned = yaml.safe_load(_file(_service(plan, "prometheus"), mon.PROMETHEUS_CONFIG))
+    jobs: list[dict[str, Any]] = []
+    for job in planned["scrape_configs"]:
+        name = job["job_name"]
+        if name in ON_HEAD:
+            static = [{"targets": [f"localhost:{_port(plan, name)}"], "labels": {**t["labels"], "host": HEAD_HOST}}
+                      for t in job["static_configs"]]
+            jobs.append({"job_name": name, "static_configs": static})
+        else:
+            jobs.append({"job_name": name, "file_sd_configs": [{"files": [posixpath.join(targets_dir, f"{name}.*.json")]}]})
+    g = planned["global"]
+    return scrape.prometheus_config(jobs=jobs, scrape_interval=g["scrape_interval"],
+                                    evaluation_interval=g["evaluation_interval"],
+                                    alertmanager=f"localhost:{_port(plan, 'alertmanager')}",
+                                    rule_files=planned["rule_files"], deployment=plan.name)
+
+
+def target_files(plan: Plan) -> dict[str, bytes]:
+    """monitoring/targets/<scrape job>.json: each job's planned static targets (node markers unbound)."""
+    planned = yaml.safe_load(_file(_service(plan, "prometheus"), mon.PROMETHEUS_CONFIG))
+    return {f"{TARGETS}/{job['job_name']}.json": (json.dumps(job["static_configs"], indent=2) + "\n").encode()
+            for job in planned["scrape_configs"] if job["job_name"] not in ON_HEAD}
+
+
+def render(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
+    """Everything under monitoring/ in the release ({} when the recipe does not monitor)."""
+    if plan.monitoring is None:
+        return {}
+    prom = _service(plan, "prometheus")
+    home = head_dir(plan)
+    files = {
+        **target_files(plan), **_node_units(plan), **_head_units(plan),
+        "monitoring/head/prometheus.yml": head_config(plan, sd_dir(deploy_dir)).encode(),
+        f"monitoring/head/{posixpath.basename(mon.RULES)}": _file(prom, mon.RULES).encode(),
+        f"monitoring/head/{posixpath.basename(mon.ALERTMANAGER_CONFIG)}":
+            _file(_service(plan, "alertmanager"), mon.ALERTMANAGER_CONFIG).encode(),
+    }
+    node_units = sorted(p for p in files if p.startswith("monitoring/node/") and p.endswith(".service"))
+    head_units = sorted(p for p in files if p.startswith("monitoring/head/") and p.endswith(".service"))
+    files["monitoring/README.txt"] = template("slurm-monitoring.txt.j2").render(
+        name=plan.name, sd_dir=sd_dir(deploy_dir), head_dir=home, head_host=HEAD_HOST,
+        dcgm="monitoring/node/dcgm-counters.csv" in files, counters=NODE_COUNTERS,
+        counters_name=posixpath.basename(NODE_COUNTERS),
+        node_units=[p.removeprefix("monitoring/") for p in node_units],
+        node_unit_names=[posixpath.basename(p).removesuffix(".service") for p in node_units],
+        head_configs=[f"head/{n}" for n in ("prometheus.yml", posixpath.basename(mon.RULES),
+                                            posixpath.basename(mon.ALERTMANAGER_CONFIG))],
+        head_units=[p.removeprefix("monitoring/") for p in head_units],
+        head_unit_names=[posixpath.basename(p).removesuffix(".service") for p in head_units],
+        prometheus_port=_port(plan, "prometheus"), alertmanager_port=_port(plan, "alertmanager"),
+    ).encode()
+    return files
