@@ -102,6 +102,18 @@ def test_invalid_probe_counts_as_a_fail_and_carries_its_note() -> None:
     assert any(p.note.startswith("INVALID") and not p.passed for p in res.probes)
 
 
+def test_an_overloaded_probe_is_measured_but_fails_whatever_its_latency() -> None:
+    """Above 8 sessions the deployment refuses part of the load (529): the latency of what it served still meets
+    the SLA, but that concurrency is more than it takes, so the knee is 8, and the probe keeps its value."""
+    def measure(c: int) -> tuple[float | None, str] | tuple[float | None, str, bool]:
+        return (900.0, "overloaded: 198 of 939 requests", False) if c > 8 else (500.0, "")
+
+    res = knee_search(measure, parse_sla("ttft_p90_ms<=1000"), high=16)
+    assert res.knee == 8 and res.resolved
+    over = [p for p in res.probes if p.concurrency > 8]
+    assert over and all(p.value == 900.0 and not p.passed and p.note.startswith("overloaded") for p in over)
+
+
 def test_bad_ranges() -> None:
     with pytest.raises(ValueError):
         knee_search(speed, parse_sla("tok_s_per_user>=1"), low=0, high=4)

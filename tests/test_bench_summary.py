@@ -215,3 +215,74 @@ def test_the_frontier_plot_starts_both_axes_at_zero() -> None:
         assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 95
     finally:
         plt.close(fig)
+
+
+# What AIPerf 0.13.0 recorded against the real 1.6.1 demo with frontend.busy.active_prefill_tokens_threshold: 1
+# (`primectl bench --duration 15 --concurrency 8` inside `unshare --net`, 2026-12-07): 198 of 939 requests refused.
+REAL_OVERLOAD = {"error_details": {"code": 529, "type": "<none>", "message":
+                 '{"message":"Service temporarily overloaded","type":"Overloaded","code":529}'}, "count": 198}
+# HAProxy in front of a deployment whose frontend is down (captured on the demo with the frontend killed).
+REAL_NO_SERVER = {"error_details": {"code": 503, "type": "<none>", "message":
+                  "<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n"
+                  "</body></html>\n"}, "count": 1}
+
+
+@pytest.mark.parametrize(("code", "kind", "message", "overloaded"), [
+    (529, "<none>", '{"message":"Service temporarily overloaded","type":"Overloaded","code":529}', True),
+    # DYN_HTTP_OVERLOAD_STATUS_CODE moves the code, not the type
+    (503, "<none>", '{"message":"Service temporarily overloaded","type":"Overloaded","code":503}', True),
+    (503, "Service Unavailable", "All workers are busy, please retry later", True),
+    (429, "Too Many Requests", "every deployment is full", True),
+    (503, "<none>", REAL_NO_SERVER["error_details"]["message"], False),
+    (503, "<none>", '{"message":"Model demo is not ready to serve requests yet. The deployment may still be '
+                    'starting up or is not fully provisioned.","type":"Service Unavailable","code":503}', False),
+    (503, "Service Unavailable", "Service temporarily unavailable", False),
+    (500, "<none>", '{"message":"Internal server error","type":"Internal Server Error","code":500}', False),
+])
+def test_overload_is_told_from_an_outage_by_the_answer(code: int, kind: str, message: str, overloaded: bool) -> None:
+    assert sm.is_overload(code, kind, message) is overloaded
+
+
+def _overloaded_run(ok: int, errors: list[dict]) -> dict:
+    doc = copy.deepcopy(AIPERF)
+    doc["request_count"]["avg"] = float(ok)
+    doc["completed_request_count"]["avg"] = float(ok + sum(e["count"] for e in errors))
+    doc["error_summary"] = errors
+    return doc
+
+
+def test_requests_refused_as_overload_are_counted_apart_and_do_not_make_the_run_invalid() -> None:
+    s = summary(_overloaded_run(741, [REAL_OVERLOAD]))
+    f = s["figures"]
+    assert f["requests_overloaded"] == 198 and f["requests_failed"] == 0 and f["error_rate"] == 0
+    assert f["overload_rate"] == pytest.approx(198 / 939)
+    assert s["valid"], s["invalid_reasons"]
+    assert s["overloaded"].startswith("overloaded: 198 of 939 requests (21.09%) answered that the deployment is at "
+                                      "capacity (198x 529"), s["overloaded"]
+    assert [e["overloaded"] for e in s["errors"]] == [True]
+
+
+def test_an_outage_beside_overload_still_counts_as_failed() -> None:
+    s = summary(_overloaded_run(741, [REAL_OVERLOAD, {**REAL_NO_SERVER, "count": 20}]))
+    assert s["figures"]["requests_failed"] == 20 and s["figures"]["requests_overloaded"] == 198
+    (reason,) = [r for r in s["invalid_reasons"] if r.startswith("error rate")]
+    assert "20 of 959 requests failed: 20x 503" in reason and "529" not in reason, reason
+
+
+def test_a_little_overload_is_within_the_error_budget() -> None:
+    s = summary(_overloaded_run(937, [{**REAL_OVERLOAD, "count": 2}]))
+    assert s["valid"] and s["overloaded"] is None and s["figures"]["requests_overloaded"] == 2
+
+
+def test_bench_prints_the_overloaded_count(tmp_path: Path) -> None:
+    import io
+
+    from primectl.bench.report import print_bench
+    from primectl.bench.runner import BenchResult
+
+    s = summary(_overloaded_run(741, [REAL_OVERLOAD]))
+    s["gpu"] = {"count": 3, "basis": "3 workers"}
+    out = io.StringIO()
+    assert print_bench(BenchResult(tmp_path, s), "table", out)
+    assert ("overloaded             198 of 939 requests refused at capacity (21.09%, above --max-error-rate: more "
+            'load than it takes): 198x 529 <none>: {"message":"Service temporarily overloaded"') in out.getvalue()

@@ -146,7 +146,11 @@ def test_demo_is_a_mocker_graph_of_one_prefill_two_decoders_and_the_mooncake_mas
     assert "backendFramework" not in dgd(demo)["spec"]  # as 1.6.1's mocker template
     for name in ("prefill", "decode"):
         c = main(comp(demo, name))
-        assert c["command"] == ["python3", "-m", "dynamo.mocker"]
+        # dynamo.mocker through its token-budget bridge (primectl/bridges), shipped in a ConfigMap beside it
+        assert c["command"] == ["python3"] and c["args"][0] == "/opt/primectl/bridges/dynamo_mocker_token_budget_bridge.py"
+        assert {"name": "bridges", "mountPath": "/opt/primectl/bridges", "readOnly": True} in c["volumeMounts"]
+        (bridges,) = [m for m in demo["configmaps.yaml"] if m["metadata"]["name"] == f"demo-{name}-bridges"]
+        assert "runpy.run_module(TARGET" in bridges["data"]["dynamo_mocker_token_budget_bridge.py"]
         assert c["image"] == "nvcr.io/nvidia/ai-dynamo/dynamo-planner:1.6.1"
         assert c["args"][c["args"].index("--disaggregation-mode") + 1] == name
         assert {"name": "DYN_SYSTEM_STARTING_HEALTH_STATUS", "value": "ready"} in c["env"]  # the mocker needs it

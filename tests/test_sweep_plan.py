@@ -232,3 +232,30 @@ def test_resume_predicts_a_variant_measured_before_the_interrupt_but_not_yet_pre
     assert done.state["results"][first]["prediction"]["reason"] == "given"  # kept, not predicted again
     assert done.state["results"][second]["prediction"]["status"] == "n/a"  # the CPU demo has no perf database
     assert all(row["prediction"]["status"] == "n/a" for row in done.state["summary"])
+
+
+def test_the_sweep_table_counts_overloaded_requests_and_keeps_the_probe() -> None:
+    """Issue #37: at capacity the demo answered 529 to part of the load; the sweep must say so per probe, and not
+    list the probe as invalid (it is measured: it fails the SLA for being over capacity)."""
+    from primectl.bench.sla import parse_sla
+    from primectl.bench.sweep_report import aggregate, markdown
+
+    plan = plan_recipe(DEMO)[1]
+    knee = {"tok_s_per_user": 900.0, "output_tok_s_per_gpu": 500.0, "ttft_p90_ms": 40.0, "itl_p90_ms": 0.8}
+    probes = [{"concurrency": 4, "value": 40.0, "passed": True, "valid": True, "invalid_reasons": [], "run_dir": "p1",
+               "overloaded": None, "requests_completed": 700.0, "requests_overloaded": 0.0},
+              {"concurrency": 8, "value": 42.0, "passed": False, "valid": True, "invalid_reasons": [], "run_dir": "p2",
+               "overloaded": "overloaded: 198 of 939 requests (21.09%) answered that the deployment is at capacity",
+               "requests_completed": 939.0, "requests_overloaded": 198.0}]
+    state = {"variants": [{"id": "v01", "label": "decode.workers=1", "derived": {}, "gpus": 2, "gpu_basis": "CPU x",
+                           "file": "v01.yaml"}],
+             "results": {"v01": {"repeats": [{"index": 1, "knee": 4, "knee_figures": knee, "probes": probes}]}},
+             "spec": {"base": "demo.yaml", "low": 1, "max_runs": 3, "repeat": 1, "bench": {"concurrency": 8}},
+             "order": ["v01"], "restarts": {"v01": []}, "time": {"deploy_s": 10.0, "measure_s": 60.0},
+             "winner": {"verdict": "winner: the only variant that met the SLA", "id": "v01", "label": "x"}}
+    (row,) = aggregate(state, {"v01": plan})
+    assert row["overloaded"] == ["c8: 198 of 939"] and row["invalid"] == [] and row["sessions"] == 4
+    md = markdown(state, [row], parse_sla("ttft_p90_ms<=1000"))
+    assert "| overloaded (requests refused at capacity) | status |" in md
+    assert "| c8: 198 of 939 | measured |" in md
+    assert "## Invalid runs (left out of every figure)\n\nnone\n" in md

@@ -32,6 +32,12 @@ def print_bench(res: BenchResult, output: str, stream: TextIO | None = None) -> 
         for k in FIGURES:
             stream.write(f"  {k:22} {f.get(k) if f.get(k) is None else round(f[k], 4)}\n")
         stream.write(f"  gpu count              {s['gpu']['count']} ({s['gpu']['basis']})\n")
+    if f.get("requests_overloaded"):
+        from primectl.bench.summary import errors_text
+
+        over = "above --max-error-rate: more load than it takes" if s.get("overloaded") else "within --max-error-rate"
+        stream.write(f"  overloaded             {f['requests_overloaded']:g} of {f['requests_completed']:g} requests "
+                     f"refused at capacity ({f['overload_rate']:.2%}, {over}): {errors_text(s, overloaded=True)}\n")
     for w in s.get("warnings", []):
         stream.write(f"  warning: {w}\n")
     return bool(s["valid"])
@@ -114,6 +120,8 @@ def print_sweep(sw: Sweep, output: str, stream: TextIO | None = None) -> bool:
             stream.write(f"  {r['id']}  {r['label']}: sessions {_f(r['sessions'], r['sessions_stdev'])}, "
                          f"output tok/s/GPU {_f(r['output_tok_s_per_gpu'], r['output_tok_s_per_gpu_stdev'])}, "
                          f"tok/s/user {_f(r['tok_s_per_user'], r['tok_s_per_user_stdev'])} ({r['status']})\n")
+            if r.get("overloaded"):
+                stream.write(f"      overloaded (refused at capacity): {', '.join(r['overloaded'])}\n")
             for x in r["invalid"]:
                 stream.write(f"      INVALID (left out): {x}\n")
         w = st["winner"]

@@ -289,7 +289,7 @@ def run_knee(plan: Plan, opts: BenchOptions, sla: SLA, *, recipe: str = "", low:
     root.mkdir(parents=True, exist_ok=True)
     runs: dict[int, BenchResult] = {}
 
-    def measure(c: int) -> tuple[float | None, str]:
+    def measure(c: int) -> tuple[float | None, str] | tuple[float | None, str, bool]:
         n = len(runs) + 1
         res = run_bench(plan, BenchOptions(**{**opts.__dict__, "concurrency": c}), recipe=recipe,
                         run_dir=root / f"probe{n}-c{c}", say=say, plots=False)
@@ -297,6 +297,8 @@ def run_knee(plan: Plan, opts: BenchOptions, sla: SLA, *, recipe: str = "", low:
         if not res.valid:
             return None, "INVALID: " + "; ".join(res.summary["invalid_reasons"])
         value = res.summary["figures"].get(sla.metric)
+        if res.summary.get("overloaded"):  # measured, and more sessions than the deployment takes: not the knee
+            return value, res.summary["overloaded"], False
         return value, ""
 
     result = knee_search(measure, sla, low=low, high=opts.concurrency, max_runs=max_runs)

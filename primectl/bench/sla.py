@@ -22,7 +22,8 @@ SLA_METRICS: dict[str, str] = {
     "output_tok_s_per_gpu": "output tok/s per GPU (or per worker slot on CPU)",
     "output_tok_s": "output tok/s, whole deployment",
     "request_throughput_rps": "requests per second",
-    "error_rate": "failed / completed requests",
+    "error_rate": "failed / completed requests (answers that the deployment is at capacity are not failures)",
+    "overload_rate": "requests answered that the deployment is at capacity (529, 503 busy, 429) / completed requests",
 }
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
@@ -90,7 +91,7 @@ class KneeResult:
         return self.knee == self.high or self.first_fail == self.knee + 1
 
 
-Measure = Callable[[int], "tuple[float | None, str] | float | None"]
+Measure = Callable[[int], "tuple[float | None, str] | tuple[float | None, str, bool] | float | None"]
 
 
 def knee_search(measure: Measure, sla: SLA, *, low: int = 1, high: int = 64, max_runs: int = 7) -> KneeResult:
@@ -100,7 +101,8 @@ def knee_search(measure: Measure, sla: SLA, *, low: int = 1, high: int = 64, max
     virtual fail, so ceil(log2(high - low + 2)) runs pin it exactly (7 runs: a range of 127 values).
     Assumes the metric degrades with concurrency; with noise the answer is still a concurrency
     that passed when measured, and every probe is reported. With too few runs for the range the
-    answer is the highest pass seen and `resolved` is False. `measure(c)` returns the value or (value, note).
+    answer is the highest pass seen and `resolved` is False. `measure(c)` returns the value, (value, note), or
+    (value, note, False) for a measured value that fails whatever it is (the deployment shed part of the load).
     """
     if low < 1 or high < low:
         raise ValueError(f"bad concurrency range [{low}, {high}]")
@@ -111,8 +113,10 @@ def knee_search(measure: Measure, sla: SLA, *, low: int = 1, high: int = 64, max
     while bad - good > 1 and len(res.probes) < max_runs:
         mid = (good + bad) // 2
         got = measure(mid)
-        value, note = got if isinstance(got, tuple) else (got, "")
-        passed = sla.ok(value)
+        if not isinstance(got, tuple):
+            got = (got, "")
+        value, note = got[0], got[1]
+        passed = (got[2] if len(got) == 3 else True) and sla.ok(value)
         res.probes.append(Probe(mid, value, passed, note))
         if passed:
             good = mid

@@ -12,6 +12,7 @@ Sources (AIPerf 0.13.0, verified on its exports):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -100,9 +101,11 @@ def figures_from_aiperf(doc: dict[str, Any], gpu_slots: int) -> dict[str, float 
     """The flat figures of a summary (SLA metrics included) from profile_export_aiperf.json."""
     completed = _stat(doc, "completed_request_count", "avg")
     ok = _stat(doc, "request_count", "avg")
-    errors = sum(int(e.get("count", 0)) for e in doc.get("error_summary") or [] if isinstance(e, dict))
+    refused = errors(doc)
+    failed = sum(e["count"] for e in refused if not e["overloaded"])
+    shed = sum(e["count"] for e in refused if e["overloaded"])
     if completed is None and ok is not None:
-        completed = ok + errors
+        completed = ok + failed + shed
     out_tps = _stat(doc, "output_token_throughput", "avg")
     fig: dict[str, float | None] = {
         "ttft_p50_ms": _stat(doc, "time_to_first_token", "p50"),
@@ -118,8 +121,10 @@ def figures_from_aiperf(doc: dict[str, Any], gpu_slots: int) -> dict[str, float 
         "output_tok_s_per_gpu": out_tps / gpu_slots if out_tps is not None and gpu_slots > 0 else None,
         "request_throughput_rps": _stat(doc, "request_throughput", "avg"),
         "requests_completed": completed,
-        "requests_failed": float(errors),
-        "error_rate": (errors / completed) if completed else None,
+        "requests_failed": float(failed),
+        "error_rate": (failed / completed) if completed else None,
+        "requests_overloaded": float(shed),
+        "overload_rate": (shed / completed) if completed else None,
         "output_tokens_total": _stat(doc, "total_output_tokens", "avg"),
         "prompt_tokens_mean": _stat(doc, "input_sequence_length", "avg"),
         "benchmark_duration_s": _stat(doc, "benchmark_duration", "avg"),
@@ -127,21 +132,43 @@ def figures_from_aiperf(doc: dict[str, Any], gpu_slots: int) -> dict[str, float 
     return fig
 
 
+# How a deployment at capacity answers, which is not an outage:
+# - Dynamo's frontend over its busy thresholds (recipe frontend.busy: --active-decode-blocks-threshold,
+#   --active-prefill-tokens-threshold[-frac]): 529 {"message":"Service temporarily overloaded","type":"Overloaded",
+#   "code":529} (measured on the 1.6.1 demo, through HAProxy and straight; DYN_HTTP_OVERLOAD_STATUS_CODE changes
+#   the code, not the type);
+# - Dynamo releases that answer the same rejection 503 "All workers are busy, please retry later";
+# - 429 Too Many Requests (the fleet gateway with every deployment full, any rate limiter).
+# A 503 without those words (HAProxy's "No server is available", Dynamo's "Model X is not ready to serve
+# requests yet") stays an error: nothing says the deployment is merely full.
+OVERLOAD_CODES = frozenset({429, 529})
+OVERLOAD_WORDS = re.compile(r'"type"\s*:\s*"Overloaded"|temporarily overloaded|all workers are busy', re.I)
+
+
+def is_overload(code: object, kind: object = None, message: object = None) -> bool:
+    """Whether a refused request's answer (HTTP code, error type, body) says the deployment is at capacity."""
+    if code in OVERLOAD_CODES:
+        return True
+    return bool(OVERLOAD_WORDS.search(f"{kind or ''} {message or ''}")) or str(kind or "").lower() == "overloaded"
+
+
 def errors(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the failed requests got, most frequent first: AIPerf's error_summary as count, code, type, message."""
+    """What the refused requests got, most frequent first: AIPerf's error_summary as count, code, type, message,
+    and `overloaded` (the deployment said it was at capacity: see is_overload) or not (a failure)."""
     out = []
     for e in doc.get("error_summary") or []:
         if isinstance(e, dict):
             details = e.get("error_details")
             d: dict[str, Any] = details if isinstance(details, dict) else {}
+            message = " ".join(str(d.get("message") or "").split())
             out.append({"count": int(e.get("count", 0)), "code": d.get("code"), "type": d.get("type"),
-                        "message": " ".join(str(d.get("message") or "").split())[:300]})
+                        "message": message[:300], "overloaded": is_overload(d.get("code"), d.get("type"), message)})
     return sorted(out, key=lambda e: -e["count"])
 
 
-def _errors_text(summary: dict[str, Any]) -> str:
-    """The failed requests' errors in one line ('' when AIPerf named none)."""
-    kinds = summary.get("errors") or []
+def errors_text(summary: dict[str, Any], overloaded: bool = False) -> str:
+    """The failed (or, with `overloaded`, the shed) requests' answers in one line ('' when AIPerf named none)."""
+    kinds = [e for e in summary.get("errors") or [] if bool(e.get("overloaded")) == overloaded]
     return "; ".join(f"{e['count']}x " + " ".join(str(p) for p in (e.get("code"), e.get("type")) if p)
                      + (f": {e['message']}" if e.get("message") else "") for e in kinds[:3])
 
@@ -164,7 +191,9 @@ def gate(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
         return reasons
     out = fig.get("output_tokens_total")
     if not out:
-        reasons.append("zero output tokens")
+        shed = fig.get("requests_overloaded") or 0
+        reasons.append("zero output tokens" + (f" ({shed:g} requests answered overloaded: "
+                                                f"{errors_text(summary, overloaded=True)})" if shed else ""))
     completed = fig.get("requests_completed")
     if not completed:
         reasons.append("no completed requests")
@@ -172,7 +201,7 @@ def gate(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     if rate is None:
         reasons.append("error rate unknown")
     elif rate > max_error_rate:
-        seen = _errors_text(summary)
+        seen = errors_text(summary)
         reasons.append(f"error rate {rate:.2%} above the {max_error_rate:.2%} threshold "
                        f"({fig.get('requests_failed'):g} of {completed:g} requests failed"
                        + (f": {seen})" if seen else ")"))
@@ -191,6 +220,18 @@ def gate(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     return reasons
 
 
+def over_capacity(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> str | None:
+    """Why a run's load was more than the deployment takes: more of its requests than `max_error_rate` were
+    answered overloaded (None: it took the load). A measurement, not an invalid run: the load was too high."""
+    fig = summary.get("figures") or {}
+    rate, shed = fig.get("overload_rate"), fig.get("requests_overloaded") or 0
+    if rate is None or rate <= max_error_rate:
+        return None
+    seen = errors_text(summary, overloaded=True)
+    return (f"overloaded: {shed:g} of {fig.get('requests_completed'):g} requests ({rate:.2%}) answered that the "
+            "deployment is at capacity" + (f" ({seen})" if seen else ""))
+
+
 def finish(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> dict[str, Any]:
     """Apply the gate: set `valid`, `status` and `invalid_reasons`."""
     reasons = gate(summary, max_error_rate)
@@ -198,4 +239,5 @@ def finish(summary: dict[str, Any], max_error_rate: float = DEFAULT_MAX_ERROR_RA
     summary["status"] = "VALID" if not reasons else "INVALID"
     summary["invalid_reasons"] = reasons
     summary["max_error_rate"] = max_error_rate
+    summary["overloaded"] = over_capacity(summary, max_error_rate)
     return summary

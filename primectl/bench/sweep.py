@@ -252,6 +252,7 @@ def repeat_record(index: int, knee: Any) -> dict[str, Any]:
         f = r.summary.get("figures") or {}
         probes.append({"concurrency": p.concurrency, "value": p.value, "passed": p.passed, "valid": r.valid,
                        "invalid_reasons": r.summary.get("invalid_reasons", []), "run_dir": str(r.run_dir),
+                       "overloaded": r.summary.get("overloaded"),
                        **{k: f.get(k) for k in report.FIGURES}})
     return {"index": index, "knee": knee.result.knee, "first_fail": knee.result.first_fail,
             "resolved": knee.result.resolved, "run_dir": str(knee.run_dir),

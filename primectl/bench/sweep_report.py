@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 #: Probe figures a sweep keeps (the frontier's axes among them).
 FIGURES = ("tok_s_per_user", "output_tok_s_per_gpu", "ttft_p90_ms", "itl_p90_ms", "ttft_p50_ms", "itl_p50_ms",
-           "request_throughput_rps", "error_rate")
+           "request_throughput_rps", "error_rate", "requests_completed", "requests_overloaded", "overload_rate")
 #: Figures reported at the knee, with their spread over repeats.
 KNEE_FIGURES = ("tok_s_per_user", "output_tok_s_per_gpu", "ttft_p90_ms", "itl_p90_ms")
 #: The figure the winner is chosen by: goodput per GPU (output tok/s per GPU while meeting the SLA).
@@ -59,12 +59,26 @@ def aggregate(state: dict[str, Any], plans: dict[str, Plan]) -> list[dict[str, A
             row[f], row[f + "_stdev"] = _stats(vals)
         row["invalid"] = [f"{v['id']} r{r['index']} c{p['concurrency']}: {'; '.join(p['invalid_reasons'])} "
                           f"({p['run_dir']})" for r in repeats for p in r["probes"] if not p["valid"]]
+        row["overloaded"] = overloaded(repeats)
         pred = res.get("prediction")
         if pred:
             row["prediction"] = pred
             row["measured_over_predicted"] = ratios(row, pred, knees)
         rows.append(row)
     return rows
+
+
+def overloaded(repeats: list[dict[str, Any]]) -> list[str]:
+    """The probes whose load the deployment partly refused as overload (529, 503 busy, 429), as
+    `c<concurrency>: <refused> of <requests>` (`r<repeat>` added with repeats), lowest concurrency first."""
+    out = []
+    for r in repeats:
+        for p in sorted(r["probes"], key=lambda p: p["concurrency"]):
+            shed = p.get("requests_overloaded")
+            if shed:
+                where = f"r{r['index']} " if len(repeats) > 1 else ""
+                out.append(f"{where}c{p['concurrency']}: {shed:g} of {_f(p.get('requests_completed'))}")
+    return out
 
 
 def ratios(row: dict[str, Any], pred: dict[str, Any], knees: list[dict[str, Any]]) -> dict[str, float]:
@@ -206,17 +220,21 @@ def markdown(state: dict[str, Any], rows: list[dict[str, Any]], sla: SLA) -> str
     if w.get("id"):
         lines += ["`winner.yaml` extends the base with the winning overrides: `primectl up winner.yaml`", ""]
     lines += ["| variant | overrides | derived | GPUs | sessions at knee | tok/s/user | output tok/s/GPU | "
-              "TTFT p90 ms | ITL p90 ms | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "TTFT p90 ms | ITL p90 ms | overloaded (requests refused at capacity) | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         derived = ", ".join(f"{k}={v}" for k, v in r["derived"].items()) or "-"
         lines.append(f"| {r['id']} | {r['label']} | {derived} | {r['gpus']} | {_f(r['sessions'], r['sessions_stdev'])} "
                      f"| {_f(r['tok_s_per_user'], r['tok_s_per_user_stdev'])} "
                      f"| {_f(r['output_tok_s_per_gpu'], r['output_tok_s_per_gpu_stdev'])} "
                      f"| {_f(r['ttft_p90_ms'], r['ttft_p90_ms_stdev'])} | {_f(r['itl_p90_ms'], r['itl_p90_ms_stdev'])} "
-                     f"| {r['status']} |")
+                     f"| {', '.join(r['overloaded']) or 'none'} | {r['status']} |")
     slots = "each worker process counts as one GPU slot" if any(r["gpu_basis"].startswith("CPU") for r in rows) \
         else "the plan's capacity.gpus_used"
-    lines += ["", f"± is the run-to-run stdev over repeats (absent with one repeat). GPUs: {slots}.", ""]
+    lines += ["", f"± is the run-to-run stdev over repeats (absent with one repeat). GPUs: {slots}. Overloaded: "
+              "requests the deployment refused because it was at capacity (Dynamo's 529 over its frontend.busy "
+              "thresholds, 503 \"All workers are busy\", 429), per probe concurrency; a probe that refused more "
+              "than --max-error-rate of its requests that way is measured and fails the SLA, it is not invalid.", ""]
     invalid = [x for r in rows for x in r["invalid"]]
     lines += ["## Invalid runs (left out of every figure)", ""] + ([f"- {x}" for x in invalid] or ["none"]) + [""]
     if any(r.get("prediction") for r in rows):

@@ -142,6 +142,16 @@ def _error_detail(exc: Exception) -> str:
     return f"{type(exc).__name__}: {_clip(str(exc), 160)}"
 
 
+def _answer_names(exc: Exception, limit: int) -> bool:
+    """Whether an error answer names `limit` (Dynamo's frontend: `"limit": N` in its details; vLLM: its message)."""
+    from openai import APIStatusError
+
+    if not isinstance(exc, APIStatusError):
+        return False
+    body = exc.body if exc.body is not None else exc.response.text
+    return re.search(rf"\b{limit}\b", body if isinstance(body, str) else json.dumps(body)) is not None
+
+
 STREAM_ATTEMPTS = 3
 COALESCED = "all content chunks arrived within 1 ms"
 
@@ -388,11 +398,13 @@ class Runner:
             took = (time.monotonic() - t0) * 1000
             what = f"{n}-word prompt (limit {limit}) -> {_error_detail(exc)} in {took:.0f} ms"
             if 400 <= exc.status_code < 500:
+                if not _answer_names(exc, limit):
+                    raise CheckWarn(f"{what}; refused, but the answer does not name the limit {limit}") from None
                 return what
             alive = self._still_serving()
             if alive and self.plan is not None and self.plan.serving.capabilities.over_context == "5xx-warn":
-                # Dynamo 1.6.1 leaves the length check to the engine, and e.g. the mocker's admission
-                # control answers it with a 500; a real engine must answer with a 4xx.
+                # an engine that declares it leaves the length check to an admission control answering 5xx;
+                # a 4xx is what a client can act on
                 raise CheckWarn(f"{what}; expected a 4xx, got a 5xx from engine {self.engine} (known: it leaves "
                                 f"the length check to admission control; the server keeps serving: {alive})") from None
             if alive:

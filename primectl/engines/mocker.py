@@ -20,7 +20,7 @@ from primectl.engines.base import (
 )
 from primectl.engines.dynamo_worker import DYNAMO_WORKER_MANAGED, listed_as, with_worker_watch
 from primectl.errors import Finding
-from primectl.plan.model import Capabilities, ContainerImage, Probe, Service, Slot
+from primectl.plan.model import RELEASE, Capabilities, ContainerImage, FileSpec, Probe, Service, Slot
 from primectl.recipe.capacity import kv_bytes_per_token, parse_parallel
 from primectl.recipe.catalog import Architecture, Hardware
 from primectl.recipe.flags import check_extra_args, load_catalog
@@ -33,6 +33,15 @@ HOST_OFFLOAD_GBPS = 50.0
 # 1.6.1 publishes no mocker image: its mocker DGD template runs the planner image, which carries the wheel.
 IMAGE = ContainerImage(repository="nvcr.io/nvidia/ai-dynamo/dynamo-planner", working_dir="/workspace")
 BLOCK = "mocker"
+# `python -m dynamo.mocker` through the named bridge over its one upstream gap: it does not advertise its context
+# limit to the frontend, which then answers an over-long prompt with the mocker's 500 instead of its own 400.
+BRIDGE = "bridges/dynamo_mocker_token_budget_bridge.py"
+
+
+def _bridge_file() -> str:
+    from importlib.resources import files
+
+    return files("primectl.bridges").joinpath("dynamo_mocker_token_budget_bridge.py").read_text()
 
 
 class Mocker(Strict):
@@ -83,8 +92,8 @@ class MockerEngine:
         return RuntimeFlavour("cpu", "runtime-requirements-cpu.txt")
 
     def serving(self, recipe: Recipe, arch: Architecture, hw: Hardware) -> EngineServing:
-        """No tools, no NIXL metrics; Dynamo 1.6.1 leaves the length check to the engine and the mocker answers 500."""
-        caps = Capabilities(tool_calls=False, nixl_metrics=False, over_context="5xx-warn", exercises_host_tier=False,
+        """No tools, no NIXL metrics; the frontend refuses an over-long prompt with 400 (BRIDGE publishes the limit)."""
+        caps = Capabilities(tool_calls=False, nixl_metrics=False, over_context="4xx", exercises_host_tier=False,
                             reports_kv_cache=False, workload="agentic-demo")
         return EngineServing(context_limit=recipe.model.max_context, prefill_budget=recipe.prefill.token_budget_per_gpu,
                              capabilities=caps, image=IMAGE)
@@ -97,7 +106,7 @@ class MockerEngine:
         dp_size = slot.data_parallel.size if slot.data_parallel else 1
         per_token = kv_bytes_per_token(ctx.arch, r.kv.dtype, parse_parallel(slot.parallel).tp)
         argv = [
-            ctx.python(slot.host), "-m", "dynamo.mocker",
+            ctx.python(slot.host), f"{RELEASE}/{BRIDGE}",
             "--model-path", ctx.model_path(slot.host),
             "--model-name", r.model.served_name,
             "--disaggregation-mode", slot.role,
@@ -146,7 +155,7 @@ class MockerEngine:
             name=slot.name, role=slot.role, component=self.component, host=slot.host, address=addr,
             gpus=list(slot.gpus), group=slot.group, slot=slot.name, data_parallel=slot.data_parallel,
             argv=argv, env=env, ports=ports, listens=sorted(ports.values()),
-            depends_on=depends_on,
+            files=[FileSpec(path=BRIDGE, content=_bridge_file())], depends_on=depends_on,
             ready=Probe(kind="http", url=f"{system}/health", timeout_s=spec.startup_timeout_s or 120),
             metrics_url=f"{system}/metrics",
             listed_as=listed_as(addr, slot.ports["tcp_rpc"]),

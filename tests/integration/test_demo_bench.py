@@ -255,3 +255,25 @@ def test_sweep_interrupted_by_ctrl_c_then_resumed_writes_every_file(demo: Path, 
 
     back = cli("up", demo, "--no-smoke")  # the base again, for the tests after this one
     assert back.returncode == 0, back.stdout + back.stderr
+
+
+def test_bench_reports_requests_refused_at_capacity_as_overload_not_as_errors(demo: Path, tmp_path: Path) -> None:
+    """Issue #37: a deployment at capacity must read as overloaded. With a busy threshold no worker stays under
+    (frontend.busy.active_prefill_tokens_threshold: 1), Dynamo's frontend answers part of the load 529; the run
+    is measured (VALID), those requests are counted as overloaded and not as failed."""
+    doc = yaml.safe_load(demo.read_text())
+    doc["frontend"]["busy"] = {"active_prefill_tokens_threshold": 1}
+    busy = tmp_path / "busy.yaml"
+    busy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        up = cli("up", busy, "--no-smoke")
+        assert up.returncode == 0, up.stdout + up.stderr
+        r = cli("bench", busy, "--duration", "8", "--concurrency", "8", "--runs-dir", tmp_path, "-o", "json")
+        s = json.loads(r.stdout)
+        f = s["figures"]
+        assert f["requests_overloaded"] > 0 and f["requests_failed"] == 0, (s["errors"], s["invalid_reasons"])
+        assert all(e["overloaded"] and e["code"] == 529 for e in s["errors"]), s["errors"]
+        assert not any(x.startswith("error rate") for x in s["invalid_reasons"]), s["invalid_reasons"]
+    finally:
+        back = cli("up", demo, "--no-smoke")  # the base again, for the tests after this one
+        assert back.returncode == 0, back.stdout + back.stderr

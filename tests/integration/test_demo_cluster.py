@@ -71,6 +71,25 @@ def check_serving(endpoint: str, metrics: dict[str, list[str]]) -> None:
     assert after["decode"] >= before["decode"] + 2, "the decode workers did not serve the requests"
 
 
+def check_over_context(endpoint: str, limit: int, metrics: dict[str, list[str]]) -> None:
+    """A prompt over the context limit: the frontend itself refuses it with 400 naming the limit and the prompt's
+    tokens, before any worker sees it (issue #37: it was the mocker's 500 after 3 migrations), and keeps serving."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=f"{endpoint}/v1", api_key="none", timeout=60, max_retries=0)
+    before = sum(served(u, "prefill") for u in metrics["prefill"])
+    with pytest.raises(BadRequestError) as refused:  # "word " is 3 tokens of the demo tokenizer
+        client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "word " * (limit // 3 + 100)}],
+                                       max_tokens=4)
+    assert refused.value.status_code == 400
+    body = refused.value.body
+    assert isinstance(body, dict) and body["details"]["type"] == "context_length", body
+    assert body["details"]["limit"] == limit and body["details"]["actual"] > limit, body
+    assert sum(served(u, "prefill") for u in metrics["prefill"]) == before, "an over-long prompt reached a worker"
+    reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.choices and reply.choices[0].finish_reason == "length"
+
+
 def _metrics(plan_json: dict[str, Any]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"prefill": [], "decode": []}
     for svc in plan_json["services"]:
@@ -108,6 +127,7 @@ def test_demo_up_serves_chat_then_down_leaves_nothing(local_demo: Path) -> None:
     gate = urllib.request.urlopen(plan["gate"]["url"], timeout=5)
     assert gate.status == 200
     check_serving(plan["endpoint"], _metrics(plan))
+    check_over_context(plan["endpoint"], yaml.safe_load(local_demo.read_text())["model"]["max_context"], _metrics(plan))
     again = run("up", str(local_demo), "--no-smoke")
     assert again.returncode == 0 and "no changes" in again.stderr
     logs = run("logs", str(local_demo), "decode-0", "--tail", "2000")

@@ -227,11 +227,12 @@ def test_smoke_passes_on_the_healthy_demo(demo: Demo, tmp_path: Path) -> None:
     assert len(tools) >= 7
     assert all(checks[n]["result"] == "n/a" and checks[n]["evidence"] == "n/a (engine mocker serves no tool calls)"
                for n in tools)
-    # Dynamo 1.6.1 answers a prompt over the context limit with 500 (the prefill worker rejects it:
-    # "request exceeds worker admission limits") and keeps serving: reported as warn, not pass.
+    # the frontend refuses a prompt over the context limit itself, naming it (the mocker's token-budget bridge
+    # publishes the limit; before, the mocker's admission control answered 500 and smoke only warned)
     over = checks["prompt over context limit -> 4xx"]
-    assert over["result"] in ("pass", "warn"), over
-    applicable = [n for n in checks if n not in tools and n != "prompt over context limit -> 4xx"]
+    limit = yaml.safe_load(demo.recipe.read_text())["model"]["max_context"]
+    assert over["result"] == "pass" and "HTTP 400" in over["evidence"] and f'"limit": {limit}' in over["evidence"], over
+    applicable = [n for n in checks if n not in tools]
     assert all(checks[n]["result"] == "pass" for n in applicable), _by_result(doc)
     assert "prefill-0 +" in checks["disaggregation: prefill and decode workers both served"]["evidence"]
     assert 'failures="0"' in junit and junit.count("<testcase") == len(doc["checks"])

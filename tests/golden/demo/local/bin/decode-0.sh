@@ -10,7 +10,7 @@ export DYN_EVENT_PLANE_HOST=127.0.0.1
 export DYN_FILE_KV=/tmp/primectl-demo/discovery/demo
 export DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS=60
 export DYN_HTTP_RPC_HOST=127.0.0.1
-export DYN_NAMESPACE=demo-gen-8b76eda2
+export DYN_NAMESPACE=demo-gen-19813b7c
 export DYN_REQUEST_PLANE=tcp
 export DYN_SDK_DISABLE_ANSI_LOGGING=1
 export DYN_SYSTEM_HOST=127.0.0.1
@@ -21,8 +21,7 @@ export DYN_TCP_RPC_PORT=23101
 export NO_COLOR=1
 export PYTHONUNBUFFERED=1
 PRIMECTL_WATCH_OF=primectl-demo-decode-0 /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python -I "${release_dir}"/probes/worker_watch.py --pid "$$" --url http://127.0.0.1:8100/health --expect '"127.0.0.1:23101/' --grace 30 &
-exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python \
-  -m dynamo.mocker \
+exec /tmp/primectl-demo/runtime/fd634d2b8ab4/bin/python "${release_dir}"/bridges/dynamo_mocker_token_budget_bridge.py \
   --model-path /tmp/primectl-demo/models/761282e627e0 \
   --model-name demo \
   --disaggregation-mode decode \
