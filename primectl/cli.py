@@ -332,7 +332,7 @@ def status(
         while True:
             report = _target(p).status(p, _policy(p, accept_new_host_keys), _say)
             if p.monitoring is not None:
-                from primectl.monitoring.alerts_view import attach_alerts
+                from primectl.alerting.alerts_view import attach_alerts
 
                 attach_alerts(report, p.monitoring, p.name)
             print_status(report, output.value)
@@ -354,8 +354,8 @@ def alerts(
     anything fires (the always-firing Watchdog aside)."""
 
     def body() -> int:
-        from primectl.monitoring import alertmanager_api as api
-        from primectl.monitoring.alerts_view import print_alerts, problems
+        from primectl.alerting import alertmanager_api as api
+        from primectl.alerting.alerts_view import print_alerts, problems
 
         p = _plan(recipe)
         if p.monitoring is None:
@@ -405,8 +405,8 @@ def _drain_or_restart(recipe: Path, service: str, *, restart: bool, accept_new_h
     from primectl.planner.build import check_service_name
 
     def body() -> None:
+        from primectl.alerting.quiet import quiet_change
         from primectl.deploy.changes import Change
-        from primectl.monitoring.quiet import quiet_change
 
         p = _plan(recipe)
         check_service_name(p, service, str(recipe))

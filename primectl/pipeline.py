@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from primectl.alerting import quiet
 from primectl.deploy.changes import Change
 from primectl.errors import DeployError, Interrupted, Problem, RecipeError
-from primectl.monitoring import quiet
 from primectl.plan.model import Plan
 from primectl.targets.base import Rollout, StepPlan
 from primectl.targets.base import get as get_target

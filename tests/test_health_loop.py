@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from primectl.checks import health_loop as loop
 from primectl.checks.host_rules import GPU_CHECKS, HostNeeds, Result, check_memory, fail, gpu_checks, ok
-from primectl.monitoring import health_loop as loop
 from primectl.planner.build import build_plan
 from primectl.planner.load import load_recipe
 from tests.conftest import REPO, CliResult

@@ -82,7 +82,7 @@ def test_k8s_render_matches_golden_files_byte_for_byte(rendered: tuple[str, dict
 def test_reference_renders_write_the_expected_files(rendered: tuple[str, dict[str, bytes]]) -> None:
     name, files = rendered
     expected = {
-        "glm53": ["NOTES.txt", "computedomain.yaml", "configmaps.yaml", "dgd.yaml", "services.yaml"],
+        "glm53": ["NOTES.txt", "computedomain.yaml", "configmaps.yaml", "dgd.yaml", "monitoring.yaml", "services.yaml"],
         "demo": ["NOTES.txt", "configmaps.yaml", "dgd.yaml", "model.yaml", "services.yaml"],
     }
     assert sorted(files) == expected[name]
@@ -98,7 +98,7 @@ def test_cli_render_writes_the_golden_files(cli: Callable[..., Any], tmp_path: P
     assert result.exit_code == 0, result.stderr
     written = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert written == read_golden("glm53")
-    assert "5 files written for target kubernetes" in result.stdout
+    assert "6 files written for target kubernetes" in result.stdout
 
 
 def test_render_in_a_fresh_process_with_another_hash_seed_matches_golden(tmp_path: Path) -> None:

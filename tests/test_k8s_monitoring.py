@@ -6,7 +6,7 @@ labels those rules read. No Kubernetes API runs here: the relabelling is checked
 fed the pods as a fake of Kubernetes pod discovery (file_sd targets carrying the `__meta_kubernetes_*` labels
 the operator's pods would have) under a stand-in for the Prometheus operator's config generator.
 
-monitoring.yaml and NOTES.txt of tests/data/monitoring/glm53.yaml are pinned under
+monitoring.yaml and NOTES.txt of recipes/glm53.yaml (monitored, as a production rack is) are pinned under
 tests/golden/k8s-glm53-monitored/; after an intended change:
 
     PRIMECTL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_k8s_monitoring.py
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -36,8 +35,8 @@ from primectl.targets.k8s_monitoring import COMPONENT_LABEL, DGD_LABEL
 from primectl.targets.kubernetes import KubernetesTarget
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "tests" / "data" / "monitoring" / "glm53.yaml"
-GOLDEN = REPO / "tests" / "golden" / "k8s-glm53-monitored"
+RECIPE = REPO / "recipes" / "glm53.yaml"
+GOLDEN = REPO / "tests" / "golden" / "k8s-glm53"  # beside the rest of its render (tests/test_k8s_golden.py)
 UPDATE = os.environ.get("PRIMECTL_UPDATE_GOLDEN") == "1"
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -72,8 +71,6 @@ def docs_of(files: dict[str, bytes], name: str) -> dict[str, dict[str, Any]]:
 def test_monitoring_yaml_and_notes_match_golden(files: dict[str, bytes]) -> None:
     got = {name: files[name] for name in ("monitoring.yaml", "NOTES.txt")}
     if UPDATE:
-        shutil.rmtree(GOLDEN, ignore_errors=True)
-        GOLDEN.mkdir(parents=True)
         for name, data in got.items():
             (GOLDEN / name).write_bytes(data)
     for name, data in got.items():
@@ -81,7 +78,7 @@ def test_monitoring_yaml_and_notes_match_golden(files: dict[str, bytes]) -> None
 
 
 def test_an_unmonitored_recipe_renders_no_monitoring_yaml() -> None:
-    files = KubernetesTarget().render(plan_recipe(REPO / "recipes" / "glm53.yaml", target="kubernetes")[1])
+    files = KubernetesTarget().render(plan_recipe(REPO / "recipes" / "demo.yaml", target="kubernetes")[1])
     assert "monitoring.yaml" not in files and "PodMonitor" not in files["NOTES.txt"].decode()
 
 

@@ -69,7 +69,12 @@ def test_plan_json_shows_services_and_decode_capacity(cli: Callable[..., Any]) -
     result = cli("plan", "recipes/glm53.yaml", "--output", "json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert isinstance(doc["services"], list) and len(doc["services"]) == 22  # 18 workers, etcd, Mooncake, 2 frontend
+    assert isinstance(doc["services"], list)
+    serving = [s for s in doc["services"] if s["role"] != "auxiliary"]
+    assert len(serving) == 22  # 18 workers, etcd, Mooncake, the frontend and its balancer
+    # monitoring: node_exporter and the health loop on all 19 hosts, dcgm-exporter on the 18 trays, Prometheus,
+    # Alertmanager
+    assert len(doc["services"]) - len(serving) == 19 + 19 + 18 + 2
     decode = doc["capacity"]["decode"]
     assert decode["kv_bytes_per_token"] == 37_752
     assert abs(decode["kv_tokens_per_decoder"] - 1.63e6) / 1.63e6 < 0.03
@@ -143,7 +148,8 @@ def test_ports_are_deterministic_and_never_shared_on_a_host(glm53: Plan) -> None
         on_host[s.host].update(s.listens)
     for host, counts in on_host.items():
         assert max(counts.values()) == 1, host
-    assert glm53.service("balancer").ports == {"http": 8000}  # the endpoint; the frontend sits behind it
+    # the endpoint (the frontend sits behind it), and HAProxy's own /metrics for Prometheus
+    assert glm53.service("balancer").ports == {"http": 8000, "metrics": 8404}
     assert glm53.service("frontend").ports == {"http": 8100, "response_stream": 23000}
     twin = glm53.service("frontend").twin
     assert twin is not None and twin.ports == {"http": 8101, "response_stream": 23001}
@@ -170,14 +176,17 @@ ROLE_ORDER = {"control": 0, "cache": 1, "prefill": 2, "decode": 2, "frontend": 3
 
 def test_start_waves_go_control_plane_cache_workers_frontend(glm53: Plan) -> None:
     waves = glm53.start_waves()
-    roles = [[glm53.service(n).role for n in wave] for wave in waves]
+    assert waves[-1] == ["prometheus"]  # it scrapes once everything it watches has started: a first `up` never pages
+    roles = [r for r in ([glm53.service(n).role for n in wave if glm53.service(n).role != "auxiliary"]
+                         for wave in waves) if r]
     flat = [ROLE_ORDER[r] for wave in roles for r in wave]
     assert flat == sorted(flat), roles
     assert roles[0] == ["control", "cache"]  # etcd and mooncake_master need nothing else
     assert set(roles[1]) == {"prefill", "decode"} and len(roles[1]) == 18
     assert roles[-2:] == [["frontend"], ["balancer"]]
     frontend = glm53.service("frontend")
-    assert set(frontend.depends_on) == {s.name for s in glm53.services if s.role not in ("frontend", "balancer")}
+    assert set(frontend.depends_on) == {s.name for s in glm53.services
+                                        if s.role not in ("frontend", "balancer", "auxiliary")}
 
 
 # --- DEP vs TEP --------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ def test_plugins_lists_the_built_in_ones_and_what_each_supports(cli: Callable[..
     items = {(i["kind"], i["name"]): i for i in json.loads(result.stdout)}
     assert list(items) == [("engine", "vllm"), ("engine", "mocker"), ("target", "ssh"), ("target", "kubernetes"),
                            ("target", "slurm"), ("component", "etcd"), ("component", "mooncake-master"),
-                           ("component", "dynamo-frontend"), ("component", "haproxy")]
+                           ("component", "dynamo-frontend"), ("component", "haproxy"), ("component", "monitoring")]
     assert all(i["from"] == "primectl (built in)" and i["ok"] for i in items.values())
     assert items["engine", "vllm"]["supports"]["capabilities"]["tool_calls"] is True
     assert items["engine", "mocker"]["supports"]["capabilities"]["tool_calls"] is False

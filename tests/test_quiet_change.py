@@ -1,4 +1,4 @@
-"""Changes do not page: the silences a change sets in a real Alertmanager 0.25 (primectl/monitoring/quiet.py).
+"""Changes do not page: the silences a change sets in a real Alertmanager 0.25 (primectl/alerting/quiet.py).
 
 Alertmanager runs with primectl's own configuration (alertmanager.py), its webhook pointed at a receiver in this
 process; alerts are posted to it as Prometheus would post them. Run inside `unshare --net` (it binds loopback).
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from primectl.alerting import alertmanager_api as api
+from primectl.alerting import quiet
 from primectl.bench.webhook import Receiver
 from primectl.deploy.changes import Change
-from primectl.monitoring import alertmanager_api as api
-from primectl.monitoring import quiet
 from primectl.monitoring.alertmanager import alertmanager_config
 from primectl.monitoring.model import Alerts
 from primectl.plan.model import MonitoringPlan, Plan

@@ -29,6 +29,7 @@ from primectl.planner.load import load_recipe
 from primectl.targets.slurm import SlurmTarget
 from primectl.targets.slurm_files import bind
 from primectl.targets.slurm_job import components, directives, job_hash, render_release
+from primectl.targets.slurm_monitoring import job_plan
 from primectl.targets.slurm_recipe import Slurm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def test_cli_render_target_slurm_writes_the_golden_job(cli: Callable[..., Any], 
 
 def test_glm53_is_one_het_job_head_then_three_prefill_pairs_then_twelve_single_trays() -> None:
     plan = slurm_plan()
-    comps = components(plan)
+    comps = components(job_plan(plan))  # monitoring runs outside the job (tests/test_slurm_monitoring.py)
     assert [(c.kind, len(c.hosts), c.gpus_per_node, c.one_domain) for c in comps] == (
         [("head", 1, 0, False)] + [("prefill", 2, 4, True)] * 3 + [("decode", 1, 4, False)] * 12)
     assert comps[0].services == ["etcd", "mooncake-master", "frontend"]
@@ -85,7 +86,7 @@ def test_nvlink_switches_gres_and_every_option_land_on_the_right_components() ->
     plan = slurm_plan(nvlink="switches", switches_wait="0:30", gpu_request="gres", partition="gb200", account="llm",
                       time_limit="7-00:00:00", exclusive=False, extra_sbatch=["--qos=serving"],
                       component_sbatch={"head": ["--constraint=cpu"], "decode": ["--reservation=decode"]})
-    lines = {c.kind: directives(plan, c) for c in components(plan)}
+    lines = {c.kind: directives(plan, c) for c in components(job_plan(plan))}
     assert lines["head"] == ["--nodes=1 --ntasks-per-node=1 --partition=gb200 --account=llm --time=7-00:00:00",
                              "--qos=serving", "--constraint=cpu"]
     assert lines["prefill"] == ["--nodes=2 --ntasks-per-node=1 --partition=gb200 --account=llm --time=7-00:00:00 "

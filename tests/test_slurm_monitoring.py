@@ -1,6 +1,6 @@
 """A monitored recipe on Slurm: exporters as node daemons, Prometheus on the head, the job's targets as file_sd.
 
-Rendered for tests/data/monitoring/glm53.yaml (recipes/glm53.yaml with monitoring on). The job script's binding
+Rendered for recipes/glm53.yaml (monitoring on, as a production rack has it). The job script's binding
 and publishing run for real, with a fake of Slurm (`scontrol` answering node names and addresses, `srun` that
 starts nothing); the head's prometheus.yml is checked by promtool and read by the real Prometheus, which must
 find the targets the job published. The job on the real Slurm test cluster is
@@ -33,7 +33,7 @@ from primectl.targets.slurm import SlurmTarget
 from primectl.targets.slurm_job import components, deploy_dir
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "tests" / "data" / "monitoring" / "glm53.yaml"
+RECIPE = REPO / "recipes" / "glm53.yaml"
 PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
 MONITORING = ("node-exporter", "dcgm-exporter", "health-check", "prometheus", "alertmanager")
 
@@ -76,7 +76,7 @@ def test_no_monitoring_service_is_a_job_step(plan: Plan, release: dict[str, byte
 
 def test_an_unmonitored_plan_is_its_own_job_plan(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"extends: {REPO / 'recipes' / 'glm53.yaml'}\n")
+    recipe.write_text(f"extends: {REPO / 'recipes' / 'glm53.yaml'}\nmonitoring: {{enabled: false}}\n")
     plan = plan_recipe(recipe, target="slurm")[1]
     assert slurm_monitoring.job_plan(plan) is plan
     assert not [p for p in SlurmTarget().render(plan) if p.startswith("monitoring/")]

@@ -1,7 +1,7 @@
 """Host verdicts that need nothing but the host's own facts: pure functions, stdlib only.
 
 `preflight` judges its gathered facts with them (through preflight_rules.py, which adds the rules that need the
-plan), and the health loop (primectl/monitoring/health_loop.py) ships this file beside itself and runs the same
+plan), and the health loop (primectl/checks/health_loop.py) ships this file beside itself and runs the same
 rules on every host on a timer, so a disk, GPU or fabric fault between launches reads as it would in preflight.
 Nothing here performs I/O or imports outside the standard library (tests/test_health_loop.py runs it without
 primectl installed).

@@ -77,7 +77,7 @@ def health_loop(ctx: PlanContext, mon: MonitoringBlock, host: str, gate: str | N
         argv += ["--nvlink-expected"] if hw.hosts_per_nvlink_domain > 1 or hw.gpus_per_host > 1 else []
     if gate:
         argv += ["--gate", gate]
-    shipped = [FileSpec(path=HEALTH_LOOP, content=files("primectl.monitoring").joinpath("health_loop.py").read_text(),
+    shipped = [FileSpec(path=HEALTH_LOOP, content=files("primectl.checks").joinpath("health_loop.py").read_text(),
                         mode=0o755)]
     shipped += [FileSpec(path=posixpath.join(posixpath.dirname(HEALTH_LOOP), name),  # stdlib only; the loop imports them
                          content=files("primectl.checks").joinpath(name).read_text())

@@ -104,7 +104,8 @@ class CrdsUnavailable(FileNotFoundError):
 
 
 def crd_search_path() -> list[pathlib.Path]:
-    """Where the CRD files may be: $PRIMECTL_CRD_DIR, else shared/crds inside or beside the checkout.
+    """Where the CRD files may be: $PRIMECTL_CRD_DIR, else shared/crds inside or beside the checkout, then the
+    ones committed here (committed_crds).
 
     "Beside" is `../shared/crds` from the repository root, where CI has them (read-only, next to
     its clean checkout). The checkout is the one this module was imported from (an editable
@@ -118,7 +119,12 @@ def crd_search_path() -> list[pathlib.Path]:
     cwd = pathlib.Path.cwd()
     roots += [d for d in (cwd, *cwd.parents) if (d / "primectl" / "targets" / PROVENANCE).is_file()][:1]
     dirs = [d for root in roots for d in (root / "shared" / "crds", root.parent / "shared" / "crds")]
-    return list(dict.fromkeys(dirs))
+    return list(dict.fromkeys([*dirs, committed_crds()]))
+
+
+def committed_crds() -> pathlib.Path:
+    """The CRDs this repository carries itself (those no steering repository provides: prometheus-operator's)."""
+    return pathlib.Path(str(files("primectl.targets").joinpath("data", "crds")))
 
 
 @functools.cache

@@ -53,8 +53,9 @@ def job_plan(plan: Plan) -> Plan:
     needing = [f"{s.name} -> {d}" for s in services for d in s.depends_on if d in gone]
     if needing:
         raise ValueError(f"job services depend on monitoring services, which do not run in the job: {needing}")
-    here = MonitoringPlan(host=HEAD_HOST, prometheus_url=f"http://127.0.0.1:{_port(plan, 'prometheus')}",
-                          alertmanager_url=f"http://127.0.0.1:{_port(plan, 'alertmanager')}")
+    here = plan.monitoring.model_copy(update={
+        "host": HEAD_HOST, "prometheus_url": f"http://127.0.0.1:{_port(plan, 'prometheus')}",
+        "alertmanager_url": f"http://127.0.0.1:{_port(plan, 'alertmanager')}"})
     return plan.model_copy(update={"services": services, "monitoring": here})
 
 
