@@ -138,19 +138,32 @@ def primectl(*args: str) -> None:
     subprocess.run([*PRIMECTL, *args], check=True, cwd=ROOT)
 
 
-def provoke_migration(recipe: str, plan: Plan, streams: int = 4) -> None:
-    """SIGKILL the first decode worker while long streams run, so the frontend migrates the ones it served (Dynamo
-    exports `dynamo_frontend_model_migration_total` only once a migration happened)."""
-    victim = next(s for s in plan.services if s.role == "decode" and s.metrics_url)
-    workdir = next(h.workdir for h in plan.hosts if h.name == victim.host)
-    pid = int(Path(Layout(workdir).pidfile(victim.name)).read_text().split()[0])
+def inflight(url: str) -> float:
+    """A Dynamo worker's requests in flight, from its /metrics."""
+    text = fetch(url)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("dynamo_component_inflight_requests"))
+
+
+def provoke_migration(recipe: str, plan: Plan, streams: int = 6) -> None:
+    """SIGKILL a decode worker while it serves long streams, so the frontend migrates them (Dynamo exports
+    `dynamo_frontend_model_migration_total` only once a migration happened)."""
+    decoders = [s for s in plan.services if s.role == "decode" and s.metrics_url]
     chats = [subprocess.Popen([*PRIMECTL, "chat", recipe, f"Stream {i}: a long story.", "--max-tokens", "3000"],
                               cwd=ROOT, stdout=subprocess.DEVNULL) for i in range(streams)]
-    time.sleep(2)
-    print(f"SIGKILL {victim.name} (pid {pid}) under {streams} streams", flush=True)
+    victim = None
+    deadline = time.monotonic() + 60
+    while victim is None and time.monotonic() < deadline and any(c.poll() is None for c in chats):
+        victim = next((s for s in decoders if s.metrics_url and inflight(s.metrics_url) > 0), None)
+        time.sleep(0.1)
+    if victim is None:
+        raise SystemExit("no decode worker had a request in flight to kill")
+    workdir = next(h.workdir for h in plan.hosts if h.name == victim.host)
+    pid = int(Path(Layout(workdir).pidfile(victim.name)).read_text().split()[0])
+    print(f"SIGKILL {victim.name} (pid {pid}) while it serves", flush=True)
     os.kill(pid, signal.SIGKILL)
     for proc in chats:
-        proc.wait(timeout=120)
+        proc.wait(timeout=300)
 
 
 def capture(recipe: str, out: Path, requests: int, keep: int, only: set[str] | None, settle_s: float,
@@ -183,6 +196,8 @@ def capture(recipe: str, out: Path, requests: int, keep: int, only: set[str] | N
             path.write_text(header(svc, plan, command, runtime, keep) + trim(body, keep))
             print(f"wrote {path} ({path.stat().st_size} bytes)", flush=True)
             written.append(path)
+            if migrate and svc.role == "frontend" and "dynamo_frontend_model_migration_total{" not in body:
+                raise SystemExit(f"{path}: no migration was counted; capture again")
     finally:
         primectl("down", recipe)
     return written
