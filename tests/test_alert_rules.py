@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool is
 
 UNIT_TESTS = REPO / "tests" / "data" / "promtool"
 TEST_FACTS = rules.RuleFacts(
-    deployment="t", slo=Slo(), scrape_interval="2s", workers={"prefill": 1, "decode": 2},
+    deployment="t", slo=Slo(), scrape_interval="2s", workers={"prefill": 1, "decode": 3},
     roles=("auxiliary", "cache", "decode", "frontend", "prefill"),
     components=("alertmanager", "dcgm-exporter", "dynamo-frontend", "dynamo-vllm", "node-exporter", "prometheus"),
     health_interval="15s", infiniband=True, nvlink_domain=True)
@@ -161,6 +161,7 @@ def test_rules_follow_what_is_planned(cli: Callable[..., CliResult], tmp_path: P
     assert {"TargetDown", "WorkersBelowPlan", "GateNotReady", "ErrorRatioHigh", "RequestsStuck", "Watchdog"} <= demo
     assert {"KvCacheNearlyFull", "PreemptionsRising", "KvTransfersFailing"} <= glm - demo  # vLLM's, not the mocker's
     assert "FieldMissing" in glm and "FieldMissing" not in demo
+    assert "WorkerSlowerThanPeers" in glm and "WorkerSlowerThanPeers" not in demo  # 2 decode workers: no outlier
 
 
 def test_hardware_switches_add_only_their_rules() -> None:

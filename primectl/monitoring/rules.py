@@ -229,7 +229,7 @@ def quality(facts: RuleFacts) -> list[Rule]:
 def gray_failure(facts: RuleFacts) -> list[Rule]:
     """One worker far slower than its peers while nothing is down: its recent inter-token latency (the frontend's
     per-worker gauge, averaged over 5 minutes) over twice the median of the workers of its type."""
-    if not _has(facts, "dynamo-frontend"):
+    if not _has(facts, "dynamo-frontend") or max(facts.workers.values(), default=0) < MIN_PEERS:
         return []
     by = "deployment, service, worker_type"
     gauge = f"dynamo_frontend_worker_last_inter_token_latency_seconds{{{_sel(facts)}}}"
