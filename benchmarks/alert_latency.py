@@ -45,7 +45,7 @@ RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHO
 TARGETS = {"kill-decode": 20.0, "stop-frontend": 20.0, "ib-down": 15.0}
 RESOLVED_TARGET = 30.0
 ALERT = {"kill-decode": ("TargetDown", "decode-1"), "stop-frontend": ("TargetDown", "frontend"),
-         "ib-down": ("InfiniBandPortDown", None)}
+         "ib-down": ("InfinibandLinkDown", None)}
 
 
 def cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -62,6 +62,7 @@ def write_recipe(tmp: Path, webhook: str, sysfs: Path) -> Path:
     doc["hosts"][0]["workdir"] = str(tmp / "workdir")
     doc["monitoring"]["alerts"]["webhook"] = webhook
     doc["monitoring"]["sysfs"] = str(sysfs)
+    doc["monitoring"]["infiniband"] = True  # the fake port's rules
     if os.environ.get("PRIMECTL_RUNTIME_PYTHON"):
         doc.setdefault("software", {})["python"] = os.environ["PRIMECTL_RUNTIME_PYTHON"]
     path = tmp / "recipe.yaml"

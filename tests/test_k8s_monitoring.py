@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from primectl.monitoring.rules import groups_yaml
 from primectl.plan.model import Plan
 from primectl.planner.build import plan_recipe
 from primectl.render.bundle import render_host
@@ -100,8 +101,7 @@ def test_podmonitor_and_prometheusrule_pass_their_pinned_crds(plan: Plan, files:
 
 def test_prometheusrule_groups_are_byte_identical_to_the_bare_metal_rule_file(files: dict[str, bytes]) -> None:
     rule = docs_of(files, "monitoring.yaml")["PrometheusRule"]
-    # dumped the way primectl/monitoring/rules.py's rules_yaml dumps its groups
-    dumped = yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False, default_flow_style=False, width=120)
+    dumped = groups_yaml(rule["spec"]["groups"])  # as the bare-metal rule file dumps its groups
     ssh_plan = plan_recipe(RECIPE, target="ssh")[1]
     home = ssh_plan.service("prometheus").host
     on_disk = render_host(ssh_plan, ssh_plan.host(home)).files["config/primectl.rules.yml"].decode()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from primectl.monitoring import health_loop, rules
+from primectl.checks import health_loop
+from primectl.monitoring import dcgm, rules
 from primectl.monitoring.model import Slo
 from tests.conftest import REPO
 
@@ -85,7 +86,8 @@ def dcgm_fields() -> set[str]:
 
 def textfile_names() -> set[str]:
     """What primectl's health loop writes for node_exporter (every metric it can write)."""
-    return exposition_names(health_loop.render({"disk": True}, "h", gate=True))
+    every = [health_loop.Verdict("disk", "warn", "low"), health_loop.Verdict("gpu", "fail", "", error="raised")]
+    return exposition_names(health_loop.render(every, "h", gate=True, now=0.0, took=0.1, interval=2.0))
 
 
 def known_by_job() -> dict[str, set[str]]:
@@ -172,8 +174,10 @@ def test_captures_are_real_and_small() -> None:
 
 def test_the_dcgm_fields_rules_read_are_declared_for_the_counters_file() -> None:
     """dcgm-exporter exports only the fields its counters file lists: each DCGM name a rule reads is declared in
-    rules.DCGM_FIELDS / NVLINK_DOMAIN_FIELDS, which that file is built from, and is a real DCGM field."""
-    declared = {name for name, _, _ in rules.DCGM_FIELDS + rules.NVLINK_DOMAIN_FIELDS}
+    rules.DCGM_FIELDS / NVLINK_DOMAIN_FIELDS, is in the counters file primectl renders (dcgm.FIELDS), and is a real
+    DCGM field."""
+    declared = set(rules.DCGM_FIELDS + rules.NVLINK_DOMAIN_FIELDS)
     used = {n for e in every_rule_expr() for n in metric_names(e) if n.startswith("DCGM_")}
     assert used == declared
+    assert declared <= {name for name, _, _ in dcgm.FIELDS}
     assert declared <= dcgm_fields()

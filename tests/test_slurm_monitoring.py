@@ -115,7 +115,7 @@ def test_the_heads_prometheus_reads_the_jobs_file_sd_and_the_bare_metal_rules(
     sd = slurm_monitoring.sd_dir(deploy_dir(plan))
     file_sd = {j["job_name"]: j["file_sd_configs"][0]["files"] for j in config["scrape_configs"] if "file_sd_configs" in j}
     assert file_sd == {name: [f"{sd}/{name}.*.json"] for name in
-                       ("mooncake-master", "dynamo-vllm", "dynamo-frontend", "node-exporter", "dcgm-exporter")}
+                       ("etcd", "mooncake-master", "dynamo-vllm", "dynamo-frontend", "node-exporter", "dcgm-exporter")}
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["localhost:9093"]
     ssh_plan = plan_recipe(RECIPE, target="ssh")[1]
     bare = render_host(ssh_plan, ssh_plan.host(ssh_plan.service("prometheus").host)).files["config/primectl.rules.yml"]
@@ -185,7 +185,7 @@ def test_the_job_publishes_its_bound_targets_and_removes_them_when_it_ends(
     published, addresses, _ = run_job_with_fake_slurm(plan, release, tmp_path)
     files = sorted(p.name for p in published.iterdir())
     assert files == [f"{j}.4242.json" for j in
-                     ("dcgm-exporter", "dynamo-frontend", "dynamo-vllm", "mooncake-master", "node-exporter")]
+                     ("dcgm-exporter", "dynamo-frontend", "dynamo-vllm", "etcd", "mooncake-master", "node-exporter")]
     groups: list[dict[str, Any]] = json.loads((published / "node-exporter.4242.json").read_text())
     assert {g["labels"]["host"]: g["targets"] for g in groups} == {h: [f"{a}:9100"] for h, a in addresses.items()}
     assert {tuple(sorted(g["labels"])) for g in groups} == {("deployment", "host", "role", "service")}
@@ -213,8 +213,9 @@ def test_prometheus_on_the_head_finds_what_the_job_published(plan: Plan, release
     log = tmp_path / "prometheus.log"
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={head / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    # a node exporter per node, a GPU exporter per tray, Prometheus and Alertmanager, 18 workers, frontend, master
-    want = len(addresses) + (len(addresses) - 1) + 2 + 18 + 1 + 1
+    # a node exporter per node, a GPU exporter per tray, Prometheus and Alertmanager, 18 workers, frontend, master,
+    # etcd
+    want = len(addresses) + (len(addresses) - 1) + 2 + 18 + 1 + 1 + 1
     active: list[dict[str, Any]] = []
     try:
         deadline = time.monotonic() + 30

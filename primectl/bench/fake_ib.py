@@ -31,10 +31,8 @@ def write_fake_ib(root: Path, device: str = "mlx5_0", port: int = 1) -> Path:
 
 
 def set_state(root: Path, state: tuple[str, str], device: str = "mlx5_0", port: int = 1) -> None:
-    """Write the port's `state` and `phys_state` (ACTIVE or DOWN); a link that goes down counts a link_downed."""
+    """Write the port's `state` and `phys_state` (ACTIVE or DOWN). The counters stay as they are: a flap's
+    link_downed would keep InfinibandLinkFlapping (a warning over 15 minutes) firing after the repair."""
     p = port_dir(root, device, port)
     (p / "state").write_text(state[0] + "\n")
     (p / "phys_state").write_text(state[1] + "\n")
-    if state == DOWN:
-        counter = p / "counters" / "link_downed"
-        counter.write_text(f"{int(counter.read_text()) + 1}\n")

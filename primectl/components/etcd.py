@@ -51,6 +51,7 @@ def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, 
         ports={"client": client_port, "peer": peer_port},
         listens=[client_port, peer_port],
         ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
+        metrics_url=f"{client}/metrics",
     )
 
 

@@ -140,7 +140,10 @@ def prometheus(ctx: PlanContext, mon: MonitoringBlock, host: str, planned: list[
         workers={role: sum(1 for s in planned if s.role == role) for role in WORKER_ROLES
                  if any(s.role == role for s in planned)},
         roles=tuple(sorted({s.role for s in scraped if s.metrics_url})),
-        components=tuple(sorted({s.component for s in scraped if s.metrics_url})))
+        components=tuple(sorted({s.component for s in scraped if s.metrics_url})),
+        health_interval=mon.health_interval,
+        infiniband=mon.infiniband if mon.infiniband is not None else ctx.hw.gpus_per_host > 0,
+        nvlink_domain=ctx.hw.hosts_per_nvlink_domain > 1)
     config = scrape.prometheus_config(
         jobs=scrape.scrape_jobs(scraped, ctx.recipe.name), scrape_interval=mon.scrape_interval,
         evaluation_interval=mon.evaluation_interval, alertmanager=f"{am_svc.address}:{am_svc.ports['http']}",
@@ -151,7 +154,8 @@ def prometheus(ctx: PlanContext, mon: MonitoringBlock, host: str, planned: list[
               f"--storage.tsdb.retention.time={mon.retention}", f"--web.listen-address={addr}:{port}",
               f"--web.external-url={me}"],
         files=[FileSpec(path=PROMETHEUS_CONFIG, content=config), FileSpec(path=RULES, content=rules_mod.rules_yaml(facts))],
-        ports={"http": port}, listens=[port], depends_on=[am_svc.name],
+        # after everything it watches: a first `up` has started and waited for all of it before the first scrape
+        ports={"http": port}, listens=[port], depends_on=[s.name for s in planned],
         ready=Probe(kind="http", url=f"{me}/-/ready", timeout_s=60),
         metrics_url=f"{me}/metrics",
         reload=Reload(signal="SIGHUP", check=[PROMTOOL, "check", "config", current]),

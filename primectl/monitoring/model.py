@@ -88,6 +88,8 @@ class MonitoringBlock(_Block):
     alerts: Alerts = Field(default_factory=Alerts, description="Where alerts go.")
     slo: Slo = Field(default_factory=Slo, description="SLOs for the quality rules.")
     sysfs: str = Field("/sys", description="The sysfs node_exporter reads (InfiniBand ports among others).")
+    infiniband: bool | None = Field(None, description="The hosts have InfiniBand ports to watch (state, physical "
+                                    "state, link downs); default: where the hardware profile has GPUs.")
     dcgm_interval_ms: int = Field(5000, ge=100, description="dcgm-exporter's collection interval (its default is "
                                   "30000: too slow to see a link flap).")
     ports: MonitoringPorts = Field(default_factory=MonitoringPorts)

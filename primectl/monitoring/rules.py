@@ -35,22 +35,20 @@ KV_USAGE_WORKERS = ("dynamo-vllm",)
 ENGINE_COUNTERS = {"dynamo-vllm": {"preemptions": "vllm:num_preemptions_total",
                                    "kv_transfer_failures": "vllm:nixl_num_failed_transfers_total"}}
 
-# The DCGM fields the hardware rules read: (field, Prometheus type, help), for dcgm-exporter's counters file.
-# dcgm-exporter names each metric after the field as written, so these names are the metric names. The NVLink5
-# counters use the names DCGM 4.x accepts both before and after its 4.6 renames (go-dcgm keeps them as aliases).
-DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
-    ("DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", "counter",
-     "Time clocks were cut by half or more because the GPU was too hot (in ns)."),
-    ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "Fabric Manager status (3 = started; 0 = not supported)."),
+# The DCGM fields the hardware rules read; dcgm.FIELDS, the counters file dcgm-exporter collects, holds each of
+# them. dcgm-exporter names each metric after the field as written, so these names are the metric names.
+DCGM_FIELDS: tuple[str, ...] = (
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS",
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
 )
-NVLINK_DOMAIN_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS", "counter", "NVLink link recoveries, whatever their result."),
-    ("DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS", "counter",
-     "NVLink link recoveries that failed (the link was declared down)."),
-    ("DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER_FLOAT", "gauge", "NVLink effective bit error rate."),
-    ("DCGM_FI_IMEX_DAEMON_STATUS", "gauge", "IMEX daemon status (5 = ready)."),
+# Those only a multi-node NVLink domain has (NVLink5 links, IMEX).
+NVLINK_DOMAIN_FIELDS: tuple[str, ...] = (
+    "DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS",
+    "DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS",
+    "DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER_FLOAT",
+    "DCGM_FI_IMEX_DAEMON_STATUS",
 )
 
 
@@ -296,7 +294,8 @@ def hardware(facts: RuleFacts) -> list[Rule]:
                  "check the subnet manager (sminfo, ibstat); primectl preflight <recipe>", for_="1m"),
             Rule("InfinibandLinkDown", f"node_infiniband_physical_state_id{{{sel}}} != 5", "critical",
                  f"InfiniBand {port} has no physical link (state {{{{ $value }}}})",
-                 "ibstat on the host; reseat the cable or transceiver; primectl preflight <recipe>", for_="1m"),
+                 "ibstat on the host; reseat the cable or transceiver; primectl preflight <recipe>",
+                 for_=_times(facts.scrape_interval, 3)),
             Rule("InfinibandLinkFlapping", f"increase(node_infiniband_link_downed_total{{{sel}}}[15m]) > 0",
                  "warning", f"InfiniBand {port} went down and up again",
                  "ibstat and the switch port's counters; primectl preflight <recipe>; replace the cable if it "
@@ -346,7 +345,7 @@ def guarded_fields(facts: RuleFacts) -> list[tuple[str, str, str | None]]:
     out: list[tuple[str, str, str | None]] = []
     if _has(facts, "dcgm-exporter"):
         fields = DCGM_FIELDS + (NVLINK_DOMAIN_FIELDS if facts.nvlink_domain else ())
-        out += [("dcgm-exporter", name, None) for name, _, _ in fields]
+        out += [("dcgm-exporter", name, None) for name in fields]
     if _has(facts, "node-exporter") and facts.infiniband:
         out += [("node-exporter", m, None) for m in ("node_infiniband_state_id", "node_infiniband_physical_state_id",
                                                      "node_infiniband_link_downed_total")]
@@ -384,5 +383,11 @@ def rule_groups(facts: RuleFacts) -> list[dict[str, Any]]:
 
 
 def rules_yaml(facts: RuleFacts) -> str:
-    """The rule file: its groups, as bare-metal Prometheus loads them (an expression stays on one line)."""
-    return yaml.safe_dump({"groups": rule_groups(facts)}, sort_keys=False, default_flow_style=False, width=100_000)
+    """The rule file: its groups, as bare-metal Prometheus loads them."""
+    return groups_yaml(rule_groups(facts))
+
+
+def groups_yaml(groups: list[dict[str, Any]]) -> str:
+    """Rule groups as a rule file's text (an expression stays on one line): the bytes a PrometheusRule's
+    `spec.groups` must dump to as well."""
+    return yaml.safe_dump({"groups": groups}, sort_keys=False, default_flow_style=False, width=100_000)

@@ -32,7 +32,7 @@ import yaml
 
 from primectl.components import monitoring as mon
 from primectl.monitoring import scrape
-from primectl.plan.model import MonitoringPlan, Plan, Service
+from primectl.plan.model import Plan, Service
 from primectl.render.bundle import template
 
 OUTSIDE_JOB = mon.SERVICE_COMPONENTS
