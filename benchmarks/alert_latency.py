@@ -44,8 +44,10 @@ RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHO
             ".venv/bin/python benchmarks/alert_latency.py'")
 TARGETS = {"kill-decode": 20.0, "stop-frontend": 20.0, "ib-down": 15.0}
 RESOLVED_TARGET = 30.0
-ALERT = {"kill-decode": ("TargetDown", "decode-1"), "stop-frontend": ("TargetDown", "frontend"),
-         "ib-down": ("InfinibandLinkDown", None)}
+# The notification that tells of each fault: (alert, label, value). A killed decode worker's own TargetDown is
+# inhibited by its role's WorkersBelowPlan, which is what reaches the receiver.
+ALERT = {"kill-decode": ("WorkersBelowPlan", "role", "decode"), "stop-frontend": ("TargetDown", "service", "frontend"),
+         "ib-down": ("InfinibandLinkDown", "device", "mlx5_0")}
 
 
 def cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -96,7 +98,7 @@ def repair_up(recipe: Path) -> Callable[[], None]:
 
 def one(name: str, recipe: Path, workdir: Path, sysfs: Path, rx: Receiver) -> tuple[float | None, float | None]:
     """Inject fault `name`, time its notification, repair, time the resolution."""
-    alert, service = ALERT[name]
+    alert, label, value = ALERT[name]
     t0 = time.monotonic()
     if name == "ib-down":
         set_state(sysfs, DOWN)
@@ -104,10 +106,10 @@ def one(name: str, recipe: Path, workdir: Path, sysfs: Path, rx: Receiver) -> tu
     else:
         os.kill(pid_of(workdir, "decode-1" if name == "kill-decode" else "frontend"), signal.SIGKILL)
         repair = repair_up(recipe)
-    fired = rx.wait_for(t0, 60, status="firing", alert=alert, service=service)
+    fired = rx.wait_for(t0, 60, status="firing", alert=alert, labels={label: value})
     t1 = time.monotonic()
     repair()
-    resolved = rx.wait_for(t1, 90, status="resolved", alert=alert, service=service)
+    resolved = rx.wait_for(t1, 90, status="resolved", alert=alert, labels={label: value})
     return (fired.at - t0 if fired else None), (resolved.at - t1 if resolved else None)
 
 

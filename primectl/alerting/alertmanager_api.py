@@ -27,6 +27,7 @@ class Firing:
     summary: str
     runbook: str
     silenced: bool
+    inhibited: bool = False
 
     @property
     def service(self) -> str:
@@ -54,8 +55,10 @@ def _call(url: str, method: str = "GET", body: Any = None) -> Any:
 
 
 def firing(base: str, deployment: str, *, include_silenced: bool = False) -> list[Firing]:
-    """The deployment's active alerts (not inhibited; silenced ones only with `include_silenced`), oldest first."""
-    query = "active=true&inhibited=false" + ("" if include_silenced else "&silenced=false")
+    """The deployment's active alerts, oldest first: inhibited ones too (an alert another one explains, such as a
+    worker's TargetDown under its role's WorkersBelowPlan, is still true: only its notification is held back);
+    silenced ones only with `include_silenced`."""
+    query = "active=true" + ("" if include_silenced else "&silenced=false")
     out = []
     for a in _call(f"{base}/api/v2/alerts?{query}") or []:
         labels = dict(a.get("labels") or {})
@@ -66,7 +69,8 @@ def firing(base: str, deployment: str, *, include_silenced: bool = False) -> lis
             name=labels.get("alertname", "?"), severity=labels.get("severity", ""), labels=labels,
             since=datetime.fromisoformat(str(a.get("startsAt", "1970-01-01T00:00:00Z")).replace("Z", "+00:00")),
             summary=ann.get("summary", ""), runbook=ann.get("runbook", ""),
-            silenced=(a.get("status") or {}).get("state") == "suppressed"))
+            silenced=bool((a.get("status") or {}).get("silencedBy")),
+            inhibited=bool((a.get("status") or {}).get("inhibitedBy"))))
     return sorted(out, key=lambda f: (f.since, f.name, f.service))
 
 

@@ -48,10 +48,10 @@ def print_alerts(deployment: str, mon: MonitoringPlan, alerts: list[Firing], out
             "deployment": deployment, "prometheus": mon.prometheus_url, "alertmanager": mon.alertmanager_url,
             "firing": [{"alert": a.name, "severity": a.severity, "service": a.service, "host": a.host,
                         "since": a.since.isoformat(), "summary": a.summary, "runbook": a.runbook,
-                        "silenced": a.silenced, "labels": a.labels} for a in shown]}
+                        "silenced": a.silenced, "inhibited": a.inhibited, "labels": a.labels} for a in shown]}
         stream.write(json.dumps(doc, indent=2) + "\n")
         return
-    rows = [[a.name + (" (silenced)" if a.silenced else ""), a.severity, a.service or "-", a.host or "-",
+    rows = [[a.name + (" (silenced)" if a.silenced else " (inhibited)" if a.inhibited else ""), a.severity, a.service or "-", a.host or "-",
              ago(a.since), a.summary, a.runbook] for a in shown]
     title = f"{deployment}: {len(shown)} alert(s) firing" if shown else f"{deployment}: no alerts firing"
     if shown:

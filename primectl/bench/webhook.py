@@ -73,13 +73,15 @@ class Receiver:
             return [n for n in self.received if n.at >= t0 and (watchdog or n.alert != "Watchdog")]
 
     def wait_for(self, t0: float, timeout: float, *, status: str, alert: str | None = None,
-                 service: str | None = None) -> Notification | None:
-        """The first notification after `t0` with this status (and alert name, and service label), or None."""
+                 service: str | None = None, labels: dict[str, str] | None = None) -> Notification | None:
+        """The first notification after `t0` with this status (and alert name, service label, other labels), or
+        None."""
+        want = {**(labels or {}), **({"service": service} if service is not None else {})}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for n in self.since(t0):
-                if n.status == status and (alert is None or n.alert == alert) and (
-                        service is None or n.labels.get("service") == service):
+                if n.status == status and (alert is None or n.alert == alert) and all(
+                        n.labels.get(k) == v for k, v in want.items()):
                     return n
             time.sleep(0.1)
         return None
