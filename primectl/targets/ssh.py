@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from primectl.checks.preflight_rules import ours_listening
+from primectl.deploy.access import SSHOptions, access, record, ssh_options, with_access
 from primectl.deploy.changes import Change, compute_changes, file_diff, pending, script_path, secrets_hash
 from primectl.deploy.client import HostError
 from primectl.deploy.cluster import (
@@ -287,7 +288,7 @@ class SSHRollout:
             if b.revision in c.views[h].get("releases", []):
                 return
             archive = b.archive()
-            limit = INLINE_BUNDLE_MAX_LOCAL if self.plan.host(h).connection == "local" else INLINE_BUNDLE_MAX
+            limit = INLINE_BUNDLE_MAX_LOCAL if access(self.plan.host(h)).connection == "local" else INLINE_BUNDLE_MAX
             if len(archive) <= limit:  # one round trip: the bundle rides in the stage request
                 c.client(h).stage(b.revision, archive)
                 return
@@ -581,7 +582,7 @@ class SSHRollout:
         plan, c = self.plan, self.cluster
         # every host of the deployment, so a later `up` finds the ones its recipe drops; written on a few keepers
         # only (every host's state names them), since a roster on every host is quadratic in the fleet's size
-        roster = {n: plan.host(n).model_dump(mode="json") for n in self.hosts} | c.unreachable_dropped
+        roster = {n: record(plan.host(n)) for n in self.hosts} | c.unreachable_dropped
         keepers = roster_keepers(plan.head, self.hosts)
         kept = {n: roster[n] for n in keepers}
         stamp = time.time()  # one for every host of this `up`: a roster from an older one never wins over it
@@ -648,8 +649,10 @@ class SSHTarget:
     watches = True  # its run scripts start a service's `watch` beside it
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
-        """The recipe names real hosts: planned as written."""
-        return PlannedHosts(hosts)
+        """The recipe names real hosts: planned as written, each with how SSH reaches it (its `access`), and the
+        known_hosts file their keys are checked against (the plan's target options)."""
+        return PlannedHosts(with_access(hosts, recipe.host_list()),
+                            options=SSHOptions(known_hosts=recipe.known_hosts).model_dump(mode="json"))
 
     def connection_options(self, plan: Plan, *, accept_new_host_keys: bool) -> ConnectionPolicy:
         """How commands reach the hosts over SSH; a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused
@@ -659,7 +662,7 @@ class SSHTarget:
 
         persist_s()
         ssh_client()
-        return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
+        return ConnectionPolicy(known_hosts=ssh_options(plan).known_hosts, accept_new_host_keys=accept_new_host_keys)
 
     def bind(self, plan: Plan) -> Plan:
         """Hosts are named by the recipe: the plan is already bound."""
