@@ -228,6 +228,7 @@ def main() -> int:
     sizes = [int(s) for s in opts.sizes.split(",")]
     biggest = max(sizes)
 
+    from primectl.deploy.access import ssh_options
     from primectl.deploy.cluster import ConnectionPolicy
     from primectl.pipeline import UpOptions, up
     from primectl.targets.ssh import SSHTarget
@@ -255,8 +256,8 @@ def main() -> int:
                     plan = load(recipe(name, cluster, n, 10_000 + 100 * run, via_heads=opts.via_heads),
                                 base / f"{name}.yaml")
                     # what `up --skip-preflight --no-smoke` does: the apply steps alone
-                    options = UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
-                                        smoke=False)
+                    options = UpOptions(connection=ConnectionPolicy(known_hosts=ssh_options(plan).known_hosts),
+                                        preflight=False, smoke=False)
                     last = n == biggest and rep == opts.repeat - 1
                     profiled = opts.profile and rep == opts.repeat - 1
                     secs, res, controller, busy = measured_up(partial(up, plan, options, quiet),

@@ -72,7 +72,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -362,6 +362,14 @@ def main() -> int:
         from primectl.pipeline import UpOptions, up
     except ImportError:
         from primectl.deploy.pipeline import UpOptions, up  # type: ignore[no-redef]
+    try:  # where the known_hosts file is planned (it moved from Plan.known_hosts to the SSH target's options)
+        from primectl.deploy.access import ssh_options
+
+        def known_hosts(plan: Any) -> str | None:
+            return ssh_options(plan).known_hosts
+    except ImportError:
+        def known_hosts(plan: Any) -> str | None:
+            return cast(str | None, plan.known_hosts)
     from primectl.targets.ssh import SSHTarget
 
     rows: dict[str, list[float]] = {k: [] for k in ("p_fresh", "p_noop", "a_fresh", "a_noop", "a_startup")}
@@ -385,7 +393,7 @@ def main() -> int:
                 run += 1
                 name = f"pc{n}-r{rep}"
                 plan = load(recipe(name, cluster, n, 10_000 + 100 * run), base / f"{name}.yaml")
-                options = UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
+                options = UpOptions(connection=ConnectionPolicy(known_hosts=known_hosts(plan)), preflight=False,
                                     smoke=False)
                 loads.append(os.getloadavg()[0])
                 before = load_text()

@@ -255,6 +255,7 @@ def idle_cost(hosts: list[Any], key: str, kh: str, seconds: float = 2.0) -> None
     """Controller CPU per host and second while connections are held open and idle (`up` holds one per host for
     the whole command; PRIMECTL_KEEP_CONNECTIONS's keeper holds them between commands): paramiko as it comes
     (its reader thread wakes every 0.1 s) and primectl's SSHTransport (it blocks until data comes)."""
+    from primectl.deploy.access import SSHAccess
     from primectl.deploy.transport import SSHTransport
     from primectl.plan.model import HostPlan
 
@@ -262,9 +263,9 @@ def idle_cost(hosts: list[Any], key: str, kh: str, seconds: float = 2.0) -> None
         return paramiko_client(h, key, kh)
 
     def primectl(h: Any) -> Any:
-        return SSHTransport(HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=key,
-                                     connection="ssh", workdir="/tmp", gpus=0), known_hosts=kh,
-                            accept_new_host_keys=False)
+        reach = SSHAccess(connection="ssh", port=h.port, user="root", identity_file=key)
+        return SSHTransport(HostPlan(name=h.name, address=h.address, workdir="/tmp", gpus=0, access=reach.plain()),
+                            known_hosts=kh, accept_new_host_keys=False)
 
     for label, open_one in (("paramiko as is", plain), ("primectl SSHTransport", primectl)):
         held = [open_one(h) for h in hosts]

@@ -21,7 +21,7 @@ from primectl.errors import EXIT_BAD_INPUT, EXIT_CHANGES, EXIT_FAILURE, DeployEr
 if TYPE_CHECKING:
     from primectl.fleet.plan import FleetPlan
     from primectl.plan.model import Plan
-    from primectl.targets.base import ReachesHosts
+    from primectl.targets.base import AnyHostCommands, AnyTarget
 
 app = typer.Typer(
     help="Deploy disaggregated LLM serving (Dynamo + vLLM/mocker + NIXL + Mooncake) from a recipe.",
@@ -110,13 +110,13 @@ def _policy(plan: Plan, accept_new_host_keys: bool) -> object:
     return connection_options(_target(plan), plan, accept_new_host_keys=accept_new_host_keys)
 
 
-def _target(plan: Plan):  # type: ignore[no-untyped-def]
+def _target(plan: Plan) -> AnyTarget:
     from primectl.targets.base import get
 
     return get(plan.target.kind)
 
 
-def _host_commands(plan: Plan, command: str) -> ReachesHosts:
+def _host_commands(plan: Plan, command: str) -> AnyHostCommands:
     """The plan's target as the one that runs `command` on its machines (or its refusal)."""
     from primectl.targets.base import host_commands
 

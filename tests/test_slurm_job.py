@@ -109,7 +109,7 @@ def test_slurm_hosts_are_node_slots_bound_at_run_time() -> None:
     # The SSH recipe it extends still plans its real hosts.
     ssh = plan_recipe(REPO / "recipes" / "demo-multihost.yaml")[1]
     assert [h.address for h in ssh.hosts] == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
-    assert ssh.target.kind == "ssh" and ssh.target.options == {}
+    assert ssh.target.kind == "ssh" and ssh.target.options == {"known_hosts": ".demo/ssh/known_hosts"}  # its own
 
 
 def test_bind_puts_the_jobs_addresses_everywhere_the_plan_had_markers() -> None:

@@ -42,6 +42,7 @@ from primectl.checks.preflight_fabric import run_fabric
 from primectl.checks.preflight_rules import HostNeeds, Result, Transfer, fail, na, ok
 from primectl.checks.preflight_session import Known, Session, Verdicts, json_line
 from primectl.checks.report import Case, junit_xml, tally
+from primectl.deploy.access import access
 from primectl.deploy.cluster import Cluster, ConnectionPolicy, Say, open_cluster
 from primectl.deploy.fanout import parallel
 from primectl.deploy.transport import Transport
@@ -322,7 +323,7 @@ def host_results(plan: Plan, n: HostNeeds, view: dict[str, Any], facts: dict[str
         out.append(fail(h, "ssh", f"ssh ok, but the fact script failed: {facts.get('error')}",
                         "check python3 on the host (the agent needs it)"))
         return out + [na(h, c, "no host facts") for c in CHECK_ORDER[1:] if c not in ("nixl", "mooncake")]
-    hp = plan.host(h)
+    hp = access(plan.host(h))
     out.append(ok(h, "ssh", "local connection (no ssh)" if hp.connection == "local"
                   else f"reachable ({hp.user}@{n.address}:{hp.port})"))
     if not view.get("ok"):

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from primectl.deploy.access import access, record
 from primectl.deploy.client import HostClient, HostError
 from primectl.deploy.connect import connect
 from primectl.deploy.fanout import parallel
@@ -53,7 +54,7 @@ class ConnectionPolicy:
             return self.connector(host)
         from primectl.deploy import keeper  # here: most commands never start one
 
-        if agent and host.connection == "ssh" and (idle := keeper.persist_s()):
+        if agent and access(host).connection == "ssh" and (idle := keeper.persist_s()):
             return keeper.KeptTransport(host, known_hosts=known_hosts_path(self.known_hosts),
                                         accept_new_host_keys=self.accept_new_host_keys, path=keeper.ensure(idle))
         return connect(host, known_hosts=self.known_hosts, accept_new_host_keys=self.accept_new_host_keys,
@@ -249,7 +250,7 @@ def _roster(cluster: Cluster, policy: ConnectionPolicy) -> tuple[dict[str, dict[
     roster = newest_roster([s for s in peeked if s.get("deployment") == plan.name], stamp)
     if roster is not None:
         return roster, views
-    lost = {n: keepers[n].model_dump(mode="json") for n, v in views.items() if isinstance(v, BaseException)}
+    lost = {n: record(keepers[n]) for n, v in views.items() if isinstance(v, BaseException)}
     if keepers:
         cluster.say(f"WARNING: the roster of {plan.name} is kept on {', '.join(keepers)}, which the recipe dropped, "
                     "and none of them gave the last `up`'s roster (unreachable, or its write failed there): hosts "
@@ -289,7 +290,7 @@ def _join_dropped_hosts(cluster: Cluster, policy: ConnectionPolicy) -> None:
         del cluster.dropped[name]
         if name in cluster.clients:
             cluster.clients.pop(name).transport.close()
-        cluster.unreachable_dropped[name] = hp.model_dump(mode="json")
+        cluster.unreachable_dropped[name] = record(hp)
         cluster.say(f"WARNING: {name} ({hp.address}) was dropped from the recipe but cannot be inspected ({view}); "
                     "its services, if any, are still running there and the next `up` will try again")
 

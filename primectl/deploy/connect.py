@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from primectl.deploy.access import access
 from primectl.deploy.known_hosts import known_hosts_path
 from primectl.deploy.libssh2_transport import Libssh2Transport, libssh2_available
 from primectl.deploy.transport import LocalTransport, SSHConnection, SSHTransport, Transport
@@ -19,7 +20,7 @@ def connect(host: HostPlan, *, known_hosts: str | None, accept_new_host_keys: bo
             ) -> Transport:
     """Open the right transport for a host: local, SSH, or SSH through its head node (`via`). `shell`: see
     open_ssh."""
-    if host.connection == "local":
+    if access(host).connection == "local":
         return LocalTransport(host)
     return open_ssh(host, known_hosts=known_hosts_path(known_hosts), accept_new_host_keys=accept_new_host_keys,
                     shell=shell)
@@ -43,7 +44,7 @@ def open_ssh(host: HostPlan, *, known_hosts: str, accept_new_host_keys: bool,
     """A `connection: ssh` host's connection: through its head node's ssh client when it has `via`, else direct,
     with agent calls on libssh2 (on paramiko with PRIMECTL_SSH_CLIENT=paramiko, or where ssh2-python is not
     installed). `shell`: a connection for shell commands and uploads only (Fabric's, on paramiko)."""
-    if host.via is not None:
+    if access(host).via is not None:
         return ViaTransport(host, head_links(known_hosts, accept_new_host_keys))
     if not shell and ssh_client() == "libssh2":
         return Libssh2Transport(host, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)

@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from primectl.deploy.access import access
 from primectl.deploy.transport import HostUnreachable, OnProgress, progress_line
 from primectl.host import agent
 from primectl.host.probes import TEXT_MISSING
@@ -60,7 +61,8 @@ class FakeWorld:
 
         def connect(host: HostPlan) -> FakeTransport:
             if host.name in self.unreachable:
-                raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: fake host is down")
+                raise HostUnreachable(f"{host.name} ({host.address}:{access(host).port}): cannot connect: "
+                                      "fake host is down")
             return FakeTransport(host, self)
 
         return connect

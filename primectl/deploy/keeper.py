@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
+from primectl.deploy.access import access, record
 from primectl.deploy.connect import open_ssh
 from primectl.deploy.shipping import agent_hash
 from primectl.deploy.transport import HostUnreachable, OnProgress, SSHConnection
@@ -96,9 +97,12 @@ def _reachable(path: str) -> str:
 
 
 def _key(host: HostPlan, known_hosts: str, accept_new: bool) -> str:
-    via = host.via and [host.via.address, host.via.port, host.via.user, host.via.identity_file, host.via_identity_file]
-    return json.dumps([host.address, host.port, host.user, host.identity_file, host.workdir, via, known_hosts,
-                       accept_new])
+    a = access(host)
+    via = None
+    if a.via is not None:
+        head = access(a.via)
+        via = [a.via.address, head.port, head.user, head.identity_file, a.via_identity_file]
+    return json.dumps([host.address, a.port, a.user, a.identity_file, host.workdir, via, known_hosts, accept_new])
 
 
 class Keeper:
@@ -386,7 +390,7 @@ class KeptTransport:
             raise HostUnreachable(f"{self.host.name}: the connection keeper went away; run the command again")
         self._stream = (s, cast(IO[bytes], s.makefile("rwb")))
         try:
-            self._exchange({"kind": "open", "host": self.host.model_dump(mode="json"),
+            self._exchange({"kind": "open", "host": record(self.host),
                             "known_hosts": self._known_hosts, "accept_new": self._accept_new}, None, OPEN_S)
         except TimeoutError:
             self._close_stream()

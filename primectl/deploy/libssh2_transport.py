@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from primectl.deploy.access import access
 from primectl.deploy.known_hosts import host_entry_name, host_key_blobs, record_host_key
 from primectl.deploy.shipping import loader_command
 from primectl.deploy.transport import (
@@ -138,6 +139,7 @@ class Libssh2Transport:
         from ssh2.session import LIBSSH2_METHOD_CRYPT_CS, LIBSSH2_METHOD_CRYPT_SC, Session
 
         self.host = host
+        self.access = a = access(host)
         self._known_hosts, self._accept_new, self._connect_timeout = known_hosts, accept_new_host_keys, connect_timeout
         self._lock = threading.Lock()  # one call at a time on the session
         self._agent: Libssh2Stream | None = None
@@ -145,9 +147,9 @@ class Libssh2Transport:
         self._closed = False
         self._shell: SSHTransport | None = None
         self._shell_lock = threading.Lock()
-        where = f"{host.name} ({host.address}:{host.port})"
+        where = f"{host.name} ({host.address}:{a.port})"
         try:
-            sock = socket.create_connection((host.address, host.port), timeout=connect_timeout)
+            sock = socket.create_connection((host.address, a.port), timeout=connect_timeout)
         except OSError as exc:
             raise HostUnreachable(f"{where}: cannot connect: {exc}") from None
         sock.settimeout(None)  # libssh2 waits itself, with the session's time limit
@@ -156,7 +158,7 @@ class Libssh2Transport:
         session = Session()
         self._session: Any = session
         session.set_timeout(_ms(connect_timeout))
-        known = host_key_blobs(known_hosts, host.address, host.port)
+        known = host_key_blobs(known_hosts, host.address, a.port)
         try:
             for method in (LIBSSH2_METHOD_CRYPT_CS, LIBSSH2_METHOD_CRYPT_SC):
                 session.method_pref(method, _ciphers())
@@ -212,7 +214,7 @@ class Libssh2Transport:
             self._drop()
             raise HostUnreachable(f"{where}: unknown host key (not in {self._known_hosts}); verify it and add it "
                                   "(ssh-keyscan), or pass --accept-new-host-keys")
-        record_host_key(self._known_hosts, host_entry_name(self.host.address, self.host.port), keytype,
+        record_host_key(self._known_hosts, host_entry_name(self.host.address, self.access.port), keytype,
                         base64.b64encode(blob).decode())
 
     def _log_in(self, where: str) -> None:
@@ -228,27 +230,27 @@ class Libssh2Transport:
         )
 
         refused = (AuthenticationError, PublickeyUnverifiedError)
-        host, session = self.host, self._session
+        a, session = self.access, self._session
         try:
-            if host.identity_file:
-                path = os.path.expanduser(host.identity_file)
+            if a.identity_file:
+                path = os.path.expanduser(a.identity_file)
                 try:
-                    session.userauth_publickey_fromfile(host.user, path)
+                    session.userauth_publickey_fromfile(a.user, path)
                 except FileError:
                     raise HostUnreachable(f"{where}: cannot read the key {path}: {self._last_error()}") from None
                 return
             if os.environ.get("SSH_AUTH_SOCK"):
                 with contextlib.suppress(AgentError, PublicKeyInitError, *refused):
-                    session.agent_auth(host.user)
+                    session.agent_auth(a.user)
                     return
             for name in DEFAULT_IDENTITIES:
                 path = os.path.expanduser(f"~/.ssh/{name}")
                 if os.path.exists(path):
                     with contextlib.suppress(FileError, *refused):
-                        session.userauth_publickey_fromfile(host.user, path)
+                        session.userauth_publickey_fromfile(a.user, path)
                         return
             raise HostUnreachable(f"{where}: Authentication failed (no identity_file; neither ssh-agent nor "
-                                  f"~/.ssh/{{{','.join(DEFAULT_IDENTITIES)}}} had a key {host.user} may log in with)")
+                                  f"~/.ssh/{{{','.join(DEFAULT_IDENTITIES)}}} had a key {a.user} may log in with)")
         except HostUnreachable:
             self._drop()
             raise

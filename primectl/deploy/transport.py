@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from primectl.deploy.access import access
 from primectl.deploy.known_hosts import host_keys_for, record_host_key
 from primectl.deploy.paramiko_patches import tune_paramiko, use_host_keys
 from primectl.deploy.shipping import agent_bundle, loader_args, loader_command
@@ -341,36 +342,37 @@ class SSHTransport:
 
         tune_paramiko()
         self.host = host
+        self.access = a = access(host)
         self._agent: ChannelStream | None = None
         self._agent_lock = threading.Lock()
         self._fabric: Any = None
         self._sftp: Any = None
         kwargs: dict[str, Any] = {"timeout": connect_timeout, "banner_timeout": connect_timeout,
                                   "auth_timeout": connect_timeout}
-        if host.identity_file:
-            path = os.path.expanduser(host.identity_file)
+        if a.identity_file:
+            path = os.path.expanduser(a.identity_file)
             pkey = _private_key(path)
             kwargs |= {"pkey": pkey} if pkey is not None else {"key_filename": path}
             kwargs |= {"look_for_keys": False, "allow_agent": False}
         self.client = client = paramiko.SSHClient()
         # Only this host's entries: paramiko parses every line of the file (and checks it against all the
         # others) for each client, which is quadratic in the fleet size.
-        use_host_keys(client, host_keys_for(known_hosts, host.address, host.port), known_hosts)
+        use_host_keys(client, host_keys_for(known_hosts, host.address, a.port), known_hosts)
         policy = _AcceptNewPolicy(known_hosts) if accept_new_host_keys else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
         try:
-            client.connect(host.address, port=host.port, username=host.user, **kwargs)
+            client.connect(host.address, port=a.port, username=a.user, **kwargs)
         except paramiko.BadHostKeyException as exc:
-            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): host key CHANGED "
+            raise HostUnreachable(f"{host.name} ({host.address}:{a.port}): host key CHANGED "
                                   f"(expected {exc.expected_key.get_base64()[:16]}...); refusing to connect") from None
         except paramiko.SSHException as exc:
             msg = str(exc)
             if "not found in known_hosts" in msg:
                 msg = (f"unknown host key (not in {known_hosts}); verify it and add it "
                        "(ssh-keyscan), or pass --accept-new-host-keys")
-            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): {msg}") from None
+            raise HostUnreachable(f"{host.name} ({host.address}:{a.port}): {msg}") from None
         except (OSError, EOFError) as exc:
-            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): cannot connect: {exc}") from None
+            raise HostUnreachable(f"{host.name} ({host.address}:{a.port}): cannot connect: {exc}") from None
         # paramiko's reader thread wakes every 0.1 s to look for a close: ~0.6 ms of CPU a second per host,
         # more than a fresh `up` spends on its handshake at 72 hosts. close() shuts the socket down, which
         # wakes the reader at once, so after the handshake the socket blocks: a socket with a timeout costs
@@ -381,7 +383,7 @@ class SSHTransport:
             detect_dead_peer(sock)
         except OSError as exc:  # the host closed the connection right after logging us in
             client.close()
-            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}): connection lost: {exc}") from None
+            raise HostUnreachable(f"{host.name} ({host.address}:{a.port}): connection lost: {exc}") from None
 
     def agent(self, op: str, args: dict[str, Any], timeout: float | None,
               on_progress: OnProgress | None = None) -> dict[str, Any]:
@@ -454,7 +456,7 @@ class SSHTransport:
 
             from primectl.deploy.interruptible import InterruptibleRemote
 
-            conn = Connection(self.host.address, user=self.host.user, port=self.host.port,
+            conn = Connection(self.host.address, user=self.access.user, port=self.access.port,
                               config=Config(overrides={"runners": {"remote": InterruptibleRemote}}))
             conn.client, conn.transport = self.client, self.client.get_transport()  # connected: open() is a no-op
             self._fabric = conn

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from primectl.deploy.access import access
 from primectl.deploy.known_hosts import host_entry_name, host_keys_for
 from primectl.deploy.transport import (
     KEEPALIVE_INTERVAL_S,
@@ -51,7 +52,8 @@ HeadKey = tuple[str, int, str, str | None]
 def head_key(head: HostPlan) -> HeadKey:
     """Who a head connection is to and as whom: a long-lived process (the connection keeper) serves recipes
     that may give different heads one name, or change a head's address or login."""
-    return head.address, head.port, head.user, head.identity_file
+    a = access(head)
+    return head.address, a.port, a.user, a.identity_file
 
 
 @dataclass
@@ -117,8 +119,9 @@ class ViaTransport(SSHTransport):
     """`via:` hosts: agent calls, shell commands and uploads run through the head node's `ssh` client."""
 
     def __init__(self, host: HostPlan, heads: HeadLinks):
-        assert host.via is not None
-        self.host, self.head, self._heads = host, host.via, heads
+        self.access = a = access(host)
+        assert a.via is not None
+        self.host, self.head, self._heads = host, a.via, heads
         self._agent = None
         self._agent_lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -126,28 +129,28 @@ class ViaTransport(SSHTransport):
         self._sftp = None
         self._prefix = self._ssh_prefix(heads)
         try:
-            self.link = heads.acquire(host.via)
+            self.link = heads.acquire(a.via)
         except HostUnreachable as exc:
-            raise HostUnreachable(f"{host.name} ({host.address}:{host.port}) through {host.via.name}: {exc}") from None
+            raise HostUnreachable(f"{host.name} ({host.address}:{a.port}) through {a.via.name}: {exc}") from None
         self.client = self.link.transport.client
         self._released = False
 
     def _ssh_prefix(self, heads: HeadLinks) -> str:
         """`ssh <options> -- <host>` as the head node runs it, with this host's known keys on its command line."""
-        h = self.host
-        name = host_entry_name(h.address, h.port)
-        keys = host_keys_for(heads.known_hosts, h.address, h.port).lookup(name) or {}
+        h, a = self.host, self.access
+        name = host_entry_name(h.address, a.port)
+        keys = host_keys_for(heads.known_hosts, h.address, a.port).lookup(name) or {}
         if not keys:
             hint = (" (through a head node primectl cannot learn a key: add it first, e.g. `ssh-keyscan` run on "
-                    f"{h.via.name if h.via else 'the head node'})") if heads.accept_new else ""
-            raise HostUnreachable(f"{h.name} ({h.address}:{h.port}): unknown host key (not in {heads.known_hosts})"
+                    f"{a.via.name if a.via else 'the head node'})") if heads.accept_new else ""
+            raise HostUnreachable(f"{h.name} ({h.address}:{a.port}): unknown host key (not in {heads.known_hosts})"
                                   f"; verify it and add it{hint}")
         # printf's \n between lines: ssh splits this option's value into words itself, quotes but no newlines;
         # it expands %-tokens in it and printf its own %s, so a % (a scoped IPv6 address) is doubled twice
         lines = "".join(f"{name} {k.get_name()} {k.get_base64()}\\n" for k in keys.values()).replace("%", "%%%%")
-        identity = ["-i", h.via_identity_file, "-o", "IdentitiesOnly=yes"] if h.via_identity_file else []
+        identity = ["-i", a.via_identity_file, "-o", "IdentitiesOnly=yes"] if a.via_identity_file else []
         argv = ["ssh", *SSH_OPTIONS, *identity, "-o", f"KnownHostsCommand=/usr/bin/printf '{lines}'",
-                "-p", str(h.port), "-l", h.user, "--", h.address]
+                "-p", str(a.port), "-l", a.user, "--", h.address]
         return " ".join(shlex.quote(a) for a in argv)
 
     def command(self, command: str) -> str:
@@ -162,7 +165,7 @@ class ViaTransport(SSHTransport):
         except HostUnreachable as exc:
             text = str(exc).split("the host agent did not start: ", 1)
             if len(text) == 2:
-                raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.host.port}) through "
+                raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.access.port}) through "
                                       f"{self.head.name}: {text[1]}") from None
             raise
 
@@ -206,7 +209,7 @@ class ViaTransport(SSHTransport):
         with self.link.sessions:
             code, out, err = super().run(command, timeout=timeout, stream=stream)
         if code == 255 and not out:  # ssh's own failure (a command's 255 with no output would read the same)
-            raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.host.port}) through {self.head.name}: "
+            raise HostUnreachable(f"{self.host.name} ({self.host.address}:{self.access.port}) through {self.head.name}: "
                                   f"{err.strip()[-500:]}")
         return code, out, err
 

@@ -17,18 +17,21 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primectl.errors import DeployError
 from primectl.fleet.etcd_client import Etcd
 from primectl.fleet.plan import FleetPlan
 from primectl.output import print_table
 
+if TYPE_CHECKING:
+    from primectl.pipeline import UpOptions
+
 Say = Callable[[str], None]
 KEY_PREFIX = "pk-"
 
 
-def up(fleet: FleetPlan, options: Any, say: Say) -> float:
+def up(fleet: FleetPlan, options: UpOptions, say: Say) -> float:
     """Every deployment, then the gateway, through the `up` pipeline; the seconds it took."""
     from primectl.pipeline import up as do_up
 

@@ -20,10 +20,11 @@ from pydantic import BaseModel, ValidationError
 
 from primectl.components.etcd import solo_etcd
 from primectl.components.haproxy import drain_behind, haproxy_service, request_buffer
+from primectl.deploy.access import SSHOptions, with_access
 from primectl.errors import Problem, RecipeError
 from primectl.fleet.model import FleetRecipe
 from primectl.plan.layout import Layout
-from primectl.plan.model import RELEASE, FileSpec, HostPlan, Plan, Probe, RoleRollout, Runtime, Service
+from primectl.plan.model import RELEASE, FileSpec, HostPlan, Plan, Probe, RoleRollout, Runtime, Service, TargetSpec
 from primectl.recipe.yamlpos import Path as YamlPath
 from primectl.recipe.yamlpos import Position, load_yaml
 
@@ -173,8 +174,17 @@ def port_clashes(plans: list[Plan]) -> list[str]:
 
 
 def _hosts(r: FleetRecipe) -> list[HostPlan]:
-    return [HostPlan(name=h.name, address=h.address, port=h.port, user=h.user, identity_file=h.identity_file,
-                     connection=h.connection, workdir=h.workdir, gpus=0, labels=dict(h.labels)) for h in r.hosts]
+    """The gateway's hosts, each with how SSH reaches it (the fleet recipe's `hosts:` are SSH hosts)."""
+    return with_access([HostPlan(name=h.name, address=h.address, workdir=h.workdir, gpus=0, labels=dict(h.labels))
+                        for h in r.hosts], r.hosts)
+
+
+def _target(r: FleetRecipe, base: Plan) -> TargetSpec:
+    """The gateway's target: its first deployment's, checking SSH host keys against the fleet recipe's
+    known_hosts."""
+    if base.target.kind != "ssh":
+        return base.target
+    return TargetSpec(kind="ssh", options=SSHOptions(known_hosts=r.known_hosts).model_dump(mode="json"))
 
 
 def _runtime(base: Plan, host: HostPlan) -> Runtime:
@@ -239,6 +249,6 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
         "slots": [], "services": services, "endpoint": endpoint, "worker_listing_url": None,
         "gate": Probe(kind="http", url=f"{endpoint}/-/ready", timeout_s=60),
         "serving": base.serving.model_copy(update={"runtime": runtime, "tier": None}),
-        "secret_names": [], "secret_sources": {}, "known_hosts": r.known_hosts, "defaults": {},
+        "secret_names": [], "secret_sources": {}, "target": _target(r, base), "defaults": {},
         "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1)],
     })

@@ -12,6 +12,10 @@ Workers are first placed on logical slots (role, GPUs, data-parallel share,
 NVLink-domain affinity) and each slot is bound to a named host; a target that
 binds hosts at run time (a scheduler) rebinds the slots and substitutes the
 host addresses, which appear in argv, env and probes as plain strings.
+
+Hosts are generic: how the plan's target reaches one (a login, a head node it
+goes through) is the target's own, kept as plain data under the host's
+`access`, with the target's plan-wide options under `target.options`.
 """
 
 from __future__ import annotations
@@ -361,36 +365,39 @@ class HardwareFacts(Frozen):
 
 
 class TargetSpec(Frozen):
-    """How planned processes reach machines (the recipe's `target`)."""
+    """How planned processes reach machines (the recipe's `target`): its kind, and its own plan-wide options as plain
+    data (the target declares and reads them)."""
 
     kind: str = "ssh"
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+def _older_host(data: dict[str, Any], fields: Any) -> dict[str, Any]:
+    """A host an older primectl wrote (a plan, a recorded roster), before a target's host fields moved under
+    `access`: every key that is no field of the host's own is the target's."""
+    if "access" in data:
+        return data
+    own = {k: v for k, v in data.items() if k in fields}
+    access = {k: v for k, v in data.items() if k not in fields}
+    return {**own, "access": access} if access else own
+
+
 class HostPlan(Frozen):
-    """A host as the deploy step needs it."""
+    """A host as the deploy step needs it: what every target knows of it, and how its target reaches it."""
 
     name: str
     address: str
-    port: int
-    user: str
-    identity_file: str | None
-    connection: Literal["ssh", "local"]
     workdir: str
     gpus: int
     labels: dict[str, str] = Field(default_factory=dict)
-    via: HostPlan | None = Field(None, description="The host this one is reached through (its `ssh` client).")
-    via_identity_file: str | None = Field(None, description="The key, on `via`, its ssh client logs in with.")
+    access: dict[str, Any] = Field(
+        default_factory=dict, description="How the plan's target reaches this host, in the target's own fields "
+        "(plain data the target declares and checks; {} for a target that reaches no host itself).")
 
-    @model_serializer(mode="wrap")
-    def _without_unset_via(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A host reached directly dumps as it did before `via` existed: plans, goldens and recorded rosters
-        of such hosts keep their bytes and hashes."""
-        out: dict[str, Any] = handler(self)
-        if self.via is None:
-            out.pop("via", None)
-            out.pop("via_identity_file", None)
-        return out
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older(cls, data: Any) -> Any:
+        return _older_host(data, cls.model_fields) if isinstance(data, dict) else data
 
 
 class RoleCapacity(Frozen):
@@ -493,10 +500,23 @@ class Plan(Frozen):
     secret_names: list[str] = Field(default_factory=list, description="Env names filled from secrets at apply time (values never planned).")
     secret_sources: dict[str, str] = Field(
         default_factory=dict, description="Where each secret is read on the control machine (env:NAME, file:PATH).")
-    known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys (None: ~/.ssh/known_hosts).")
     rollouts: list[RoleRollout] = Field(default_factory=list, description="Per role: how a change rolls through it.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Values the recipe left out, as resolved.")
     monitoring: MonitoringPlan | None = Field(None, description="Prometheus and Alertmanager (None: not monitored).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older(cls, data: Any) -> Any:
+        """A plan an older primectl wrote (its hosts have no `access`) kept its target's plan-wide fields beside the
+        generic ones: they move under target.options (those left unset are dropped)."""
+        if not isinstance(data, dict) or all(not isinstance(h, dict) or "access" in h for h in data.get("hosts", [])):
+            return data
+        moved = {k: v for k, v in data.items() if k not in cls.model_fields}
+        if not moved:
+            return data
+        target = dict(data.get("target") or {})
+        target["options"] = {**{k: v for k, v in moved.items() if v is not None}, **(target.get("options") or {})}
+        return {**{k: v for k, v in data.items() if k in cls.model_fields}, "target": target}
 
     @model_serializer(mode="wrap")
     def _without_unset_monitoring(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -83,17 +83,10 @@ def architecture(recipe: Recipe) -> Architecture:
 
 
 def host_plans(recipe: Recipe, hw: Hardware) -> list[HostPlan]:
-    """Hosts with defaults applied (GPU count from the profile); a host reached through another carries it."""
-    direct = {
-        h.name: HostPlan(
-            name=h.name, address=h.address, port=h.port, user=h.user, identity_file=h.identity_file,
-            connection=h.connection, workdir=h.workdir,
-            gpus=h.gpus if h.gpus is not None else hw.gpus_per_host, labels=dict(h.labels),
-        )
-        for h in recipe.host_list()
-    }
-    return [direct[h.name].model_copy(update={"via": direct[h.via], "via_identity_file": h.via_identity_file})
-            if h.via else direct[h.name] for h in recipe.host_list()]
+    """Hosts with defaults applied (GPU count from the profile); how one is reached is its target's (plan_hosts)."""
+    return [HostPlan(name=h.name, address=h.address, workdir=h.workdir,
+                     gpus=h.gpus if h.gpus is not None else hw.gpus_per_host, labels=dict(h.labels))
+            for h in recipe.host_list()]
 
 
 def runtimes(recipe: Recipe, hw: Hardware, engine: Engine, hosts: list[HostPlan], root: str | None = None
@@ -202,7 +195,7 @@ def build_plan(recipe: Recipe) -> Plan:
         endpoint=endpoint, worker_listing_url=ctx.worker_listing_url, serving=serving,
         capacity=capacity(recipe, arch, hw, hosts, placement),
         secret_names=sorted(recipe.secrets), secret_sources=dict(sorted(recipe.secrets.items())),
-        known_hosts=recipe.known_hosts, defaults=_defaults(recipe), rollouts=rollouts,
+        defaults=_defaults(recipe), rollouts=rollouts,
         monitoring=monitoring_plan(services, getattr(recipe, "monitoring", None)),
     )
     port_findings = check_ports(plan)

@@ -11,6 +11,10 @@ class in one module, registered as an entry point in group `primectl.targets`
   (primectl/pipeline.py) drives step by step (`apply`), and reads and stops
   what runs (`status`, `logs`, `down`, `unlock`).
 
+Every command of the deploy part takes the target's own options (the protocols are generic over their type:
+SSH's is its ConnectionPolicy, Slurm's its SlurmClient), which the target builds itself (`connection_options`);
+each target module states its type where mypy checks it against the protocols.
+
 A render-only target implements the first part only; `get` hands it out
 wrapped so that `up`, `diff`, `status`, `logs`, `down` and `unlock` refuse it
 with one message (exit 2) naming `primectl render`, and what its optional
@@ -25,7 +29,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from primectl import registry
 from primectl.deploy.changes import Change
@@ -33,7 +37,14 @@ from primectl.errors import DeployError, Refused
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
 
+if TYPE_CHECKING:
+    from primectl.deploy.status import StatusReport
+
 Say = Callable[[str], None]
+# A target's options: what its commands reach its machines with (SSH: a ConnectionPolicy; Slurm: its SlurmClient),
+# built by the target (`connection_options`). None asks for the target's defaults.
+Options = TypeVar("Options", contravariant=True)
+Built = TypeVar("Built", covariant=True)
 
 
 class StartFailed(DeployError):
@@ -99,7 +110,7 @@ class Rollout(Protocol):
         """Check the machines before anything changes (DeployError: nothing was changed)."""
         ...
 
-    def provision(self, wheelhouse: Any) -> None:
+    def provision(self, wheelhouse: Path | None) -> None:
         """Create or reuse the runtime on each machine."""
         ...
 
@@ -170,53 +181,53 @@ class RenderTarget(Protocol):
 
 
 @runtime_checkable
-class Deploys(Protocol):
-    """What deploys: a target that `up` can drive, and that reads and stops what runs."""
+class Deploys(Protocol[Options]):
+    """What deploys: a target that `up` can drive, and that reads and stops what runs, with its own options."""
 
-    def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
+    def apply(self, plan: Plan, options: Options | None, say: Say) -> AbstractContextManager[Rollout]:
         """Open a rollout (connections, inspection) that `up` drives; closed on exit."""
         ...
 
-    def status(self, plan: Plan, options: Any, say: Say) -> Any:
-        """What runs and whether it is healthy (a StatusReport)."""
+    def status(self, plan: Plan, options: Options | None, say: Say) -> StatusReport:
+        """What runs and whether it is healthy."""
         ...
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+    def logs(self, plan: Plan, service: str, options: Options | None, *, follow: bool, tail: int, journal: bool = False) -> int:
         """Print a service's log (with `journal`, what its supervisor logged about it); the exit code."""
         ...
 
-    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+    def down(self, plan: Plan, options: Options | None, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
         """Stop every service in reverse start order; the names stopped."""
         ...
 
-    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+    def unlock(self, plan: Plan, options: Options | None, say: Say) -> str:
         """Break the deployment's lock; where it was."""
         ...
 
 
 @runtime_checkable
-class ReachesHosts(Protocol):
+class ReachesHosts(Protocol[Options]):
     """What a target that reaches each machine itself adds: the host commands `preflight`, `provision`, `doctor`,
     `drain` and `restart`. A scheduler's or an operator's target checks, installs and replaces in `up` instead."""
 
-    def preflight(self, plan: Plan, options: Any, say: Say, *, selftest: bool, fabric: bool) -> Any:
+    def preflight(self, plan: Plan, options: Options | None, say: Say, *, selftest: bool, fabric: bool) -> Any:
         """Check every machine (unreachable ones are reported, not fatal); a report with `ok`."""
         ...
 
-    def provision(self, plan: Plan, options: Any, say: Say, *, wheelhouse: Path | None) -> None:
+    def provision(self, plan: Plan, options: Options | None, say: Say, *, wheelhouse: Path | None) -> None:
         """Create or reuse the pinned runtime on every machine."""
         ...
 
-    def doctor(self, plan: Plan, options: Any, say: Say) -> tuple[list[str], int]:
+    def doctor(self, plan: Plan, options: Options | None, say: Say) -> tuple[list[str], int]:
         """Installed runtime versions per machine against the pins: report lines and how many drifted."""
         ...
 
-    def drain(self, plan: Plan, service: str, options: Any, say: Say, *, restart: bool, break_lock: bool) -> None:
+    def drain(self, plan: Plan, service: str, options: Options | None, say: Say, *, restart: bool, break_lock: bool) -> None:
         """Take one service out of routing, let its work finish, stop it (`restart`: and bring it back)."""
         ...
 
 
-def host_commands(target: RenderTarget | Target, plan: Plan, command: str) -> ReachesHosts:
+def host_commands(target: RenderTarget | AnyTarget, plan: Plan, command: str) -> AnyHostCommands:
     """The target as the one that runs `primectl <command>` on its machines, or the refusal that says where the
     target does that instead (a render-only target: `primectl render`, exit 2)."""
     if isinstance(target, ReachesHosts):
@@ -228,8 +239,22 @@ def host_commands(target: RenderTarget | Target, plan: Plan, command: str) -> Re
                       "(`up --dry-run` shows what it would do)")
 
 
-class Target(RenderTarget, Deploys, Protocol):
+class Target(RenderTarget, Deploys[Options], Protocol):
     """A target with both parts, as `get` hands every target out (a render-only one wrapped in RenderOnly)."""
+
+
+class BuildsOptions(Protocol[Built]):
+    """A target that builds the options its commands connect with (optional: one without them gets None)."""
+
+    def connection_options(self, plan: Plan, *, accept_new_host_keys: bool) -> Built:
+        """The options, checked before any machine is reached (bad settings refused here)."""
+        ...
+
+
+# A target as the registry hands it out: which options it takes only the target knows, so a caller passes what
+# the target's own `connection_options` built (or None, its defaults).
+AnyTarget = Target[Any]
+AnyHostCommands = ReachesHosts[Any]
 
 
 class RenderOnly:
@@ -262,23 +287,23 @@ class RenderOnly:
         return Refused(f"target {self.name} renders only; use `primectl render RECIPE -o DIR` "
                        f"(`primectl {command}` does not apply to it)" + (f", then: {hint}" if hint else ""))
 
-    def apply(self, plan: Plan, options: Any, say: Say) -> AbstractContextManager[Rollout]:
+    def apply(self, plan: Plan, options: object, say: Say) -> AbstractContextManager[Rollout]:
         """Refused."""
         raise self.refused(plan, "up` / `diff")
 
-    def status(self, plan: Plan, options: Any, say: Say) -> Any:
+    def status(self, plan: Plan, options: object, say: Say) -> StatusReport:
         """Refused."""
         raise self.refused(plan, "status")
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+    def logs(self, plan: Plan, service: str, options: object, *, follow: bool, tail: int, journal: bool = False) -> int:
         """Refused."""
         raise self.refused(plan, "logs", service)
 
-    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+    def down(self, plan: Plan, options: object, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
         """Refused."""
         raise self.refused(plan, "down")
 
-    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+    def unlock(self, plan: Plan, options: object, say: Say) -> str:
         """Refused."""
         raise self.refused(plan, "unlock")
 
@@ -298,10 +323,10 @@ def deploys(target: RenderTarget) -> bool:
     return isinstance(target, Deploys)
 
 
-def get(name: str) -> Target:
+def get(name: str) -> AnyTarget:
     """The registered target called `name` (KeyError if none); a render-only one wrapped so deploying refuses."""
     obj = load(name)
-    return cast(Target, obj) if deploys(obj) else RenderOnly(obj)
+    return cast(AnyTarget, obj) if deploys(obj) else RenderOnly(obj)
 
 
 def render_for_target(plan: Plan, out: Path) -> list[str]:
@@ -326,7 +351,7 @@ def render_for_target(plan: Plan, out: Path) -> list[str]:
 
 
 def connection_options(target: object, plan: Plan, *, accept_new_host_keys: bool) -> object:
-    """The options the target's commands connect with, built by the target (`connection_options(plan, *,
-    accept_new_host_keys)`); None for a target that declares none (it builds its own, or reaches no host)."""
+    """The options the target's commands connect with, built by the target (BuildsOptions); None for a target that
+    declares none (it builds its own, or reaches no host)."""
     declared = getattr(target, "connection_options", None)
     return declared(plan, accept_new_host_keys=accept_new_host_keys) if callable(declared) else None

@@ -22,12 +22,15 @@ kubectl command to run instead (`instead`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primectl.plan.model import HostPlan, Plan
 from primectl.recipe.model import Recipe
 from primectl.targets import k8s_monitoring, k8s_schema
 from primectl.targets.base import PlannedHosts
+
+if TYPE_CHECKING:
+    from primectl.targets.base import RenderTarget
 from primectl.targets.k8s_manifests import Manifests, build_manifests, component_of
 from primectl.targets.k8s_notes import notes
 from primectl.targets.k8s_pod import KubernetesRenderError
@@ -165,3 +168,7 @@ class KubernetesTarget:
         return ("kubectl apply -f DIR (kubectl diff -f DIR shows what would change; DIR/NOTES.txt lists what to create "
                 "first). A change is handed to the Dynamo operator, which replaces the changed components' pods itself; "
                 "primectl's surge, batches and drain do not apply there")
+
+
+if TYPE_CHECKING:  # mypy checks the target against the protocol (render only: it takes no options)
+    _target: RenderTarget = KubernetesTarget()

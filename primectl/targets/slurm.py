@@ -61,10 +61,12 @@ from primectl.targets.slurm_recipe import Slurm
 
 if TYPE_CHECKING:  # provision imports the SSH cluster code, which a Slurm `up` loads only to provision
     from primectl.deploy.provision import Install
+    from primectl.targets.base import Target
 from primectl.targets.slurm_observe import JobWatch
 
 
-def _client(options: Any) -> SlurmClient:
+def _client(options: SlurmClient | None) -> SlurmClient:
+    """The given clients, or this machine's (None, or what another target built, reaches this one untyped)."""
     return options if isinstance(options, SlurmClient) else SlurmClient()
 
 
@@ -259,7 +261,7 @@ class SlurmRollout:
             raise DeployError(f"sbatch --test-only refuses the job ({version}): {said}{hint}; nothing was changed")
         self.say(f"preflight: {version}; {said.removeprefix('sbatch: ')}")
 
-    def provision(self, wheelhouse: Any) -> None:
+    def provision(self, wheelhouse: Path | None) -> None:
         """Create (or reuse) the shared runtime venv under <job_dir>/runtime, installing on a node with srun."""
         runtime = next((r for r in self.plan.serving.runtime.values() if r.provisioned), None)
         if runtime is None:
@@ -461,22 +463,22 @@ class SlurmTarget:
         return _with_plan(render_release(plan), job_plan(plan)).files
 
     @contextmanager
-    def apply(self, plan: Plan, options: Any, say: Say) -> Iterator[SlurmRollout]:
+    def apply(self, plan: Plan, options: SlurmClient | None, say: Say) -> Iterator[SlurmRollout]:
         """Read the deployment directory and squeue; yield the rollout the pipeline drives."""
         yield SlurmRollout(plan, _client(options), say)
 
-    def status(self, plan: Plan, options: Any, say: Say) -> StatusReport:
+    def status(self, plan: Plan, options: SlurmClient | None, say: Say) -> StatusReport:
         """squeue/scontrol for the job and its steps, plus every service's probe at its bound address."""
         return slurm_observe.status(job_plan(plan), _client(options))
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+    def logs(self, plan: Plan, service: str, options: SlurmClient | None, *, follow: bool, tail: int, journal: bool = False) -> int:
         """The service's step output from the recorded job (or the newest job that ran), escape codes removed."""
         if journal:
             raise DeployError("`logs --journal` reads systemd's journal; on the slurm target services are job steps, "
                               "not units, and the step's output is the whole log (drop --journal)")
         return slurm_observe.logs(job_plan(plan), service, follow=follow, tail=tail)
 
-    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+    def down(self, plan: Plan, options: SlurmClient | None, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
         """Stop every job of the deployment: SIGTERM to the services, scancel after their stop timeout."""
         plan = job_plan(plan)
         client = _client(options)
@@ -500,7 +502,7 @@ class SlurmTarget:
         finally:
             lock.release()
 
-    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+    def unlock(self, plan: Plan, options: SlurmClient | None, say: Say) -> str:
         """Remove the lock file, whoever holds it (a holder that still runs keeps a lock nobody else sees)."""
         path = DeploymentFiles(deploy_dir(plan)).path("lock")
         if os.path.exists(path):
@@ -517,3 +519,7 @@ def _with_plan(release: Bundle, plan: Plan) -> Bundle:
     files = {**release.files, "plan.json": _plan_json(plan)}
     modes = {**release.modes, "plan.json": 0o644}
     return Bundle(release.host, files, modes, release.revision, release.manifest)
+
+
+if TYPE_CHECKING:  # mypy checks the target against the protocol, with its options (the Slurm clients it runs)
+    _target: Target[SlurmClient] = SlurmTarget()

@@ -12,9 +12,10 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from primectl.checks.preflight_rules import ours_listening
+from primectl.deploy.access import SSHOptions, access, record, ssh_options, with_access
 from primectl.deploy.changes import Change, compute_changes, file_diff, pending, script_path, secrets_hash
 from primectl.deploy.client import HostError
 from primectl.deploy.cluster import (
@@ -29,6 +30,7 @@ from primectl.deploy.cluster import (
 )
 from primectl.deploy.fanout import parallel
 from primectl.deploy.progress import WaitProgress
+from primectl.deploy.status import StatusReport
 from primectl.errors import DeployError
 from primectl.host.wire import (
     STATE_SCHEMA,
@@ -49,6 +51,9 @@ from primectl.rollout.expected import drain_s, expected_loss
 from primectl.rollout.strategy import Seen, Surge, WaveRollout, recorded_drain
 from primectl.targets.base import PlannedHosts, StartFailed, StepPlan
 
+if TYPE_CHECKING:
+    from primectl.targets.base import BuildsOptions, ReachesHosts, Target
+
 LOG_TAIL_LINES = 40
 INLINE_BUNDLE_MAX = 192 << 10  # compressed: scripts + the demo model ~ 30 KiB; bigger bundles go over SFTP first
 # A `connection: local` host's agent gets its request as one command-line argument, which holds at most 128 KiB
@@ -56,7 +61,8 @@ INLINE_BUNDLE_MAX = 192 << 10  # compressed: scripts + the demo model ~ 30 KiB; 
 INLINE_BUNDLE_MAX_LOCAL = 90 << 10
 
 
-def _policy(options: Any) -> ConnectionPolicy:
+def _policy(options: ConnectionPolicy | None) -> ConnectionPolicy:
+    """The given policy, or the defaults (None, or what another target built, reaches this one untyped)."""
     return options if isinstance(options, ConnectionPolicy) else ConnectionPolicy()
 
 
@@ -249,7 +255,7 @@ class SSHRollout:
 
         gate_up(self.cluster)
 
-    def provision(self, wheelhouse: Any) -> None:
+    def provision(self, wheelhouse: Path | None) -> None:
         if any(r.provisioned for r in self.plan.serving.runtime.values()):
             from primectl.deploy.provision import provision
 
@@ -282,7 +288,7 @@ class SSHRollout:
             if b.revision in c.views[h].get("releases", []):
                 return
             archive = b.archive()
-            limit = INLINE_BUNDLE_MAX_LOCAL if self.plan.host(h).connection == "local" else INLINE_BUNDLE_MAX
+            limit = INLINE_BUNDLE_MAX_LOCAL if access(self.plan.host(h)).connection == "local" else INLINE_BUNDLE_MAX
             if len(archive) <= limit:  # one round trip: the bundle rides in the stage request
                 c.client(h).stage(b.revision, archive)
                 return
@@ -576,7 +582,7 @@ class SSHRollout:
         plan, c = self.plan, self.cluster
         # every host of the deployment, so a later `up` finds the ones its recipe drops; written on a few keepers
         # only (every host's state names them), since a roster on every host is quadratic in the fleet's size
-        roster = {n: plan.host(n).model_dump(mode="json") for n in self.hosts} | c.unreachable_dropped
+        roster = {n: record(plan.host(n)) for n in self.hosts} | c.unreachable_dropped
         keepers = roster_keepers(plan.head, self.hosts)
         kept = {n: roster[n] for n in keepers}
         stamp = time.time()  # one for every host of this `up`: a roster from an older one never wins over it
@@ -625,7 +631,7 @@ def _drained_text(d: Any) -> str:
 
 
 @contextmanager
-def target_apply(plan: Plan, options: Any, say: Say) -> Iterator[SSHRollout]:
+def target_apply(plan: Plan, options: ConnectionPolicy | None, say: Say) -> Iterator[SSHRollout]:
     """An SSH rollout on the plan's hosts (what `drain` and `restart` act through)."""
     with opened(plan, _policy(options), say, include_dropped=True) as cluster:
         yield SSHRollout(cluster)
@@ -643,8 +649,10 @@ class SSHTarget:
     watches = True  # its run scripts start a service's `watch` beside it
 
     def plan_hosts(self, recipe: Recipe, hosts: list[HostPlan]) -> PlannedHosts:
-        """The recipe names real hosts: planned as written."""
-        return PlannedHosts(hosts)
+        """The recipe names real hosts: planned as written, each with how SSH reaches it (its `access`), and the
+        known_hosts file their keys are checked against (the plan's target options)."""
+        return PlannedHosts(with_access(hosts, recipe.host_list()),
+                            options=SSHOptions(known_hosts=recipe.known_hosts).model_dump(mode="json"))
 
     def connection_options(self, plan: Plan, *, accept_new_host_keys: bool) -> ConnectionPolicy:
         """How commands reach the hosts over SSH; a bad PRIMECTL_KEEP_CONNECTIONS or PRIMECTL_SSH_CLIENT is refused
@@ -654,7 +662,7 @@ class SSHTarget:
 
         persist_s()
         ssh_client()
-        return ConnectionPolicy(known_hosts=plan.known_hosts, accept_new_host_keys=accept_new_host_keys)
+        return ConnectionPolicy(known_hosts=ssh_options(plan).known_hosts, accept_new_host_keys=accept_new_host_keys)
 
     def bind(self, plan: Plan) -> Plan:
         """Hosts are named by the recipe: the plan is already bound."""
@@ -674,19 +682,19 @@ class SSHTarget:
         return [*lines, f"{len(written)} files written"]
 
     @contextmanager
-    def apply(self, plan: Plan, options: Any, say: Say) -> Iterator[SSHRollout]:
+    def apply(self, plan: Plan, options: ConnectionPolicy | None, say: Say) -> Iterator[SSHRollout]:
         """Connect to every host (and the ones the recipe dropped) and inspect them."""
         with opened(plan, _policy(options), say, include_dropped=True) as cluster:
             yield SSHRollout(cluster)
 
-    def status(self, plan: Plan, options: Any, say: Say) -> Any:
+    def status(self, plan: Plan, options: ConnectionPolicy | None, say: Say) -> StatusReport:
         """Liveness, readiness and revision of every service, the gate, and worker metrics."""
         from primectl.targets.ssh_observe import collect_status, status_probes
 
         with opened(plan, _policy(options), say, probes=lambda h: status_probes(plan, h)) as cluster:
             return collect_status(cluster)
 
-    def logs(self, plan: Plan, service: str, options: Any, *, follow: bool, tail: int, journal: bool = False) -> int:
+    def logs(self, plan: Plan, service: str, options: ConnectionPolicy | None, *, follow: bool, tail: int, journal: bool = False) -> int:
         """Stream a service's log file from its host (with `journal`: its unit's lines in the host's journal)."""
         from primectl.targets.ssh_observe import log_command
 
@@ -698,27 +706,27 @@ class SSHTarget:
             t.close()
         return code
 
-    def preflight(self, plan: Plan, options: Any, say: Say, *, selftest: bool, fabric: bool) -> Any:
+    def preflight(self, plan: Plan, options: ConnectionPolicy | None, say: Say, *, selftest: bool, fabric: bool) -> Any:
         """Check every host over SSH (unreachable ones are reported, not fatal): the preflight Report."""
         from primectl.checks.preflight import preflight
 
         return preflight(plan, _policy(options), say, selftest=selftest, fabric=fabric)
 
-    def provision(self, plan: Plan, options: Any, say: Say, *, wheelhouse: Path | None) -> None:
+    def provision(self, plan: Plan, options: ConnectionPolicy | None, say: Say, *, wheelhouse: Path | None) -> None:
         """Create or reuse each host's runtime venv (offline from `wheelhouse` when given)."""
         from primectl.deploy.provision import provision
 
         with opened(plan, _policy(options), say) as cluster:
             provision(cluster, wheelhouse=wheelhouse, say=say)
 
-    def doctor(self, plan: Plan, options: Any, say: Say) -> tuple[list[str], int]:
+    def doctor(self, plan: Plan, options: ConnectionPolicy | None, say: Say) -> tuple[list[str], int]:
         """Per host, the installed runtime's versions against the pins."""
         from primectl.deploy.provision import doctor
 
         with opened(plan, _policy(options), say) as cluster:
             return doctor(cluster)
 
-    def drain(self, plan: Plan, service: str, options: Any, say: Say, *, restart: bool, break_lock: bool) -> None:
+    def drain(self, plan: Plan, service: str, options: ConnectionPolicy | None, say: Say, *, restart: bool, break_lock: bool) -> None:
         """Take one service out of routing and let its in-flight work finish, then stop it (`restart`: start it
         again, wait until it is ready and back in the router's count, beside a surge twin where it has one)."""
         with target_apply(plan, options, say) as run:
@@ -748,13 +756,13 @@ class SSHTarget:
             finally:
                 run.unlock()
 
-    def unlock(self, plan: Plan, options: Any, say: Say) -> str:
+    def unlock(self, plan: Plan, options: ConnectionPolicy | None, say: Say) -> str:
         """Remove the lock on the head host, whoever holds it."""
         with opened(plan, _policy(options), say, hosts=[plan.head]) as cluster:
             cluster.client(plan.head).unlock(force=True)
         return plan.head
 
-    def down(self, plan: Plan, options: Any, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
+    def down(self, plan: Plan, options: ConnectionPolicy | None, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
         """Stop every service in reverse start order (on hosts the recipe dropped too); `purge` removes primectl's files."""
         cluster = open_cluster(plan, _policy(options), say, include_dropped=True)
         stopped: list[str] = []
@@ -788,3 +796,9 @@ class SSHTarget:
             if not purge:
                 unlock(cluster)
             cluster.close()
+
+
+if TYPE_CHECKING:  # mypy checks the target against the protocols, with its options (a ConnectionPolicy)
+    _target: Target[ConnectionPolicy] = SSHTarget()
+    _host_commands: ReachesHosts[ConnectionPolicy] = SSHTarget()
+    _options: BuildsOptions[ConnectionPolicy] = SSHTarget()

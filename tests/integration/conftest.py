@@ -236,10 +236,11 @@ def agents_serving(workdir: Path) -> set[int]:
 
 def host_plan(h: SSHHost, key: Path | None, workdir: Path) -> HostPlan:
     """A recipe's `connection: ssh` entry for a test sshd host, logging in as root with `key`."""
+    from primectl.deploy.access import SSHAccess
     from primectl.plan.model import HostPlan
 
-    return HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=str(key) if key else None,
-                    connection="ssh", workdir=str(workdir), gpus=0)
+    reach = SSHAccess(connection="ssh", port=h.port, user="root", identity_file=str(key) if key else None)
+    return HostPlan(name=h.name, address=h.address, workdir=str(workdir), gpus=0, access=reach.plain())
 
 
 def _problem_message() -> str | None:

@@ -30,6 +30,7 @@ SCRIPT = textwrap.dedent("""
     from primectl.deploy.libssh2_transport import Libssh2Transport
     from primectl.deploy.transport import HostUnreachable, SSHTransport
     from primectl.plan.model import HostPlan
+    from primectl.deploy.access import SSHAccess
     from tests.integration import sshhosts
 
     def run(*argv):
@@ -67,13 +68,14 @@ SCRIPT = textwrap.dedent("""
         t = sshhosts.SSHHost("t1", "10.213.0.2", 2222, base / "t1", authorized)
         cluster = sshhosts.SSHHosts(base, [h, t], key)
         h.start()
-        host = HostPlan(name=h.name, address=h.address, port=h.port, user="root", identity_file=str(key),
-                        connection="ssh", workdir=str(base / "wd"), gpus=0)
+        host = HostPlan(name=h.name, address=h.address, workdir=str(base / "wd"), gpus=0,
+                        access=SSHAccess(connection="ssh", port=h.port, user="root", identity_file=str(key)).plain())
         known_hosts = str(cluster.known_hosts(base / "known_hosts"))
         if sys.argv[3] == "via":
             t.start()
-            host = HostPlan(name=t.name, address=t.address, port=t.port, user="root", identity_file=None, connection="ssh",
-                            workdir=str(base / "wd"), gpus=0, via=host, via_identity_file=str(key))
+            reach = SSHAccess(connection="ssh", port=t.port, user="root", identity_file=None, via=host,
+                              via_identity_file=str(key))
+            host = HostPlan(name=t.name, address=t.address, workdir=str(base / "wd"), gpus=0, access=reach.plain())
             link = ViaTransport(host, head_links(known_hosts, False))
         else:
             client = {"paramiko": SSHTransport, "libssh2": Libssh2Transport}[sys.argv[3]]

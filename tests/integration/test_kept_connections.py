@@ -102,6 +102,7 @@ def test_a_bad_ssh_client_is_refused_before_any_host_is_touched(deployment: Depl
 def test_paramiko_serves_every_command_when_asked_fake_engine(deployment: Deployment,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from primectl.deploy import libssh2_transport
+    from primectl.deploy.access import ssh_options
     from primectl.deploy.cluster import ConnectionPolicy
     from primectl.pipeline import UpOptions, up
     from primectl.planner.build import plan_recipe
@@ -113,7 +114,7 @@ def test_paramiko_serves_every_command_when_asked_fake_engine(deployment: Deploy
     monkeypatch.setenv("PRIMECTL_SSH_CLIENT", "paramiko")
     plan = plan_recipe(deployment.path)[1]
     said: list[str] = []
-    result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
+    result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=ssh_options(plan).known_hosts), preflight=False,
                                 smoke=False), said.append)
     assert len(result.started) == len(plan.services), "\n".join(said)
     r = deployment.cli("status", "-o", "json", env={"PRIMECTL_SSH_CLIENT": "paramiko"})
@@ -290,11 +291,12 @@ def test_a_host_the_keeper_cannot_reach_leaves_no_stream_held(ssh_hosts: SSHHost
                                                               served: InProcessKeeper) -> None:
     """A host that does not answer fails the command's connect as a direct one does, and the keeper's side of
     that stream ends with it (else the keeper would count it as a command still running, and never go idle)."""
+    from primectl.deploy.access import SSHAccess
     from primectl.deploy.transport import HostUnreachable
     from primectl.plan.model import HostPlan
 
-    nobody = HostPlan(name="gone", address="127.0.0.250", port=22, user="root", gpus=0, connection="ssh",
-                      identity_file=str(ssh_hosts.client_key), workdir=str(tmp_path / "wd"))
+    reach = SSHAccess(connection="ssh", port=22, user="root", identity_file=str(ssh_hosts.client_key))
+    nobody = HostPlan(name="gone", address="127.0.0.250", gpus=0, workdir=str(tmp_path / "wd"), access=reach.plain())
     with pytest.raises(HostUnreachable, match="gone") as caught:  # a command keeps it, to report the host
         _kept(ssh_hosts, served, nobody)
     deadline = time.monotonic() + 5

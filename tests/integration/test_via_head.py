@@ -17,6 +17,7 @@ import paramiko
 import pytest
 
 from primectl.deploy import libssh2_transport, via
+from primectl.deploy.access import SSHAccess, ssh_options
 from primectl.deploy.cluster import ConnectionPolicy
 from primectl.pipeline import UpOptions, up
 from primectl.plan.model import HostPlan
@@ -58,7 +59,7 @@ def test_hosts_behind_a_head_node_are_deployed_through_it_fake_engine(deployment
     monkeypatch.setattr(via, "HOSTS_PER_LINK", 1)
     plan = plan_recipe(path)[1]
     said: list[str] = []
-    result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=plan.known_hosts), preflight=False,
+    result = up(plan, UpOptions(connection=ConnectionPolicy(known_hosts=ssh_options(plan).known_hosts), preflight=False,
                                 smoke=False), said.append)
     assert len(result.started) == len(plan.services), "\n".join(said)
     h1 = deployment.hosts["h1"].address
@@ -142,9 +143,10 @@ def test_a_connection_keeper_holds_the_hosts_behind_a_head_node_too_fake_engine(
         time.sleep(0.05)
 
 
-def _head(h: Any, name: str, key: str) -> HostPlan:
-    return HostPlan(name=name, address=h.address, port=h.port, user="root", identity_file=key, connection="ssh",
-                    workdir="/tmp", gpus=0)
+def _head(h: Any, name: str, key: str, via: HostPlan | None = None, workdir: str = "/tmp") -> HostPlan:
+    reach = SSHAccess(connection="ssh", port=h.port, user="root", identity_file=key, via=via,
+                      via_identity_file=key if via else None)
+    return HostPlan(name=name, address=h.address, workdir=workdir, gpus=0, access=reach.plain())
 
 
 def test_head_connections_are_told_apart_by_address_not_by_name(ssh_hosts: SSHHosts, tmp_path: Path) -> None:
@@ -185,9 +187,8 @@ def test_a_host_closed_while_its_agent_was_about_to_start_gives_its_session_back
     known = str(ssh_hosts.known_hosts(tmp_path / "known_hosts", [h1, h2]))
     g = via.HeadLinks(known, False)
     head = _head(h1, "h1", key)
-    tray = _head(h2, "h2", key).model_copy(update={"via": head, "via_identity_file": key,
-                                                   "workdir": str(tmp_path / "wd")})
-    keep = via.ViaTransport(_head(h2, "h2b", key).model_copy(update={"via": head, "via_identity_file": key}), g)
+    tray = _head(h2, "h2", key, via=head, workdir=str(tmp_path / "wd"))
+    keep = via.ViaTransport(_head(h2, "h2b", key, via=head), g)
     t = via.ViaTransport(tray, g)
     try:
         t.close()
