@@ -135,3 +135,17 @@ def test_a_change_that_starts_alertmanager_itself_sets_no_silence(am: tuple[str,
     with quiet.quiet_change(plan, [*touch("decode-0"), *touch("alertmanager", action="add")], lambda _: None,
                             why="first up"):
         assert api.active_silences(base, quiet.created_by(plan)) == []
+
+
+def test_a_repair_while_its_roles_worker_count_already_fires_lets_that_resolution_through(
+        am: tuple[str, Receiver]) -> None:
+    """The role-wide alert can fire before the dead worker's own TargetDown does: the repair must not silence it."""
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    post(base, "", alert="WorkersBelowPlan", role="decode")
+    assert rx.wait_for(t0, 10, status="firing", alert="WorkersBelowPlan") is not None
+    t1 = time.monotonic()
+    with quiet.quiet_change(plan, touch("decode-1", action="restart"), lambda _: None, why="repair"):
+        post(base, "", alert="WorkersBelowPlan", role="decode", resolved=True)
+        assert rx.wait_for(t1, 10, status="resolved", alert="WorkersBelowPlan") is not None

@@ -19,6 +19,7 @@ from primectl.deploy.changes import Change
 from primectl.plan.model import WORKER_ROLES, Plan
 
 MAX_MINUTES = 60
+WORKERS_BELOW_PLAN = "WorkersBelowPlan"
 TOUCHING = ("add", "change", "restart", "remove")
 
 
@@ -33,13 +34,14 @@ def alternation(values: Iterable[str]) -> str:
     return vals[0] if len(vals) == 1 else "|".join(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", v) for v in vals)
 
 
-def matchers(plan: Plan, services: list[str]) -> list[dict[str, str]]:
-    """The silences a change of `services` needs: their own alerts, and the worker count of their roles."""
+def matchers(plan: Plan, services: list[str], skip_roles: set[str] | None = None) -> list[dict[str, str]]:
+    """The silences a change of `services` needs: their own alerts, and the worker count of their roles (but for
+    `skip_roles`, whose count already fires)."""
     out = [{"deployment": plan.name, "service": alternation(services)}]
     by_name = {s.name: s for s in plan.services}
-    roles = {by_name[s].role for s in services if s in by_name and by_name[s].role in WORKER_ROLES}
+    roles = {by_name[s].role for s in services if s in by_name and by_name[s].role in WORKER_ROLES} - (skip_roles or set())
     if roles:
-        out.append({"deployment": plan.name, "alertname": "WorkersBelowPlan", "role": alternation(roles)})
+        out.append({"deployment": plan.name, "alertname": WORKERS_BELOW_PLAN, "role": alternation(roles)})
     return out
 
 
@@ -67,16 +69,18 @@ def quiet_change(plan: Plan, changes: list[Change], say: Callable[[str], None], 
         yield
         return
     base = mon.alertmanager_url
-    try:  # one already paged about is not the change's doing: its resolution must reach the receivers
-        down = {a.service for a in api.firing(base, plan.name) if a.service}
+    try:  # what already fires is not the change's doing: its resolution must reach the receivers
+        now = api.firing(base, plan.name)
     except api.AlertmanagerError:
-        down = set()
+        now = []
+    down = {a.service for a in now if a.service}
+    short = {a.labels.get("role", "") for a in now if a.name == WORKERS_BELOW_PLAN}
     services = [s for s in services if s not in down]
     if not services:
         yield
         return
     ids: list[tuple[str, dict[str, str]]] = []
-    for m in matchers(plan, services):
+    for m in matchers(plan, services, skip_roles=short):
         try:
             ids.append((api.silence(base, m, minutes=MAX_MINUTES, created_by=created_by(plan), comment=why), m))
         except api.AlertmanagerError as exc:
