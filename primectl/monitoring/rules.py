@@ -226,20 +226,20 @@ def quality(facts: RuleFacts) -> list[Rule]:
 
 def gray_failure(facts: RuleFacts) -> list[Rule]:
     """One worker far slower than its peers while nothing is down: its recent inter-token latency (the frontend's
-    per-worker gauge, averaged over 5 minutes) over twice the median of the workers of its type."""
+    per-worker gauge, averaged over 2 minutes) over twice the median of the workers of its type, for a minute."""
     if not _has(facts, "dynamo-frontend") or max(facts.workers.values(), default=0) < MIN_PEERS:
         return []
     by = "deployment, service, worker_type"
     gauge = f"dynamo_frontend_worker_last_inter_token_latency_seconds{{{_sel(facts)}}}"
     # the frontend keeps the gauges of workers it lost: only gauges that moved in the window are live workers
-    live = f"(avg_over_time({gauge}[5m]) and changes({gauge}[5m]) > 0)"
+    live = f"(avg_over_time({gauge}[2m]) and changes({gauge}[2m]) > 0)"
     return [Rule(
         "WorkerSlowerThanPeers",
         f"{live} > on ({by}) group_left () 2 * quantile by ({by}) (0.5, {live}) "
         f"and on ({by}) count by ({by}) ({live}) >= {MIN_PEERS}", "warning",
         "{{ $labels.worker_type }} worker {{ $labels.worker_id }} has over twice its peers' median inter-token "
         "latency", "primectl status <recipe> maps the worker id to its service; primectl restart <recipe> <service> "
-        "(or drain it) and check its host: primectl preflight <recipe>", for_="5m")]
+        "(or drain it) and check its host: primectl preflight <recipe>", for_="1m")]
 
 
 def hardware(facts: RuleFacts) -> list[Rule]:
