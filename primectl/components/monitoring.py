@@ -14,11 +14,13 @@ import posixpath
 
 from primectl.components.base import NotRendered
 from primectl.engines.base import PlanContext
+from primectl.errors import Finding
 from primectl.monitoring import alertmanager as am
 from primectl.monitoring import rules as rules_mod
 from primectl.monitoring import scrape
 from primectl.monitoring.model import KEY, MonitoringBlock, duration_s
 from primectl.plan.model import RELEASE, WORKER_ROLES, FileSpec, Probe, Reload, Service
+from primectl.recipe.model import Recipe
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -171,6 +173,14 @@ class Monitoring:
     def recipe_block(self) -> tuple[str, type[MonitoringBlock]]:
         """`monitoring:`."""
         return KEY, MonitoringBlock
+
+    def validate(self, recipe: Recipe) -> list[Finding]:
+        """Prometheus's host must be one of the recipe's."""
+        mon = getattr(recipe, KEY, None)
+        hosts = [h.name for h in recipe.host_list()]
+        if isinstance(mon, MonitoringBlock) and mon.enabled and mon.host is not None and mon.host not in hosts:
+            return [Finding((KEY, "host"), f"{mon.host!r} is not a host of this recipe; allowed: {', '.join(hosts)}")]
+        return []
 
     def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
         """Exporters and the health loop on every host, then Alertmanager and Prometheus on the monitoring host."""

@@ -283,7 +283,7 @@ def tray_rack(demo: SlurmDeployment, nvlink: str) -> Path:
         "frontend": {"host": "t3", "port": fe_port}, "ports": ports,
         "prefill": {"groups": 1, "hosts": ["t1", "t2"], "startup_timeout_s": 30},
         "decode": {"workers": 1, "hosts": ["t3"], "startup_timeout_s": 30},
-        "ratio": None, "host_tier": None, "software": {"python": FAKE_PYTHON},
+        "ratio": None, "host_tier": None, "software": {"python": FAKE_PYTHON}, "monitoring": {"enabled": False},
         "slurm": {"job_dir": str(demo.job_dir), "nvlink": nvlink, "pending_timeout_s": 60},
     }
     path = demo.root / f"tray-rack-{nvlink}.yaml"
