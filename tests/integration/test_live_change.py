@@ -41,6 +41,10 @@ PORTS = {
 }
 CLIENTS = 4
 LOAD_S = 3.0  # load before and after each change
+# The flags of most `up`s here. Preflight (host facts, a NIXL read and a Mooncake round trip between fresh
+# runtime processes: ~5 s of CPU) proves nothing about a change under load, and the module's first change, the
+# down-then-up and the up that takes over a killed run's lock keep it: preflight against a live deployment.
+QUICK_UP = ("--no-smoke", "--skip-preflight")
 
 
 @dataclass
@@ -73,6 +77,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     doc["frontend"]["replicas"] = 2
     doc["prefill"]["groups"] = 2
     doc.pop("ratio", None)  # the test scales decode: no ratio to keep
+    # The load's clients are closed loops: at the demo's 10x each one streams ~700 tokens a second and the stack's
+    # CPU goes into serving them, not into the change. At 2x a request stays in flight 5x longer (more of them are
+    # mid-stream when a worker drains, restarts or dies) for a fifth of the work.
+    doc["mocker"]["speedup_ratio"] = 2
     with demo_up(tmp_path_factory.mktemp("live-change"), doc, "live-change", FRONTEND_PORT, PORTS,
                  "PRIMECTL_RUNTIME_PYTHON", up_timeout=600) as (recipe, workdir):
         yield Live(recipe, workdir, yaml.safe_load(recipe.read_text()))
@@ -130,7 +138,7 @@ def test_a_frontend_change_rolls_through_the_replicas_behind_the_balancer(live: 
     balancer = live.pid("balancer")
     live.doc["frontend"]["session_affinity"]["ttl_secs"] = 900
     live.write()
-    report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
+    report, out = under_load(live, "up", str(live.recipe), *QUICK_UP)
     assert_nothing_lost(report, out)
     assert "rolling frontend 1/2: frontend" in out and "rolling frontend 2/2: frontend-1" in out, out
     assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
@@ -143,7 +151,7 @@ def change_under_load(live: Live, diff_says: str) -> str:
     live.write()
     diff = _cmd("diff", str(live.recipe))
     assert diff.returncode == 3 and diff_says in diff.stdout, diff.stdout
-    report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
+    report, out = under_load(live, "up", str(live.recipe), *QUICK_UP)
     assert_nothing_lost(report, out)
     assert live.pid("balancer") == balancer, "the balancer restarted: clients' endpoint went away"
     return out
@@ -197,17 +205,17 @@ def test_drain_stops_one_decoder_without_a_lost_request_and_up_brings_it_back(li
     assert_nothing_lost(report, out)
     assert "decode-0: drained in" in out and "nothing cut" in out and "stopped" in out, out
     assert live.pid("decode-0") is None
-    up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+    up = _cmd("up", str(live.recipe), *QUICK_UP, timeout=300)
     assert up.returncode == 0 and live.pid("decode-0") is not None, up.stdout + up.stderr
 
 
 def test_scaling_decode_down_drains_the_removed_worker(live: Live) -> None:
     live.doc["decode"]["workers"] = 3
     live.write()
-    assert _cmd("up", str(live.recipe), "--no-smoke", timeout=300).returncode == 0
+    assert _cmd("up", str(live.recipe), *QUICK_UP, timeout=300).returncode == 0
     live.doc["decode"]["workers"] = 2
     live.write()
-    report, out = under_load(live, "up", str(live.recipe), "--no-smoke")
+    report, out = under_load(live, "up", str(live.recipe), *QUICK_UP)
     assert_nothing_lost(report, out)
     assert live.pid("decode-2") is None
 
@@ -245,7 +253,7 @@ def test_kill_9_of_a_decode_worker_loses_no_request(live: Live) -> None:
                           f"{counter_delta(before, after, 'migration_outcome')}")
         for kind, n in counter_delta(before, after, "migration").items():
             moved[kind] = moved.get(kind, 0) + n
-        up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+        up = _cmd("up", str(live.recipe), *QUICK_UP, timeout=300)
         assert up.returncode == 0 and live.pid(worker) not in (None, pid), up.stdout + up.stderr
     # The kills hit requests in flight (else nothing above was tested): Dynamo moved them to the other decoder.
     assert sum(moved.values()) > 0, f"no request was migrated: {moved}"
@@ -259,7 +267,7 @@ def test_a_renamed_model_is_served_through_the_balancer_by_the_new_name(live: Li
     balancer = live.pid("balancer")
     live.doc["model"]["served_name"] = "demo-renamed"
     live.write()
-    up = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+    up = _cmd("up", str(live.recipe), *QUICK_UP, timeout=300)
     out = up.stdout + up.stderr
     assert up.returncode == 0, out
     said = [line for line in out.splitlines() if line.startswith(("surge: draining and replacing decode", "reloaded balancer"))]
@@ -285,7 +293,7 @@ def test_agent_sized_prompts_lose_nothing_through_a_decode_change(live: Live) ->
                     deadline_s=400, prompt_bytes=24 << 10)
     with load:
         time.sleep(LOAD_S)
-        r = _cmd("up", str(live.recipe), "--no-smoke", timeout=300)
+        r = _cmd("up", str(live.recipe), *QUICK_UP, timeout=300)
         time.sleep(LOAD_S)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_lost_only_to_generation_races(load.report, r.stdout + r.stderr)
@@ -344,7 +352,7 @@ def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_reques
     assert r.returncode == 0, out
     assert "took over the lock of `up`" in r.stderr, r.stderr
     assert_lost_only_to_generation_races(load.report, out)
-    again = _cmd("up", str(live.recipe), "--no-smoke")
+    again = _cmd("up", str(live.recipe), *QUICK_UP)
     assert again.returncode == 0 and "no changes" in again.stderr, again.stdout + again.stderr
     (generation,) = live.ready()["namespaces"].values()
     assert generation["worker_types"]["decode"]["workers"] == 2, generation
