@@ -8,6 +8,7 @@ and `promtool_check` runs the real linter beside it.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 NODE_EXPORTER = Path("/usr/bin/prometheus-node-exporter")
 PROMTOOL = Path("/usr/bin/promtool")
@@ -158,3 +160,27 @@ def node_exporter(*args: str, log: Path) -> Iterator[str]:
         yield url
     finally:
         stop(proc)
+
+
+def prometheus_targets(config: Path, data: Path, want: int, timeout: float = 30) -> tuple[list[dict[str, Any]], str]:
+    """The real Prometheus run on `config` (its data under `data`) until it lists `want` active targets or `timeout`
+    passes, then stopped: (its active targets, its log)."""
+    port = free_port()
+    log = data.with_suffix(".log")
+    proc = subprocess.Popen(["/usr/bin/prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=log.open("wb"))
+    active: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(active) < want:
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets?state=active", timeout=2) as r:
+                    active = json.load(r)["data"]["activeTargets"]
+            except OSError:
+                continue
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return active, log.read_text()

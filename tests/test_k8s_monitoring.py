@@ -17,10 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ from primectl.render.bundle import render_host
 from primectl.targets import k8s_schema as ks
 from primectl.targets.k8s_monitoring import COMPONENT_LABEL, DGD_LABEL
 from primectl.targets.kubernetes import KubernetesTarget
+from tests.exposition import prometheus_targets
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "glm53.yaml"
@@ -195,11 +193,6 @@ def fake_pods(namespace: str, dgd: str) -> list[dict[str, Any]]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason=f"{PROMETHEUS} is not installed")
 def test_prometheus_gives_the_podmonitors_series_the_labels_the_rules_read(files: dict[str, bytes], tmp_path: Path) -> None:
@@ -211,23 +204,7 @@ def test_prometheus_gives_the_podmonitors_series_the_labels_the_rules_read(files
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": "5s"},
                                       "scrape_configs": operator_scrape_configs(mon, sd)}))
     assert subprocess.run(["/usr/bin/promtool", "check", "config", str(config)], capture_output=True).returncode == 0
-    port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))
-    try:
-        active: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(active) < 4:
-            time.sleep(0.5)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets?state=active", timeout=2) as r:
-                    active = json.load(r)["data"]["activeTargets"]
-            except OSError:
-                continue
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    active, _ = prometheus_targets(config, tmp_path / "data", want=4)
     got = sorted((t["labels"]["service"], {k: t["labels"][k] for k in ("deployment", "host", "role", "job")})
                  for t in active)
     assert got == [

@@ -5,9 +5,9 @@ change, rewrite the golden files and commit them with the change:
 
     PRIMECTL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render_golden.py
 
-The demo's generated model/ files are large and produced by the tokenizer trainer, and probes/ holds copies of
-primectl's own modules (the worker watch, the health loop): they are not stored; the golden manifest pins their
-sha256 instead.
+The demo's generated model/ files are large and produced by the tokenizer trainer, and probes/ and bridges/
+hold copies of primectl's own modules (the worker watch, the health loop, the engine bridges): they are not
+stored; the golden manifest pins their sha256 instead.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from primectl.render.bundle import MANIFEST, Bundle, render_host, render_plan
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("PRIMECTL_UPDATE_GOLDEN") == "1"
-NOT_STORED = ("model/", "probes/")  # probes/: copies of primectl modules (the manifest pins their sha256)
+NOT_STORED = ("model/", "probes/", "bridges/")  # probes/, bridges/: copies of primectl modules (the manifest pins their sha256)
 RECIPES = {"glm53": "glm53.yaml", "demo": "demo.yaml", "glm53-tp8-dcp4": "glm53-tp8-dcp4.yaml"}
 
 

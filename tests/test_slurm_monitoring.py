@@ -13,11 +13,8 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import stat
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +28,7 @@ from primectl.render.bundle import render_host
 from primectl.targets import slurm_monitoring
 from primectl.targets.slurm import SlurmTarget
 from primectl.targets.slurm_job import components, deploy_dir
+from tests.exposition import prometheus_targets
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "glm53.yaml"
@@ -196,11 +194,6 @@ def test_the_job_publishes_its_bound_targets_and_removes_them_when_it_ends(
     assert list(Path(slurm_monitoring.sd_dir(deploy_dir(plan))).iterdir()) == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason=f"{PROMETHEUS} is not installed")
 def test_prometheus_on_the_head_finds_what_the_job_published(plan: Plan, release: dict[str, bytes], tmp_path: Path) -> None:
@@ -209,28 +202,12 @@ def test_prometheus_on_the_head_finds_what_the_job_published(plan: Plan, release
     for f in published.iterdir():  # as they were while the job ran
         shutil.copy(f, sd / f.name)
     head = head_dir(release, tmp_path / "etc")
-    port = _free_port()
-    log = tmp_path / "prometheus.log"
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={head / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     # a node exporter per node, a GPU exporter per tray, Prometheus and Alertmanager, 18 workers, frontend, master,
     # etcd
     want = len(addresses) + (len(addresses) - 1) + 2 + 18 + 1 + 1 + 1
-    active: list[dict[str, Any]] = []
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(active) < want:
-            time.sleep(0.5)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets?state=active", timeout=2) as r:
-                    active = json.load(r)["data"]["activeTargets"]
-            except OSError:
-                continue
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    active, log = prometheus_targets(head / "prometheus.yml", tmp_path / "tsdb", want)
     by_service = {t["labels"]["service"]: t for t in active}
-    assert len(active) == want, log.read_text()[-2000:]
+    assert len(active) == want, log[-2000:]
     decode = by_service["decode-3"]
     assert decode["labels"]["job"] == "dynamo-vllm" and decode["labels"]["role"] == "decode"
     assert decode["labels"]["host"] == "tray10" and decode["scrapeUrl"].startswith(f"http://{addresses['tray10']}:")
