@@ -13,7 +13,8 @@ disabled and removed). Besides the clients' count, each drained unit's journal a
 signalled by the drain first and stopped only after it (never systemd's own SIGKILL at the stop timeout).
 
 A controller that dies mid-change (issue #37 item 3): `up` killed with SIGKILL under load with the surge twin
-units up, again while the old workers drain, then `up` finishes the change.
+units up, again while the old workers drain, then `up` finishes the change; and `down` right after such a kill
+stops the twin units, whose unit files the module's `down --purge` must remove too.
 
 One frontend, so that a request lost to one of Dynamo's prefill races reaches the client and the frontend's log
 explains it (behind HAProxy, `frontend.replicas: 2`, such a 503 comes before any byte and is sent again:
@@ -38,6 +39,7 @@ import yaml
 
 from primectl.bench.liveload import LiveLoad, LoadReport
 from primectl.bench.liveload import up_killed_at as liveload_up_killed_at
+from primectl.plan.layout import unit_name
 
 from . import conftest
 from .conftest import PRIMECTL, REPO, deep_merge, nspawn_runtime
@@ -329,3 +331,26 @@ def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_reques
     for svc, props in dep.units().items():
         assert (props["ActiveState"], props["SubState"]) == ("active", "running"), (svc, props)
 
+
+def active_units(dep: SystemdDeployment) -> dict[str, list[str]]:
+    """host -> the deployment's units its systemd runs (active or activating)."""
+    pattern = f"{unit_name(dep.name, '')}*"
+    out = {h: dep.machines[h].run("systemctl", "list-units", "--state=active,activating", "--plain", "--no-legend",
+                                  pattern).stdout.split("\n") for h in dep.machines}
+    return {h: units for h, lines in out.items() if (units := [line.split()[0] for line in lines if line.strip()])}
+
+
+def test_down_after_an_up_killed_mid_surge_stops_its_twin_units(systemd_live: SystemdLive) -> None:
+    """`down` right after an `up` killed with its twins up (the run recorded nothing of them) takes over the dead
+    run's lock and stops every unit of the deployment, the twins included; the module's teardown then checks that
+    `down --purge` leaves no unit file or enablement either. Last in the module: it leaves the deployment down."""
+    live, dep = systemd_live, systemd_live.dep
+    live.relayout()
+    live.doc["decode"]["max_num_seqs"] = int(live.doc["decode"].get("max_num_seqs") or 64) - 4
+    live.write()
+    up_killed_at(live, "surge: starting decode-0-surge")
+    left = twin_units(dep)
+    assert dep.unit("prefill-0-surge") in left.get("h2", []), f"no twin unit was up when `up` was killed: {left}"
+    down = dep.cli("down", timeout=300)
+    assert down.returncode == 0 and "took over the lock of `up`" in down.stderr, down.stdout + down.stderr
+    assert not active_units(dep), f"units still running after `down`: {active_units(dep)}"
