@@ -151,12 +151,13 @@ class LiveLoad:
             return False, _describe(exc), tokens
 
 
-def up_killed_at(primectl: str, recipe: Path, line: str, *, cwd: Path, timeout_s: float = 600) -> tuple[bool, str]:
-    """`primectl up RECIPE --no-smoke`, killed with SIGKILL as soon as it prints a line starting with `line` (a
-    controller that dies: no cleanup, no rollback). Whether it was killed there (not: it ended first, or
+def up_killed_at(primectl: str, recipe: Path, line: str, *, cwd: Path, timeout_s: float = 600,
+                 args: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """`primectl up RECIPE --no-smoke [ARGS...]`, killed with SIGKILL as soon as it prints a line starting with
+    `line` (a controller that dies: no cleanup, no rollback). Whether it was killed there (not: it ended first, or
     `timeout_s` passed and it was killed then), and what it had printed."""
     env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1", "PRIMECTL_PROGRESS": "plain"}
-    proc = subprocess.Popen([primectl, "up", str(recipe), "--no-smoke"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([primectl, "up", str(recipe), "--no-smoke", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
     seen: list[str] = []
     deadline = time.monotonic() + timeout_s

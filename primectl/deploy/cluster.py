@@ -93,6 +93,10 @@ class Cluster:
         """Whether the service's process ran when the host was inspected."""
         return bool(self.views.get(host, {}).get("services", {}).get(service, {}).get("alive"))
 
+    def installed(self, host: str, service: str) -> bool:
+        """Whether the service's unit was installed when the host was inspected (running or not)."""
+        return bool(self.views.get(host, {}).get("services", {}).get(service, {}).get("installed"))
+
     def workdir(self, host: str) -> str:
         """The host's workdir (dropped hosts keep the one they were deployed with)."""
         if host in self.dropped:

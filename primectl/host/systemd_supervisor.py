@@ -63,7 +63,8 @@ class SystemdSupervisor(Supervisor):
             enabled = props.get("UnitFileState", "")
             if enabled and enabled != "enabled":  # running but not brought back by a reboot: say so
                 state += f", {enabled}"
-        return {"alive": alive, "pid": pid if alive else None, "state": state, "restarts": restarts}
+        return {"alive": alive, "pid": pid if alive else None, "state": state, "restarts": restarts,
+                "installed": props.get("LoadState") != "not-found"}
 
     def prepare(self, services: list[ServiceRef]) -> str | None:
         import shutil

@@ -139,6 +139,7 @@ class Liveness(TypedDict, total=False):
     state: str  # supervisor's view, e.g. "running", "activating (auto-restart)", "failed"
     restarts: int  # restarts the supervisor did by itself (systemd NRestarts)
     release: str  # the revision it was started from (a running service only; absent when not known)
+    installed: bool  # its unit is installed, running or not (supervisors with units: systemd)
 
 
 class Result(TypedDict, total=False):

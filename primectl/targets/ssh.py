@@ -774,7 +774,10 @@ class SSHTarget:
                     continue
                 for svc in plan.services_on(h):
                     for one in (svc, svc.twin):  # and surge twins an `up` killed mid-surge left behind
-                        if one and one.name not in recorded[h] and cluster.alive(h, one.name):
+                        # installed: a unit an earlier `down` stopped is never recorded either, yet `--purge`
+                        # must remove it
+                        if one and one.name not in recorded[h] and (cluster.alive(h, one.name)
+                                                                    or cluster.installed(h, one.name)):
                             recorded[h][one.name] = {"unit": unit_name(plan.name, one.name),
                                                      "stop_timeout": one.stop_timeout_s}
             for names in strategy.stop_order(plan, {n for svcs in recorded.values() for n in svcs}):

@@ -12,6 +12,10 @@ stopped and their units removed) and decode scaled down (the removed worker drai
 disabled and removed). Besides the clients' count, each drained unit's journal and log must show that it was
 signalled by the drain first and stopped only after it (never systemd's own SIGKILL at the stop timeout).
 
+A controller that dies mid-change (issue #37 item 3): `up` killed with SIGKILL under load with the surge twin
+units up, again while the old workers drain, then `up` finishes the change; and `down` right after such a kill
+stops the twin units, whose unit files the module's `down --purge` must remove too.
+
 One frontend, so that a request lost to one of Dynamo's prefill races reaches the client and the frontend's log
 explains it (behind HAProxy, `frontend.replicas: 2`, such a 503 comes before any byte and is sent again:
 `benchmarks/live_change.py --systemd` measures that layout, frontend rows included).
@@ -34,9 +38,11 @@ import pytest
 import yaml
 
 from primectl.bench.liveload import LiveLoad, LoadReport
+from primectl.bench.liveload import up_killed_at as liveload_up_killed_at
+from primectl.plan.layout import unit_name
 
 from . import conftest
-from .conftest import REPO, deep_merge, nspawn_runtime
+from .conftest import PRIMECTL, REPO, deep_merge, nspawn_runtime
 from .generation_races import ANSWERS, race_causes
 from .nspawnhosts import NspawnHosts
 from .test_systemd_hosts import SystemdDeployment
@@ -169,7 +175,13 @@ def under_load(live: SystemdLive, *, generation_races: bool = False) -> tuple[Lo
         time.sleep(LOAD_S)
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"up failed:\n{out}"
-    report = load.report
+    assert_lost_only_to_races(live, load.report, out, generation_races=generation_races)
+    return load.report, out
+
+
+def assert_lost_only_to_races(live: SystemdLive, report: LoadReport, out: str, *, generation_races: bool) -> None:
+    """Nothing lost; with `generation_races`, except at most 2 requests answered 503 or 500 before any byte,
+    each of which the frontend's log (since mark()) explains as one of RACES."""
     assert report.served > 0, "the clients got nothing served at all"
     causes = race_causes(live.frontend_log())
     print(f"served {report.served}, lost {len(report.lost)}; the frontend's 5xx: {causes}")
@@ -188,7 +200,6 @@ def under_load(live: SystemdLive, *, generation_races: bool = False) -> tuple[Lo
         # 503 with none of those lines, so a cause is reported, not required. The balancer in front of the frontend
         # resends such an answer before its first byte, so the frontend may have sent more than clients lost.
         assert causes["503 sent"] + causes["500 sent"] >= len(report.lost), context
-    return report, out
 
 
 def old_process_log(live: SystemdLive, host: str, service: str, *, replaced: bool) -> str:
@@ -267,3 +278,79 @@ def test_scaling_decode_down_drains_the_removed_unit_and_loses_no_request(system
     assert not h3.path(f"/etc/systemd/system/{dep.unit('decode-2')}").exists()
     live.relayout()
     assert dep.main_pids() == {s: p for s, p in pids.items() if s != "decode-2"}, "a worker that stays was restarted"
+
+
+def up_killed_at(live: SystemdLive, line: str) -> str:
+    """`up` of the recipe, killed with SIGKILL as soon as it prints a line starting with `line`; what it printed."""
+    killed, out = liveload_up_killed_at(PRIMECTL, live.dep.path, line, cwd=REPO, timeout_s=300,
+                                        args=("--skip-preflight",))
+    assert killed, f"`up` did not print {line!r} (it ended, or 300 s passed):\n{out}"
+    return out
+
+
+def twin_units(dep: SystemdDeployment) -> dict[str, list[str]]:
+    """host -> the deployment's surge twin units its systemd has loaded (running or not)."""
+    return {h.name: twins for h in dep.machines.values() if (twins := [u for u in dep.our_units(h)["loaded"]
+                                                                       if "-surge" in u])}
+
+
+def test_an_up_killed_mid_surge_is_finished_by_the_next_up_without_a_lost_request(systemd_live: SystemdLive) -> None:
+    """The controller dies (SIGKILL) twice in one decode change under load: once as the decode twins start (the
+    prefill twin up beside prefill-0), once while the old workers drain. Each next `up` takes over the dead run's
+    lock, keeps the twin units it started from the same revision, and finishes the change; clients lose nothing
+    beyond the generation races, a further `up` has nothing to do, and no twin unit is left on any host (the
+    module's teardown then checks that `down --purge` leaves no unit at all)."""
+    live, dep = systemd_live, systemd_live.dep
+    live.relayout()
+    live.doc["decode"]["max_num_seqs"] = int(live.doc["decode"].get("max_num_seqs") or 64) + 4
+    live.write()
+    live.mark()
+    load = LiveLoad(live.endpoint, "demo", clients=CLIENTS, deadline_s=600)
+    with load:
+        time.sleep(LOAD_S)
+        t0 = time.monotonic()
+        first = up_killed_at(live, "surge: starting decode-0-surge")
+        left = twin_units(dep)
+        second = up_killed_at(live, "surge: draining and replacing decode")
+        r = dep.cli("up", "--no-smoke", "--skip-preflight", timeout=400)
+        print(f"\ntwo killed ups and one more: {time.monotonic() - t0:.1f}s, exit {r.returncode}")
+        time.sleep(LOAD_S)
+    out = first + second + r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert dep.unit("prefill-0-surge") in left.get("h2", []), f"no twin unit was up when `up` was killed: {left}"
+    assert "took over the lock of `up`" in second and "no longer runs" in second, second
+    assert "surge twin(s) an interrupted `up` started from this revision" in second, second
+    assert "took over the lock of `up`" in r.stderr, r.stderr
+    assert_lost_only_to_races(live, load.report, out, generation_races=True)
+
+    again = dep.cli("up", "--no-smoke", "--skip-preflight")
+    assert again.returncode == 0 and "no changes" in again.stderr, again.stdout + again.stderr
+    code, doc = dep.status_json()
+    assert code == 0 and doc["healthy"] is True, doc
+    assert not twin_units(dep), f"twin units left after the change: {twin_units(dep)}"
+    for svc, props in dep.units().items():
+        assert (props["ActiveState"], props["SubState"]) == ("active", "running"), (svc, props)
+
+
+def active_units(dep: SystemdDeployment) -> dict[str, list[str]]:
+    """host -> the deployment's units its systemd runs (active or activating)."""
+    pattern = f"{unit_name(dep.name, '')}*"
+    out = {h: dep.machines[h].run("systemctl", "list-units", "--state=active,activating", "--plain", "--no-legend",
+                                  pattern).stdout.split("\n") for h in dep.machines}
+    return {h: units for h, lines in out.items() if (units := [line.split()[0] for line in lines if line.strip()])}
+
+
+def test_down_after_an_up_killed_mid_surge_stops_its_twin_units(systemd_live: SystemdLive) -> None:
+    """`down` right after an `up` killed with its twins up (the run recorded nothing of them) takes over the dead
+    run's lock and stops every unit of the deployment, the twins included; the module's teardown then checks that
+    `down --purge` leaves no unit file or enablement either. Last in the module: it leaves the deployment down."""
+    live, dep = systemd_live, systemd_live.dep
+    live.relayout()
+    live.doc["decode"]["max_num_seqs"] = int(live.doc["decode"].get("max_num_seqs") or 64) - 4
+    live.write()
+    up_killed_at(live, "surge: starting decode-0-surge")
+    left = twin_units(dep)
+    assert dep.unit("prefill-0-surge") in left.get("h2", []), f"no twin unit was up when `up` was killed: {left}"
+    down = dep.cli("down", timeout=300)
+    assert down.returncode == 0 and "took over the lock of `up`" in down.stderr, down.stdout + down.stderr
+    assert not active_units(dep), f"units still running after `down`: {active_units(dep)}"
