@@ -94,7 +94,8 @@ def sglang_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
 
 def test_the_demo_serves_chat_through_the_sglang_engine_plugin(sglang_demo: tuple[Path, Path, Path]) -> None:
     recipe, workdir, site = sglang_demo
-    workers = [cmd for _, cmd in processes_under(workdir) if "dynamo.mocker" in cmd]
+    # the mocker, started as `-m dynamo.mocker` or through its token-budget bridge (primectl/bridges/)
+    workers = [cmd for _, cmd in processes_under(workdir) if "dynamo.mocker" in cmd or "dynamo_mocker_" in cmd]
     assert len(workers) == 3, workers  # one prefill, two decode
     assert all("--engine-type sglang" in cmd for cmd in workers), workers
 

@@ -52,7 +52,7 @@ def test_the_heads_prometheus_scrapes_what_the_job_publishes_until_it_ends(slurm
         assert steps == {"batch", "etcd", "mooncake-master", "frontend", "prefill-0", "decode-0", "decode-1"}
         sd = dep.deploy_dir / "monitoring" / "targets"
         published = sorted(p.name for p in sd.iterdir())
-        assert published == [f"{j}.{job}.json" for j in ("dynamo-frontend", "dynamo-mocker", "mooncake-master",
+        assert published == [f"{j}.{job}.json" for j in ("dynamo-frontend", "dynamo-mocker", "etcd", "mooncake-master",
                                                          "node-exporter")], published
         addresses = {h: v["address"] for h, v in state["hosts"].items()}
         nodes = json.loads((sd / f"node-exporter.{job}.json").read_text())
@@ -70,7 +70,7 @@ def test_the_heads_prometheus_scrapes_what_the_job_publishes_until_it_ends(slurm
         procs.append(subprocess.Popen(
             ["/usr/bin/prometheus", f"--config.file={head / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{PROMETHEUS}"], stdout=subprocess.DEVNULL, stderr=(root / "prom.log").open("wb")))
-        want = {"frontend", "prefill-0", "decode-0", "decode-1", "mooncake-master", "node-exporter-h1",
+        want = {"frontend", "etcd", "prefill-0", "decode-0", "decode-1", "mooncake-master", "node-exporter-h1",
                 "node-exporter-h2", "node-exporter-h3", "prometheus"}
         up_now: dict[str, str] = {}
         deadline = time.monotonic() + 60

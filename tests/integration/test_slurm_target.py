@@ -345,7 +345,7 @@ def step_pid(cluster: SlurmCluster, job: str, service: str, program: str) -> int
 def test_a_worker_that_dies_later_ends_the_job_status_says_which_and_up_brings_it_back(demo: SlurmDeployment) -> None:
     assert demo.cli("up", "--no-smoke").returncode == 0
     job = demo.state()["job"]
-    os.kill(step_pid(demo.cluster, job, "decode-0", "dynamo.mocker"), signal.SIGKILL)
+    os.kill(step_pid(demo.cluster, job, "decode-0", "dynamo_mocker_token_budget_bridge"), signal.SIGKILL)  # the mocker
     demo.cluster.wait_state(job, "FAILED", timeout=30)  # the batch script ends the job, Slurm stops the other steps
     status = demo.cli("status")
     assert status.returncode == 1, status.stdout
