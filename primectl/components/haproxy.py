@@ -114,8 +114,10 @@ def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spare
 
 def metrics_port(ctx: PlanContext) -> int | None:
     """Where the balancer serves its own /metrics: only where the recipe turns monitoring on."""
-    mon = getattr(ctx.recipe, "monitoring", None)
-    return mon.ports.balancer if mon is not None and mon.enabled else None
+    from primectl.components.monitoring import block
+
+    mon = block(ctx)
+    return mon.ports.balancer if mon is not None else None
 
 
 def haproxy_service(*, deployment: str, host: str, address: str, port: int, workdir: str, replicas: list[Service],
