@@ -792,14 +792,28 @@ def _live_fleet(recipe: Path) -> FleetPlan:
     return fleet
 
 
+class KeyClass(StrEnum):
+    interactive = "interactive"
+    batch = "batch"
+
+
 @keys_app.command("create")
-def keys_create(recipe: RecipeArg, team: Annotated[str, typer.Option("--team", help="The team the key's usage counts to.")],
-                name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None) -> None:
+def keys_create(
+    recipe: RecipeArg, team: Annotated[str, typer.Option("--team", help="The team the key's usage counts to.")],
+    name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
+    klass: Annotated[KeyClass, typer.Option("--class", help="batch: only capacity interactive traffic leaves idle.")]
+        = KeyClass.interactive,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", min=1,
+                                                        help="The key's requests in flight, fleet-wide.")] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option("--tokens-per-minute", min=1,
+                                                          help="The key's tokens per minute, fleet-wide.")] = None,
+) -> None:
     """Create a key: printed once on stdout, stored only as its SHA-256."""
-    from primectl.fleet.commands import create_key
+    from primectl.fleet.commands import KeyLimits, create_key
 
     def body() -> None:
-        key = create_key(_live_fleet(recipe), team, name)
+        limits = KeyLimits(klass.value, max_concurrency, tokens_per_minute)
+        key = create_key(_live_fleet(recipe), team, name, limits)
         typer.echo(key)
         _say(f"key for team {team} created; it is shown only now")
 
@@ -819,7 +833,8 @@ def keys_list(recipe: RecipeArg, output: OutputOpt = Output.table) -> None:
         if output.value == "json":
             typer.echo(json.dumps(rows, indent=2))
         else:
-            print_table("keys", ["id", "team", "name", "created"], [list(r.values()) for r in rows])
+            print_table("keys", ["id", "team", "name", "class", "limits", "created"],
+                        [[r["id"], r["team"], r["name"], r["class"], r["limits"] or "-", r["created"]] for r in rows])
 
     _guard(body)
 

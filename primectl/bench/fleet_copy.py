@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -35,10 +36,12 @@ def site_ports(base: int) -> dict[str, int]:
 
 def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int = 64, block: int = 4,
                 lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2,
-                weights: tuple[int, int] = (1, 1)) -> FleetCopy:
+                weights: tuple[int, int] = (1, 1), admission: dict[str, Any] | None = None,
+                teams: dict[str, dict[str, int]] | None = None) -> FleetCopy:
     """The fleet's recipe and its two sites' under `root`: the edge on `port`, replicas from port + 10, the
     gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from port + 100/200.
-    Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
+    `admission` and `teams` add to the gateway's settings. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no
+    runtime to provision)."""
     python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
     sites, workdirs = {}, {}
     for i, site in enumerate(SITES):
@@ -63,8 +66,8 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         "supervisor": "process",
         "gateway": {"host": "local", "port": port, "replicas": replicas,
                     "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
-                    "admission": {"block": block, "lease_ttl_s": lease_ttl_s},
-                    "breaker": {"failures": failures, "cooldown_s": cooldown_s}},
+                    "admission": {"block": block, "lease_ttl_s": lease_ttl_s, **(admission or {})},
+                    "breaker": {"failures": failures, "cooldown_s": cooldown_s}, "teams": teams or {}},
     }, sort_keys=False))
     return FleetCopy(recipe, sites, workdirs, f"http://127.0.0.1:{port}",
                      [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], f"http://127.0.0.1:{port + 20}")

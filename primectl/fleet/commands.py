@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,20 +99,34 @@ def key_id(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(fleet: FleetPlan, team: str, name: str | None) -> str:
+@dataclass(frozen=True)
+class KeyLimits:
+    """A key's class and its own fleet-wide limits (None: none)."""
+
+    klass: str = "interactive"
+    max_concurrency: int | None = None
+    tokens_per_minute: int | None = None
+
+
+def create_key(fleet: FleetPlan, team: str, name: str | None, limits: KeyLimits = KeyLimits()) -> str:
     """A new key for `team`, stored hashed; the key itself is returned once and kept nowhere."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     kid = key_id(key)
-    _etcd(fleet).put(f"{fleet.prefix}/keys/{kid}", json.dumps({"team": team, "name": name or "", "created": time.time()}))
+    record: dict[str, Any] = {"team": team, "name": name or "", "created": time.time(), "class": limits.klass}
+    record |= {k: v for k, v in (("max_concurrency", limits.max_concurrency),
+                                 ("tokens_per_minute", limits.tokens_per_minute)) if v}
+    _etcd(fleet).put(f"{fleet.prefix}/keys/{kid}", json.dumps(record))
     return key
 
 
 def list_keys(fleet: FleetPlan) -> list[dict[str, Any]]:
-    """Every key's id (the start of its hash), team, name and creation time."""
+    """Every key's id (the start of its hash), team, name, class, limits and creation time."""
     out = []
     for k, v in sorted(_etcd(fleet).prefix(f"{fleet.prefix}/keys/").items()):
         doc = json.loads(v)
+        limits = ", ".join(f"{f}={doc[f]}" for f in ("max_concurrency", "tokens_per_minute") if doc.get(f))
         out.append({"id": k.rsplit("/", 1)[-1][:12], "team": doc.get("team", ""), "name": doc.get("name", ""),
+                    "class": doc.get("class", "interactive"), "limits": limits,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(doc.get("created", 0)))})
     return out
 
@@ -179,7 +193,8 @@ def status(fleet: FleetPlan) -> dict[str, Any]:
                             "capacity": m.capacity, "granted_blocks": blocks})
     reps = [{"name": name, "url": url, "ready": bool(live[name].get("ready")), "pid": live[name].get("pid"),
              "lease": live[name].get("lease") or listed.get(name, {}).get("lease"),
-             "grants": listed.get(name, {}).get("grants", {}), "inflight": listed.get(name, {}).get("inflight", {})}
+             "grants": listed.get(name, {}).get("grants", {}), "inflight": listed.get(name, {}).get("inflight", {}),
+             "queued": sum(live[name].get("queued", {}).values()), "limits": live[name].get("limits", {})}
             for name, url in replicas(fleet)]
     return {"fleet": fleet.name, "endpoint": fleet.endpoint, "model": fleet.served_model,
             "deployments": deployments, "replicas": reps,
@@ -195,9 +210,10 @@ def print_status(doc: dict[str, Any], output: str) -> None:
                 ["deployment", "role", "weight", "breaker", "admitted/capacity", "endpoint"],
                 [[d["name"], d["role"], str(d["weight"]), d["breaker"], f"{d['admitted']}/{d['capacity']}", d["endpoint"]]
                  for d in doc["deployments"]])
-    print_table("gateway replicas", ["replica", "ready", "pid", "lease", "grants"],
+    print_table("gateway replicas", ["replica", "ready", "pid", "lease", "grants", "queued"],
                 [[r["name"], "yes" if r["ready"] else "NO", str(r["pid"] or "-"), str(r["lease"] or "-"),
-                  ", ".join(f"{k}={v}" for k, v in r["grants"].items()) or "-"] for r in doc["replicas"]])
+                  ", ".join(f"{k}={v}" for k, v in r["grants"].items()) or "-", str(r["queued"])]
+                 for r in doc["replicas"]])
 
 
 def require_gateway(fleet: FleetPlan) -> None:

@@ -27,6 +27,18 @@ class Admission(Strict):
     block: int = Field(4, ge=1, le=1024, description="Slots a replica claims at a time.")
     lease_ttl_s: int = Field(3, ge=1, le=60, description="A dead replica's blocks return this long after it died.")
     retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After of a 429 when every deployment is full.")
+    queue: int = Field(0, ge=0, le=100_000, description=(
+        "Requests a replica holds waiting for a free slot when every deployment is full (0: answer 429 at once)."))
+    queue_timeout_s: float = Field(30.0, gt=0, le=3600, description="How long a queued request waits before its 429.")
+    batch_reserve: float = Field(0.25, ge=0, le=1, description=(
+        "Share of each deployment's capacity batch callers never claim: it stays free for interactive traffic."))
+
+
+class Limits(Strict):
+    """Limits that hold across every replica of the gateway (the same blocks on etcd leases as admission)."""
+
+    max_concurrency: int | None = Field(None, ge=1, le=1_000_000, description="Requests in flight at once.")
+    tokens_per_minute: int | None = Field(None, ge=1, description="Prompt plus completion tokens per minute.")
 
 
 class Breaker(Strict):
@@ -55,6 +67,9 @@ class Gateway(Strict):
     breaker: Breaker = Field(default_factory=Breaker)
     deadline_s: int = Field(600, ge=1, le=86400, description="One request's whole budget, failovers included.")
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="A replica's streams get this long to finish.")
+    teams: dict[Name, Limits] = Field(default_factory=dict, description=(
+        "Each team's limits (a team not listed has none); `keys create --max-concurrency/--tokens-per-minute` sets "
+        "a key's own."))
 
 
 class FleetRecipe(Strict):

@@ -15,11 +15,20 @@ fleet's etcd, under the config's `prefix`:
   admits a request only within the blocks it holds, and claims a free block by creating its key on the
   replica's lease (a transaction: only if absent). A replica that dies stops renewing its lease, so etcd
   deletes its blocks after `lease_ttl_s`, and the capacity is back.
+- `limit/team/<team>/<i>`, `limit/key/<key id>/<i>`: a team's or a key's concurrency limit, in blocks the same way,
+  so a limit holds fleet-wide, never per replica.
+- `tokens/team/<team>/<minute>/<i>`, `tokens/key/<key id>/<minute>/<i>`: a tokens-per-minute budget, claimed in blocks
+  of a sixteenth of it for the minute, on the replica's lease; a request is admitted while the replica's claimed
+  tokens are not spent, and its `usage` is spent when it ends.
+- `waiting/<id>`: present, on the replica's lease, while requests wait in its queue: no replica keeps an idle block
+  as a spare then.
 - `replicas/<id>`: this replica's pid, address and the blocks it holds, on its lease.
 
 A request goes to the deployments in order of role (primary, then spill) and weighted chance; before its first
 byte it moves on when a breaker is open, the deployment is full, or it answers a refused connection, 5xx or
-529. With every deployment full it gets 429 with Retry-After. After the first byte a failed stream ends with an
+529. With every deployment full it waits in a bounded queue (interactive callers before batch ones) and then gets 429
+with Retry-After; a batch caller (its key's class, or `service_tier: flex`) never claims the blocks a deployment
+keeps for interactive traffic (`batch_reserve`). After the first byte a failed stream ends with an
 SSE error event and `data: [DONE]`, never silently. Usage (requests, prompt and completion tokens, errors) per
 team and key id is read from each response's `usage` (a stream is asked for it) and kept in SQLite.
 """
@@ -142,6 +151,58 @@ class Etcd:
 
 
 @dataclass
+class Pool:
+    """A fleet-wide limit of concurrent requests (a deployment's capacity, a team's or a key's concurrency), cut into
+    blocks of `block` slots: keys `<path><i>` in etcd, each held by one replica on its lease."""
+
+    path: str
+    capacity: int
+    block: int
+    spare: bool = False  # keep one idle block (a deployment's: the next request claims nothing)
+    held: dict[int, int] = field(default_factory=dict)  # block -> its slots
+    inflight: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.capacity // self.block)
+
+    @property
+    def granted(self) -> int:
+        return sum(self.held.values())
+
+    def size(self, i: int) -> int:
+        """Block i's slots: the last block holds what is left, so the blocks add up to the capacity exactly."""
+        return min(self.block, self.capacity - i * self.block)
+
+
+@dataclass
+class Budget:
+    """A fleet-wide tokens-per-minute budget, claimed by replicas in blocks for the current minute: keys
+    `<path><minute>/<i>` on their leases."""
+
+    path: str
+    per_minute: int
+    minute: int = -1
+    held: int = 0
+    spent: int = 0
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def block(self) -> int:
+        return -(-self.per_minute // 16)
+
+
+@dataclass
+class Caller:
+    """Who sent a request: the key's team and id (its hash), its class and its own limits."""
+
+    team: str
+    kid: str
+    batch: bool
+    limits: dict[str, Any]
+
+
+@dataclass
 class Deployment:
     """One deployment as this replica sees it."""
 
@@ -149,17 +210,15 @@ class Deployment:
     url: str
     weight: int
     role: str
-    capacity: int
-    block: int
-    held: set[int] = field(default_factory=set)
-    inflight: int = 0
+    pool: Pool
+    reserve: int = 0  # blocks a batch request leaves free for interactive traffic
     failures: int = 0
     open_since: float | None = None  # the shared breaker, as last heard
     probing: bool = False
 
     @property
-    def blocks(self) -> int:
-        return -(-self.capacity // self.block)
+    def capacity(self) -> int:
+        return self.pool.capacity
 
 
 class Usage:
@@ -202,16 +261,30 @@ class Replica:
         self.cooldown = float(cfg["breaker"]["cooldown_s"])
         self.deadline = float(cfg.get("deadline_s", 600))
         self.retry_after = int(cfg.get("retry_after_s", 1))
-        self.deployments = [Deployment(d["name"], d["url"].rstrip("/"), int(d["weight"]), d["role"],
-                                       int(d["capacity"]), int(d["block"])) for d in cfg["deployments"]]
+        queue = cfg.get("queue") or {}
+        self.queue_size = int(queue.get("size", 0))
+        self.queue_timeout = float(queue.get("timeout_s", 0))
+        self.queued = {"interactive": 0, "batch": 0}
+        self.freed = asyncio.Event()
+        self.waiting: set[str] = set()  # replicas with queued requests
+        self.block = int(cfg.get("block", 4))
+        self.deployments = [self._deployment(d, float(cfg.get("batch_reserve", 0))) for d in cfg["deployments"]]
         self.by_name = {d.name: d for d in self.deployments}
-        self.keys: dict[str, str] = {}
+        self.teams: dict[str, dict[str, Any]] = cfg.get("teams") or {}
+        self.limits: dict[str, Pool] = {}
+        self.budgets: dict[str, Budget] = {}
+        self.keys: dict[str, dict[str, Any]] = {}
         self.lease = ""
         self.usage = Usage(cfg["usage_db"])
         self.session: ClientSession | None = None
         self.etcd: Etcd | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.ready = False
+
+    def _deployment(self, d: dict[str, Any], batch_reserve: float) -> Deployment:
+        pool = Pool(f"{self.prefix}admit/{d['name']}/", int(d["capacity"]), int(d["block"]), spare=True)
+        reserve = -(-int(pool.capacity * batch_reserve) // pool.block)
+        return Deployment(d["name"], d["url"].rstrip("/"), int(d["weight"]), d["role"], pool, reserve)
 
     # --- shared state -------------------------------------------------------------------------------------
 
@@ -220,7 +293,26 @@ class Replica:
         if value is None:
             self.keys.pop(kid, None)
         else:
-            self.keys[kid] = json.loads(value).get("team", "")
+            self.keys[kid] = json.loads(value)
+
+    def _on_admit(self, key: str, value: str | None) -> None:
+        if value is None:  # a block went back somewhere in the fleet: queued requests try again
+            self._wake()
+
+    def _on_waiting(self, key: str, value: str | None) -> None:
+        who = key.removeprefix(self.prefix + "waiting/")
+        if value is None:
+            self.waiting.discard(who)
+        elif who != self.id:
+            self.waiting.add(who)
+            for d in self.deployments:  # an idle spare block goes back to the fleet
+                if d.pool.held and d.pool.inflight < d.pool.granted:
+                    self.tasks.append(asyncio.create_task(self._trim(d.pool)))
+            self.tasks = [t for t in self.tasks if not t.done()]
+
+    def _wake(self) -> None:
+        self.freed.set()
+        self.freed = asyncio.Event()
 
     def _on_breaker(self, key: str, value: str | None) -> None:
         d = self.by_name.get(key.removeprefix(self.prefix + "breaker/"))
@@ -242,8 +334,12 @@ class Replica:
             self._on_key(k, v)
         for k, v in (await self.etcd.get_prefix(self.prefix + "breaker/")).items():
             self._on_breaker(k, v)
+        for k, v in (await self.etcd.get_prefix(self.prefix + "waiting/")).items():
+            self._on_waiting(k, v)
         self.tasks = [asyncio.create_task(self.etcd.watch(self.prefix + "keys/", self._on_key)),
                       asyncio.create_task(self.etcd.watch(self.prefix + "breaker/", self._on_breaker)),
+                      asyncio.create_task(self.etcd.watch(self.prefix + "admit/", self._on_admit)),
+                      asyncio.create_task(self.etcd.watch(self.prefix + "waiting/", self._on_waiting)),
                       asyncio.create_task(self._keepalive()), asyncio.create_task(self._half_open())]
         await self._announce()
         self.ready = True
@@ -261,8 +357,8 @@ class Replica:
         assert self.etcd
         doc = {"pid": os.getpid(), "address": f"{self.cfg['listen']['host']}:{self.cfg['listen']['port']}",
                "lease": self.lease, "ttl_s": self.ttl,
-               "grants": {d.name: len(d.held) * d.block for d in self.deployments},
-               "inflight": {d.name: d.inflight for d in self.deployments}}
+               "grants": {d.name: d.pool.granted for d in self.deployments},
+               "inflight": {d.name: d.pool.inflight for d in self.deployments}}
         await self.etcd.put(f"{self.prefix}replicas/{self.id}", json.dumps(doc), self.lease)
 
     async def _keepalive(self) -> None:
@@ -275,8 +371,11 @@ class Replica:
                 continue
             if not alive:  # expired (etcd unreachable too long): every block it held is gone
                 self.lease = await self.etcd.grant(self.ttl)
-                for d in self.deployments:
-                    d.held.clear()
+                for pool in [*(d.pool for d in self.deployments), *self.limits.values()]:
+                    pool.held.clear()
+                for b in self.budgets.values():
+                    b.minute = -1
+            await self._forget_old_minutes()
             with contextlib.suppress(RuntimeError):
                 await self._announce()
 
@@ -320,35 +419,142 @@ class Replica:
             with contextlib.suppress(RuntimeError):
                 await self._trip(d)
 
-    async def _admit(self, d: Deployment) -> bool:
-        """A slot of `d` within this replica's blocks, claiming a free block when they are all in use."""
+    async def _take(self, pool: Pool, keep_free: int = 0) -> bool:
+        """One slot of `pool`: within the blocks this replica holds, else in free blocks it claims, as long as
+        `keep_free` blocks stay free for others. After a lost lease the requests still running here count against
+        the blocks claimed again first."""
+        while pool.inflight >= pool.granted:
+            if not await self._claim(pool, keep_free):
+                return False
+        pool.inflight += 1
+        return True
+
+    async def _claim(self, pool: Pool, keep_free: int) -> bool:
+        """A free block of `pool`, by a create-if-absent transaction on this replica's lease."""
         assert self.etcd
-        if d.inflight < len(d.held) * d.block:
-            d.inflight += 1
-            return True
         try:
-            taken = await self.etcd.get_prefix(f"{self.prefix}admit/{d.name}/")
+            taken = await self.etcd.get_prefix(pool.path)
         except RuntimeError:
             return False
-        free = [i for i in range(d.blocks) if f"{self.prefix}admit/{d.name}/{i}" not in taken]
+        free = [i for i in range(pool.blocks) if f"{pool.path}{i}" not in taken and i not in pool.held]
         random.shuffle(free)
-        for i in free:
+        for i in free[:max(len(free) - keep_free, 0)]:
             with contextlib.suppress(RuntimeError):
-                if await self.etcd.create(f"{self.prefix}admit/{d.name}/{i}", self.id, self.lease):
-                    d.held.add(i)
-                    d.inflight += 1
+                if await self.etcd.create(f"{pool.path}{i}", self.id, self.lease):
+                    pool.held[i] = pool.size(i)
                     return True
         return False
 
-    async def _release(self, d: Deployment) -> None:
+    async def _give(self, pool: Pool) -> None:
+        """A slot back; blocks go back to the fleet as soon as they are idle (a deployment's keep one spare)."""
+        pool.inflight -= 1
+        self._wake()
+        await self._trim(pool)
+
+    async def _trim(self, pool: Pool) -> None:
+        """Give back the blocks `pool` does not need (a deployment's keeps one spare while no replica waits)."""
         assert self.etcd
-        d.inflight -= 1
-        # one spare block is kept; beyond that, blocks go back as soon as they are idle
-        while len(d.held) > -(-d.inflight // d.block) + 1:
-            i = max(d.held)
-            d.held.discard(i)
+        spare = pool.block if pool.spare and not self.waiting else 0
+        while pool.held:
+            i = max(pool.held)
+            if pool.granted - pool.held[i] < pool.inflight + spare:
+                break
+            del pool.held[i]
             with contextlib.suppress(RuntimeError):
-                await self.etcd.delete(f"{self.prefix}admit/{d.name}/{i}")
+                await self.etcd.delete(f"{pool.path}{i}")
+
+    async def _afford(self, budget: Budget) -> bool:
+        """Whether this replica has tokens of `budget` left this minute, claiming a block of them when it has none."""
+        assert self.etcd
+        minute = int(time.time() // 60)
+        if minute != budget.minute:
+            budget.minute, budget.held, budget.spent = minute, 0, 0
+        if budget.spent < budget.held:
+            return True
+        path = f"{budget.path}{minute}/"
+        try:
+            taken = await self.etcd.get_prefix(path)
+        except RuntimeError:
+            return False
+        for i in range(-(-budget.per_minute // budget.block)):
+            if f"{path}{i}" in taken:
+                continue
+            with contextlib.suppress(RuntimeError):
+                if await self.etcd.create(f"{path}{i}", self.id, self.lease):
+                    budget.held += min(budget.block, budget.per_minute - i * budget.block)
+                    budget.keys.append(f"{path}{i}")
+                    if budget.spent < budget.held:  # an answer may have spent more than one block
+                        return True
+        return False
+
+    async def _forget_old_minutes(self) -> None:
+        """Delete this replica's token blocks of minutes gone by."""
+        assert self.etcd
+        minute = int(time.time() // 60)
+        for b in self.budgets.values():
+            old = [k for k in b.keys if not k.startswith(f"{b.path}{minute}/")]
+            for k in old:
+                with contextlib.suppress(RuntimeError):
+                    await self.etcd.delete(k)
+                b.keys.remove(k)
+
+    async def _say_waiting(self, waiting: bool) -> None:
+        """Tell the other replicas (not) to keep spare blocks: requests wait here."""
+        assert self.etcd
+        with contextlib.suppress(RuntimeError):
+            if waiting:
+                await self.etcd.put(f"{self.prefix}waiting/{self.id}", "1", self.lease)
+            else:
+                await self.etcd.delete(f"{self.prefix}waiting/{self.id}")
+
+    def _caller_limits(self, caller: Caller) -> list[tuple[str, dict[str, Any], str]]:
+        """(what, limits, etcd name) for the caller's team and key, where they have limits."""
+        out = []
+        if self.teams.get(caller.team):
+            out.append((f"team {caller.team}", self.teams[caller.team], f"team/{caller.team}"))
+        if caller.limits:
+            out.append((f"key {caller.kid[:12]}", caller.limits, f"key/{caller.kid}"))
+        return out
+
+    async def _hold_limits(self, caller: Caller) -> list[Pool] | web.Response:
+        """The caller's team and key concurrency slots (to give back when the request ends), or the 429 that says
+        which limit it is over."""
+        held: list[Pool] = []
+        for what, limits, name in self._caller_limits(caller):
+            per_minute = limits.get("tokens_per_minute")
+            if per_minute:
+                budget = self.budgets.get(name)
+                if budget is None or budget.per_minute != per_minute:
+                    budget = self.budgets[name] = Budget(f"{self.prefix}tokens/{name}/", int(per_minute))
+                if not await self._afford(budget):
+                    for p in held:
+                        await self._give(p)
+                    wait = str(max(1, 60 - int(time.time() % 60)))
+                    return openai_error(429, f"{what} has used its tokens per minute; retry later", "rate_limit_error",
+                                        "tokens_per_minute", headers={"Retry-After": wait})
+            most = limits.get("max_concurrency")
+            if most:
+                pool = self.limits.get(name)
+                if pool is None or pool.capacity != most:
+                    pool = self.limits[name] = Pool(f"{self.prefix}limit/{name}/", int(most), min(self.block, int(most)))
+                if not await self._take(pool):
+                    for p in held:
+                        await self._give(p)
+                    return openai_error(429, f"{what} is at its concurrency limit ({most}); retry later",
+                                        "rate_limit_error", "concurrency",
+                                        headers={"Retry-After": str(self.retry_after)})
+                held.append(pool)
+        return held
+
+    def _spend(self, caller: Caller, usage: dict[str, Any] | None) -> None:
+        tokens = int((usage or {}).get("prompt_tokens") or 0) + int((usage or {}).get("completion_tokens") or 0)
+        for _, _, name in self._caller_limits(caller):
+            if name in self.budgets:
+                self.budgets[name].spent += tokens
+
+    def _record(self, caller: Caller, deployment: str, status: int, usage: dict[str, Any] | None) -> None:
+        self.usage.record(caller.team, caller.kid, deployment, status, usage)
+        self._spend(caller, usage)
 
     def _order(self) -> list[Deployment]:
         """Primaries, then spills, each by weighted chance."""
@@ -363,26 +569,34 @@ class Replica:
 
     # --- HTTP -----------------------------------------------------------------------------------------------
 
-    def _team(self, request: web.Request) -> tuple[str, str] | None:
+    def _caller(self, request: web.Request) -> Caller | None:
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         kid = key_id(key) if key else ""
-        return (self.keys[kid], kid) if kid in self.keys else None
+        record = self.keys.get(kid)
+        if record is None:
+            return None
+        limits = {k: record[k] for k in ("max_concurrency", "tokens_per_minute") if record.get(k)}
+        return Caller(record.get("team", ""), kid, record.get("class") == "batch", limits)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({
             "replica": self.id, "pid": os.getpid(), "ready": self.ready, "lease": self.lease,
             "deployments": {d.name: {"breaker": "closed" if d.open_since is None else "open",
-                                     "inflight": d.inflight, "granted": len(d.held) * d.block,
+                                     "inflight": d.pool.inflight, "granted": d.pool.granted,
                                      "capacity": d.capacity, "weight": d.weight, "role": d.role}
-                            for d in self.deployments}}, status=200 if self.ready else 503)
+                            for d in self.deployments},
+            "queued": dict(self.queued),
+            "limits": {name.removeprefix(self.prefix + "limit/").rstrip("/"): {
+                "inflight": p.inflight, "granted": p.granted, "capacity": p.capacity}
+                for name, p in ((p.path, p) for p in self.limits.values())}}, status=200 if self.ready else 503)
 
     async def usage_rows(self, request: web.Request) -> web.Response:
         since = float(request.query.get("since", "0"))
         return web.json_response({"replica": self.id, "rows": self.usage.summary(since)})
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        if self._team(request) is None:
+        if self._caller(request) is None:
             return openai_error(401, "missing or invalid API key", "invalid_request_error", "invalid_api_key")
         assert self.session
         for d in self._order():
@@ -397,10 +611,9 @@ class Replica:
         return openai_error(503, "no deployment of this fleet is available", "server_error", "unavailable")
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
-        who = self._team(request)
-        if who is None:
+        caller = self._caller(request)
+        if caller is None:
             return openai_error(401, "missing or invalid API key", "invalid_request_error", "invalid_api_key")
-        team, kid = who
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -409,33 +622,83 @@ class Replica:
             return openai_error(400, "the request body is not a JSON object", "invalid_request_error")
         stream = bool(body.get("stream"))
         asked_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        rewrite = False
+        if body.get("service_tier") == "flex":  # OpenAI's name for the cheaper, slower class: batch here
+            caller.batch = True
+            del body["service_tier"]
+            rewrite = True
         if stream and not asked_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            rewrite = True
+        if rewrite:
             raw = json.dumps(body).encode()
+        held = await self._hold_limits(caller)
+        if isinstance(held, web.Response):
+            self._record(caller, "", 429, None)
+            return held
+        try:
+            return await self._route(request, caller, raw, stream, asked_usage)
+        except asyncio.CancelledError:  # the client went away: its slots come back below, its upstream is closed
+            self._record(caller, "", 499, None)
+            raise
+        finally:
+            for pool in held:
+                await self._give(pool)
+
+    async def _route(self, request: web.Request, caller: Caller, raw: bytes, stream: bool,
+                     asked_usage: bool) -> web.StreamResponse:
+        """The request sent to the deployments in order, waiting in the queue while every one is full."""
         deadline = time.monotonic() + self.deadline
-        full = failed = 0
-        for d in self._order():
-            if d.open_since is not None or time.monotonic() > deadline:
-                continue
-            if not await self._admit(d):
-                full += 1
-                continue
-            try:
-                done = await self._forward(request, d, raw, stream, asked_usage, team, kid, deadline)
-            finally:
-                await self._release(d)
-            if done is not None:
-                return done
-            failed += 1
+        give_up = min(deadline, time.monotonic() + self.queue_timeout)
+        klass = "batch" if caller.batch else "interactive"
+        queued = False
+        try:
+            while True:
+                full = failed = 0
+                if caller.batch and self.queued["interactive"]:  # interactive callers waiting go first
+                    full = 1
+                else:
+                    for d in self._order():
+                        if d.open_since is not None or time.monotonic() > deadline:
+                            continue
+                        if not await self._take(d.pool, d.reserve if caller.batch else 0):
+                            full += 1
+                            continue
+                        try:
+                            done = await self._forward(request, d, raw, stream, asked_usage, caller, deadline)
+                        finally:
+                            await self._give(d.pool)
+                        if done is not None:
+                            return done
+                        failed += 1
+                    if failed or not full:
+                        break
+                if time.monotonic() >= give_up:
+                    break
+                if not queued:
+                    if sum(self.queued.values()) >= self.queue_size:
+                        break
+                    queued = True
+                    self.queued[klass] += 1
+                    if sum(self.queued.values()) == 1:
+                        await self._say_waiting(True)
+                freed = self.freed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(freed.wait(), timeout=min(0.5, max(give_up - time.monotonic(), 0.01)))
+        finally:
+            if queued:
+                self.queued[klass] -= 1
+                if not sum(self.queued.values()):
+                    await self._say_waiting(False)
         if full and not failed:
-            self.usage.record(team, kid, "", 429, None)
+            self._record(caller, "", 429, None)
             return openai_error(429, "every deployment of this fleet is at capacity; retry later", "rate_limit_error",
                                 "capacity", headers={"Retry-After": str(self.retry_after)})
-        self.usage.record(team, kid, "", 503, None)
+        self._record(caller, "", 503, None)
         return openai_error(503, "no deployment of this fleet could take the request", "server_error", "unavailable")
 
     async def _forward(self, request: web.Request, d: Deployment, raw: bytes, stream: bool, asked_usage: bool,
-                       team: str, kid: str, deadline: float) -> web.StreamResponse | None:
+                       caller: Caller, deadline: float) -> web.StreamResponse | None:
         """The deployment's answer relayed to the client; None (nothing sent yet) when it refused or failed."""
         assert self.session
         url = f"{d.url}{request.path}"
@@ -457,14 +720,18 @@ class Replica:
                 usage = None
                 with contextlib.suppress(ValueError, AttributeError):
                     usage = json.loads(payload).get("usage")
-                self.usage.record(team, kid, d.name, upstream.status, usage)
+                self._record(caller, d.name, upstream.status, usage)
                 return web.Response(body=payload, status=upstream.status,
                                     content_type=upstream.content_type or "application/json")
             resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                            "Cache-Control": "no-cache"})
             await resp.prepare(request)
             relay = Relay(resp, asked_usage, continuable(request.path, raw))
-            failure = await relay.copy(upstream)
+            try:
+                failure = await relay.copy(upstream)
+            except ClientGone:
+                self._record(caller, d.name, 499, relay.usage)
+                return resp
         tried = {d.name}
         while failure is not None and relay.continuable:
             # The stream broke after its first byte: go on from another deployment, with what was sent so far as
@@ -478,8 +745,11 @@ class Replica:
             try:
                 async with upstream:
                     failure = await relay.copy(upstream, continuation=True)
+            except ClientGone:
+                self._record(caller, d.name, 499, relay.usage)
+                return resp
             finally:
-                await self._release(d)
+                await self._give(d.pool)
         if failure is not None:
             if not relay.continuable:
                 await self._failed(d)
@@ -489,7 +759,7 @@ class Replica:
                 await resp.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
-        self.usage.record(team, kid, d.name, 200 if failure is None else 502, relay.usage)
+        self._record(caller, d.name, 200 if failure is None else 502, relay.usage)
         return resp
 
     async def _continuation(self, path: str, raw: bytes, relay: Relay, tried: set[str], deadline: float
@@ -500,20 +770,20 @@ class Replica:
         for d in self._order():
             if d.name in tried or d.open_since is not None or time.monotonic() > deadline:
                 continue
-            if not await self._admit(d):
+            if not await self._take(d.pool):
                 continue
             try:
                 upstream = await self.session.post(
                     f"{d.url}{path}", data=body, headers={"Content-Type": "application/json"},
                     timeout=ClientTimeout(total=max(deadline - time.monotonic(), 1)))
             except (TimeoutError, ClientError):
-                await self._release(d)
+                await self._give(d.pool)
                 await self._failed(d)
                 continue
             if upstream.status == 200:
                 return d, upstream
             upstream.release()
-            await self._release(d)
+            await self._give(d.pool)
             tried.add(d.name)
         return None
 
@@ -528,6 +798,10 @@ def continuable(path: str, raw: bytes) -> bool:
         return False
     body = json.loads(raw)
     return (body.get("n") or 1) == 1 and not any(body.get(k) for k in GUIDED)
+
+
+class ClientGone(Exception):
+    """The client closed its connection: nothing more can be sent to it, and no deployment is to blame."""
 
 
 class Relay:
@@ -550,7 +824,7 @@ class Relay:
             async for raw_event in _sse_events(upstream):
                 data = raw_event.strip()
                 if data == b"data: [DONE]":
-                    await self.resp.write(raw_event)
+                    await self._send(raw_event)
                     return None if self.finished or not self.continuable else "[DONE] before a finish_reason"
                 event: dict[str, Any] = {}
                 if data.startswith(b"data:"):
@@ -573,10 +847,16 @@ class Relay:
                         self.chunks += 1
                     if choices[0].get("finish_reason"):
                         self.finished = True
-                await self.resp.write(raw_event)
+                await self._send(raw_event)
         except (TimeoutError, ClientError) as exc:
             return type(exc).__name__
         return None if self.finished else "the stream ended without a finish_reason"
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            await self.resp.write(data)
+        except ConnectionError as exc:  # aiohttp's ClientConnectionResetError is one, and a ClientError too
+            raise ClientGone() from exc
 
     def continuation_body(self, raw: bytes) -> bytes:
         """The request again, with the text sent so far as the final assistant message to continue."""
@@ -625,8 +905,11 @@ def main() -> None:
     with open(args.config) as f:
         cfg = json.load(f)
     # SIGTERM: stop accepting, let the streams in flight finish (up to drain_s), give the blocks back
+    # handler_cancellation: a client that goes away cancels its request, so its slot and the deployment's work on it
+    # end at once, not when the deployment finishes an answer nobody reads
     web.run_app(app(cfg), host=cfg["listen"]["host"], port=int(cfg["listen"]["port"]), print=None,
-                access_log=None, handle_signals=True, shutdown_timeout=float(cfg.get("drain_s", 30)))
+                access_log=None, handle_signals=True, shutdown_timeout=float(cfg.get("drain_s", 30)),
+                handler_cancellation=True)
 
 
 if __name__ == "__main__":

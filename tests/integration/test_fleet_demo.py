@@ -12,6 +12,10 @@ in front of them. Through the `openai` client, with a key from `primectl keys cr
   probe closes the breaker;
 - more concurrent streams than the fleet admits: each one is served or answered 429 with Retry-After, and the
   admitted count never passes capacity + replicas x block;
+- a request that finds the fleet full waits in a replica's queue and is served when a client closes its stream;
+  streams the clients cancel leave no slot taken;
+- a team's concurrency limit and tokens per minute hold across both replicas; a batch key never takes the slots
+  kept for interactive traffic;
 - a replica SIGKILLed: its blocks are back within its lease TTL + 1 s;
 - `primectl usage --by team` counts the team's requests and tokens from both replicas; `down` leaves nothing.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -52,6 +57,8 @@ REPLICA = EDGE + 10
 CAPACITY = 4  # per site: small, so that the overload test fills it
 BLOCK = 1
 TTL = 2
+QUEUED = 3  # seconds a request waits in a replica's queue for a slot
+TPM = 400  # team metered's tokens per minute
 
 
 @dataclass
@@ -114,7 +121,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     # site a weighs more, so that the site-loss test finds a stream on it within CAPACITY streams (all of them on
     # site b: 1 in 256) and site b keeps a free slot to continue it on
     copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="testfleet", capacity=CAPACITY,
-                       block=BLOCK, lease_ttl_s=TTL, weights=(3, 1))
+                       block=BLOCK, lease_ttl_s=TTL, weights=(3, 1), admission={"queue": 1, "queue_timeout_s": QUEUED},
+                       teams={"capped": {"max_concurrency": 2}, "metered": {"tokens_per_minute": TPM}})
     f = Fleet(copy)
     recipe, workdirs = copy.recipe, f.workdirs
     up = cli("up", recipe)
@@ -260,6 +268,131 @@ def test_overload_is_served_or_answered_429_and_admission_holds_capacity(fleet: 
     assert set(results) <= {"429", "served"}, results
     assert "429" in results and "served" in results, results
     assert peak[0] <= 2 * CAPACITY + 2 * BLOCK, peak[0]
+
+
+def new_key(fleet: Fleet, *args: str) -> str:
+    made = cli("keys", "create", fleet.recipe, *args)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def admitted_everywhere() -> tuple[int, int]:
+    """(requests in flight, slots granted) over both replicas and both sites."""
+    docs = [d for h in replicas_health() for d in h.get("deployments", {}).values()]
+    return sum(d["inflight"] for d in docs), sum(d["granted"] for d in docs)
+
+
+def hold(key: str, tag: str, max_tokens: int = 50_000) -> socket.socket:
+    """A long chat request (not streamed: nothing to read while it runs) on a socket of its own; closing the socket
+    is the client going away."""
+    body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": tag}], "max_tokens": max_tokens})
+    sock = socket.create_connection(("127.0.0.1", EDGE), timeout=10)
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: fleet\r\nAuthorization: Bearer {key}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    return sock
+
+
+def answered(sock: socket.socket, wait: float = 0.5) -> int | None:
+    """The HTTP status the request on `sock` was answered with within `wait` seconds (None: still running)."""
+    sock.settimeout(wait)
+    try:
+        head = sock.recv(64)
+    except TimeoutError:
+        return None
+    return int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else -1
+
+
+def wait_admitted(n: int, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while (got := admitted_everywhere()[0]) != n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_a_queued_request_is_served_when_a_client_leaves_and_leaving_clients_leak_no_slot(fleet: Fleet) -> None:
+    full = [hold(fleet.key, f"hold {i}") for i in range(2 * CAPACITY)]
+    assert wait_admitted(2 * CAPACITY) == 2 * CAPACITY
+    answer: list[object] = []
+    waiter = threading.Thread(target=lambda: answer.append(client(fleet.key).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "my turn?"}], max_tokens=2)))
+    waiter.start()
+    deadline = time.monotonic() + QUEUED
+    while sum(sum(h.get("queued", {}).values()) for h in replicas_health()) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not answer, "a request was answered while every slot was taken"
+    full.pop().close()  # one client goes away: its slot goes to the queued request
+    waiter.join(timeout=QUEUED + 5)
+    assert answer and answer[0].choices, "the queued request was not served when a slot freed"  # type: ignore[attr-defined]
+    for sock in full:
+        sock.close()
+    for i in range(40):  # streams their clients drop right after the first chunk
+        stream = client(fleet.key).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": f"cancel {i}"}], max_tokens=50_000, stream=True)
+        next(iter(stream))
+        stream.close()
+    inflight_left = wait_admitted(0)
+    assert inflight_left == 0, f"{inflight_left} slots still taken after every client left"
+    assert admitted_everywhere()[1] <= 2 * 2 * BLOCK  # at most one idle spare block per replica and site
+
+
+def test_a_team_limit_holds_across_both_replicas(fleet: Fleet) -> None:
+    key = new_key(fleet, "--team", "capped")
+    socks = [hold(key, f"capped {i}") for i in range(6)]
+    try:
+        time.sleep(1)
+        statuses = [answered(sk, wait=0.2) for sk in socks]
+        running = statuses.count(None)
+        held = sum(h.get("limits", {}).get("team/capped", {}).get("inflight", 0) for h in replicas_health())
+    finally:
+        for sk in socks:
+            sk.close()
+    assert sorted(set(statuses), key=str) == [429, None], statuses
+    assert running == 2 and held == 2, (statuses, held)
+
+
+def test_a_team_tokens_per_minute_hold_across_both_replicas(fleet: Fleet) -> None:
+    import openai
+
+    if time.time() % 60 > 45:  # the budget is per minute: start the count at a minute's start
+        time.sleep(60 - time.time() % 60)
+    minute = int(time.time() // 60)
+    c = client(new_key(fleet, "--team", "metered"))
+    spent, most, refused = 0, 0, None
+    for i in range(100):
+        try:
+            r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": f"count {i}"}],
+                                          max_tokens=20)
+            assert r.usage
+            spent += r.usage.prompt_tokens + r.usage.completion_tokens
+            most = max(most, r.usage.prompt_tokens + r.usage.completion_tokens)
+        except openai.RateLimitError as exc:
+            refused = exc
+            break
+    assert int(time.time() // 60) == minute, "the minute ended during the test"
+    assert refused is not None and refused.code == "tokens_per_minute", spent
+    assert 0 < int(refused.response.headers["Retry-After"]) <= 60
+    # every block is claimed by then; each replica admits while it has tokens left, so it spends at most one
+    # request more than it claimed, and the other replica may have a block's tokens left unspent
+    block = -(-TPM // 16)
+    assert TPM - 2 * block <= spent <= TPM + 2 * most, (spent, most)
+
+
+def test_a_batch_key_leaves_the_reserved_slots_to_interactive_traffic(fleet: Fleet) -> None:
+    batch = new_key(fleet, "--team", "research", "--class", "batch")
+    socks = [hold(batch, f"batch {i}") for i in range(2 * CAPACITY)]
+    try:
+        time.sleep(QUEUED + 1)  # the ones that queued have had their 429
+        statuses = [answered(sk, wait=0.2) for sk in socks]
+        reserve = -(-CAPACITY // 4 // BLOCK) * BLOCK  # batch_reserve 0.25 of each site
+        running = statuses.count(None)
+        assert set(statuses) <= {None, 429} and 0 < running <= 2 * (CAPACITY - reserve), statuses
+        r = client(fleet.key).chat.completions.create(model="demo", messages=[{"role": "user", "content": "me first"}],
+                                                      max_tokens=2)
+        assert r.choices, "an interactive request found no slot while batch requests ran"
+    finally:
+        for sk in socks:
+            sk.close()
+    assert wait_admitted(0) == 0
 
 
 def test_a_killed_replica_gives_its_capacity_back_within_its_lease(fleet: Fleet) -> None:
