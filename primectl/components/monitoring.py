@@ -173,7 +173,8 @@ def prometheus(w: Watched, mon: MonitoringBlock, host: str, planned: list[Servic
         components=tuple(sorted({s.component for s in scraped if s.metrics_url})),
         health_interval=mon.health_interval,
         infiniband=mon.infiniband if mon.infiniband is not None else w.hw.gpus_per_host > 0,
-        nvlink_domain=w.hw.hosts_per_nvlink_domain > 1)
+        nvlink_domain=w.hw.hosts_per_nvlink_domain > 1,
+        gateway_replicas=sum(1 for s in planned if s.component == rules_mod.GATEWAY_JOB))
     config = scrape.prometheus_config(
         jobs=scrape.scrape_jobs(scraped, w.name), scrape_interval=mon.scrape_interval,
         evaluation_interval=mon.evaluation_interval, alertmanager=f"{am_svc.address}:{am_svc.ports['http']}",
