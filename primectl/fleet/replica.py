@@ -21,7 +21,8 @@ A request goes to the deployments in order of role (primary, then spill) and wei
 byte it moves on when a breaker is open, the deployment is full, or it answers a refused connection, 5xx or
 529. With every deployment full it gets 429 with Retry-After. After the first byte a failed stream ends with an
 SSE error event and `data: [DONE]`, never silently. Usage (requests, prompt and completion tokens, errors) per
-team and key id is read from each response's `usage` (a stream is asked for it) and kept in SQLite.
+team and key id is read from each response's `usage` (a stream is asked for it) and kept in SQLite. `/metrics`
+serves Prometheus text exposition (`Metrics`): requests, failovers, breakers, admission, latency histograms.
 """
 
 from __future__ import annotations
