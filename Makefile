@@ -197,6 +197,7 @@ demo-fleet: system venv
 	@echo "Fleet is up: http://127.0.0.1:8300/v1 (model: demo). Clients need a key:"
 	@echo "  $(PRIMECTL) keys create recipes/demo-fleet.yaml --team research"
 	@echo "Status: $(PRIMECTL) status recipes/demo-fleet.yaml    Usage: $(PRIMECTL) usage recipes/demo-fleet.yaml"
+	@echo "Alerts: $(PRIMECTL) alerts recipes/demo-fleet.yaml (Prometheus http://127.0.0.1:8390)"
 	@echo "Stop: $(PRIMECTL) down recipes/demo-fleet.yaml"
 
 demo-down: venv

@@ -357,7 +357,8 @@ def alerts(
         from primectl.alerting import alertmanager_api as api
         from primectl.alerting.alerts_view import print_alerts, problems
 
-        p = _plan(recipe)
+        fleet = _fleet(recipe)
+        p = fleet.gateway if fleet is not None else _plan(recipe)  # a fleet's monitoring watches its gateway tier
         if p.monitoring is None:
             raise RecipeError([Problem(str(recipe), 0, 0, "monitoring",
                                        "this recipe has no `monitoring:` block, so nothing watches it; add one "

@@ -6,6 +6,10 @@ the metrics URL of every planned service and writes one exposition file per comp
 `<out>/<component>.prom`, then `primectl down`. The rules' metric-name contract (tests/test_metric_contract.py)
 reads these files, so a rule can only name a metric a real component exports.
 
+A `kind: fleet` recipe is captured the same way through its public endpoint, with a key of its own: a few chats
+(streamed and not), one without a key (401), then its first gateway replica's /metrics to
+`<out>/fleet-gateway.prom` (its deployments' components are captured from their own recipes).
+
 `--fake-sysfs DIR` instead captures node_exporter's InfiniBand collector alone, pointed at a fake sysfs tree
 (tests/data/fake-sysfs), to `<out>/node-exporter-infiniband.prom`: there is no InfiniBand hardware here.
 
@@ -30,12 +34,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from primectl.fleet.plan import plan_fleet, recipe_kind  # noqa: E402
 from primectl.plan.layout import Layout  # noqa: E402
 from primectl.plan.model import Plan, Service  # noqa: E402
 from primectl.planner.build import plan_recipe  # noqa: E402
@@ -203,6 +209,45 @@ def capture(recipe: str, out: Path, requests: int, keep: int, only: set[str] | N
     return written
 
 
+def post_chat(endpoint: str, key: str | None, model: str, text: str, stream: bool) -> int:
+    """One chat completion through `endpoint` (read to its end): the HTTP status."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 32,
+                       "stream": stream}).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(f"{endpoint}/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def capture_fleet(recipe: str, out: Path, requests: int, keep: int) -> Path:
+    """Up the fleet, chat through its endpoint with a key, capture its first replica's /metrics, down."""
+    fleet = plan_fleet(recipe)
+    svc = next(s for s in fleet.gateway.services if s.role == "gateway")
+    assert svc.metrics_url
+    command = "scripts/capture_metrics.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        primectl("up", recipe)
+        key = subprocess.run([*PRIMECTL, "keys", "create", recipe, "--team", "capture"], capture_output=True,
+                             text=True, check=True, cwd=ROOT).stdout.strip()
+        statuses = [post_chat(fleet.endpoint, key, fleet.served_model, f"Request {i}: count to twenty.", i % 2 == 0)
+                    for i in range(requests)]
+        statuses.append(post_chat(fleet.endpoint, None, fleet.served_model, "no key", False))
+        print(f"answered: {statuses}", flush=True)
+        body = fetch(svc.metrics_url)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{svc.component}.prom"
+        path.write_text(header(svc, fleet.gateway, command, python_versions(fleet.gateway.serving.runtime[
+            svc.host].python), keep) + trim(body, keep))
+        print(f"wrote {path} ({path.stat().st_size} bytes)", flush=True)
+    finally:
+        primectl("down", recipe)
+    return path
+
+
 def capture_infiniband(sysfs: Path, out: Path, port: int = 9100) -> Path:
     """node_exporter's InfiniBand metrics from the FAKE sysfs tree `sysfs` (only that collector on)."""
     argv = [BINARIES["node-exporter"][0], f"--web.listen-address=127.0.0.1:{port}", f"--path.sysfs={sysfs}",
@@ -259,6 +304,9 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.recipe:
         ap.error("a recipe (or --fake-sysfs) is required")
+    if recipe_kind(args.recipe) == "fleet":
+        capture_fleet(args.recipe, args.out, args.requests, args.keep)
+        return 0
     only = set(args.only.split(",")) if args.only else None
     capture(args.recipe, args.out, args.requests, args.keep, only, args.settle, args.migrate)
     return 0

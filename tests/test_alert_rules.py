@@ -32,6 +32,13 @@ TEST_FACTS = rules.RuleFacts(
     roles=("auxiliary", "cache", "decode", "frontend", "prefill"),
     components=("alertmanager", "dcgm-exporter", "dynamo-frontend", "dynamo-vllm", "node-exporter", "prometheus"),
     health_interval="15s", infiniband=True, nvlink_domain=True)
+# A fleet's gateway tier (fleet.test.yml): its replicas, edge, etcd and monitoring.
+FLEET_FACTS = rules.RuleFacts(
+    deployment="t", slo=Slo(), scrape_interval="2s", roles=("auxiliary", "balancer", "control", "gateway"),
+    components=("alertmanager", "etcd", "fleet-gateway", "haproxy", "node-exporter", "prometheus"),
+    health_interval="15s", gateway_replicas=2)
+# The rule file each unit-test file names, and the facts it is rendered from.
+RULE_FILES = {"primectl.rules.yml": TEST_FACTS, "fleet.rules.yml": FLEET_FACTS}
 # Fires by design at every evaluation: it has no case where it stays quiet.
 ALWAYS_FIRING = {"Watchdog"}
 MONITORING = {"alerts": {"webhook": "http://127.0.0.1:9099/alerts"}}
@@ -103,15 +110,18 @@ def unit_test_cases() -> dict[str, set[bool]]:
 
 
 def test_every_alert_fires_and_stays_quiet_in_promtool_unit_tests(tmp_path: Path) -> None:
-    text = rules.rules_yaml(TEST_FACTS)
-    (tmp_path / "primectl.rules.yml").write_text(text)
-    docs = [r for g in rules.rule_groups(TEST_FACTS) for r in g["rules"]]
+    docs = {}
+    for name, facts in RULE_FILES.items():
+        (tmp_path / name).write_text(rules.rules_yaml(facts))
+        docs[name] = [r for g in rules.rule_groups(facts) for r in g["rules"]]
     files = []
     for path in sorted(UNIT_TESTS.glob("*.test.yml")):
+        test_file = yaml.safe_load(path.read_text())
+        (rule_file,) = test_file["rule_files"]
         files.append(tmp_path / path.name)
-        files[-1].write_text(yaml.safe_dump(with_annotations(yaml.safe_load(path.read_text()), docs),
-                                            sort_keys=False, width=100_000))
-    assert len(files) >= 4
+        files[-1].write_text(yaml.safe_dump(with_annotations(test_file, docs[rule_file]), sort_keys=False,
+                                            width=100_000))
+    assert len(files) >= 5
     result = promtool("test", "rules", *files, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == len(files), result.stdout
@@ -131,7 +141,8 @@ def test_every_rendered_alert_has_a_firing_and_a_quiet_unit_test(cli: Callable[.
     """A new rule without a unit test that shows it fire and stay quiet fails here."""
     demo = rendered(cli, recipe(tmp_path, "demo.yaml"), tmp_path / "demo")
     glm = rendered(cli, recipe(tmp_path, "glm53.yaml"), tmp_path / "glm53")
-    names = (alert_names(rules.rules_yaml(TEST_FACTS)) | alert_names((demo / "primectl.rules.yml").read_text())
+    names = (alert_names(rules.rules_yaml(TEST_FACTS)) | alert_names(rules.rules_yaml(FLEET_FACTS))
+             | alert_names((demo / "primectl.rules.yml").read_text())
              | alert_names((glm / "primectl.rules.yml").read_text()))
     cases = unit_test_cases()
     no_fire = sorted(n for n in names if True not in cases.get(n, set()))
@@ -174,7 +185,7 @@ def test_hardware_switches_add_only_their_rules() -> None:
 
 
 def test_every_rule_says_what_to_do() -> None:
-    for group in rules.rule_groups(TEST_FACTS):
+    for group in [*rules.rule_groups(TEST_FACTS), *rules.rule_groups(FLEET_FACTS)]:
         for r in group["rules"]:
             assert r["labels"]["severity"] in ("critical", "warning", "none"), r["alert"]
             assert r["labels"]["deployment"] == "t", r["alert"]

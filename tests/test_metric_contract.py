@@ -32,7 +32,7 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)")
 FAMILY_SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
 # A job's captures: its own file, and files of the same component under another setup (node-exporter-infiniband).
 JOBS = ("dynamo-frontend", "dynamo-mocker", "dynamo-vllm", "node-exporter", "mooncake-master", "haproxy", "etcd",
-        "prometheus", "alertmanager")
+        "prometheus", "alertmanager", rules.GATEWAY_JOB)
 DCGM_JOB = "dcgm-exporter"
 
 
@@ -116,18 +116,29 @@ def unknown_names(exprs: Iterable[str]) -> list[str]:
 
 
 def every_rule_expr() -> list[str]:
-    """The expressions of every rule primectl can emit (every component planned, every hardware switch on)."""
+    """The expressions of every rule primectl can emit (every component planned, every hardware switch on; and a
+    fleet's gateway tier)."""
     facts = rules.RuleFacts(
         deployment="t", slo=Slo(), workers={"prefill": 1, "decode": 2}, roles=("decode", "frontend", "prefill"),
         components=("alertmanager", "dcgm-exporter", "dynamo-frontend", "dynamo-mocker", "dynamo-vllm",
                     "etcd", "haproxy", "mooncake-master", "node-exporter", "prometheus"),
         infiniband=True, nvlink_domain=True)
-    return [r["expr"] for g in rules.rule_groups(facts) for r in g["rules"]]
+    fleet = rules.RuleFacts(deployment="t", slo=Slo(), roles=("balancer", "control", "gateway"),
+                            components=("etcd", rules.GATEWAY_JOB, "haproxy", "node-exporter"), gateway_replicas=2)
+    return [r["expr"] for f in (facts, fleet) for g in rules.rule_groups(f) for r in g["rules"]]
 
 
 def test_every_metric_a_rule_reads_is_exported() -> None:
     exprs = every_rule_expr()
     assert len(exprs) > 40
+    assert unknown_names(exprs) == []
+
+
+def test_every_gateway_rule_reads_the_replicas_capture() -> None:
+    """The gateway's rules name their job, so each of their names must be in the replica's own capture."""
+    exprs = [e for e in every_rule_expr() if "primectl_gateway_" in e]
+    assert len(exprs) >= 4
+    assert all(f'job="{rules.GATEWAY_JOB}"' in e for e in exprs)
     assert unknown_names(exprs) == []
 
 
@@ -163,7 +174,7 @@ def test_captures_are_real_and_small() -> None:
     """Each capture records what produced it; none is over ~200 KB."""
     files = sorted(CAPTURES.glob("*.prom"))
     expected = {"dynamo-frontend", "dynamo-mocker", "dynamo-vllm", "haproxy", "mooncake-master", "node-exporter",
-                "node-exporter-infiniband", "prometheus", "alertmanager", "etcd"}
+                "node-exporter-infiniband", "prometheus", "alertmanager", "etcd", rules.GATEWAY_JOB}
     assert {p.stem for p in files} >= expected
     for path in files:
         head = path.read_text().splitlines()[:4]

@@ -37,11 +37,13 @@ def site_ports(base: int) -> dict[str, int]:
 def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int = 64, block: int = 4,
                 lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2,
                 weights: tuple[int, int] = (1, 1), admission: dict[str, Any] | None = None,
-                teams: dict[str, dict[str, int]] | None = None) -> FleetCopy:
+                teams: dict[str, dict[str, int]] | None = None, monitoring: dict[str, Any] | None = None
+                ) -> FleetCopy:
     """The fleet's recipe and its two sites' under `root`: the edge on `port`, replicas from port + 10, the
     gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from port + 100/200.
-    `admission` and `teams` add to the gateway's settings. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no
-    runtime to provision)."""
+    `admission` and `teams` add to the gateway's settings. `monitoring`: the fleet's `monitoring:` block, its
+    ports from port + 30 (Prometheus, Alertmanager, node_exporter, the edge's exporter) unless it names them. Runs
+    on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
     python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
     sites, workdirs = {}, {}
     for i, site in enumerate(SITES):
@@ -58,8 +60,11 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         sites[site].write_text(yaml.safe_dump(doc, sort_keys=False))
     workdirs["gateway"] = root / "gateway"
     recipe = root / "fleet.yaml"
+    if monitoring is not None:
+        ports = {"prometheus": port + 30, "alertmanager": port + 31, "node_exporter": port + 32, "balancer": port + 33}
+        monitoring = {**monitoring, "ports": {**ports, **monitoring.get("ports", {})}}
     recipe.write_text(yaml.safe_dump({
-        "kind": "fleet", "name": name,
+        "kind": "fleet", "name": name, **({"monitoring": monitoring} if monitoring is not None else {}),
         "deployments": [{"recipe": f"site-{s}.yaml", "capacity": capacity, "weight": w}
                         for s, w in zip(SITES, weights, strict=True)],
         "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}],

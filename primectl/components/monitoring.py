@@ -11,6 +11,7 @@ writes node_exporter textfile metrics, so a check that fails between launches fi
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 
 from primectl.components.base import NotRendered
 from primectl.engines.base import PlanContext
@@ -19,7 +20,7 @@ from primectl.monitoring import alertmanager as am
 from primectl.monitoring import rules as rules_mod
 from primectl.monitoring import scrape
 from primectl.monitoring.model import KEY, MonitoringBlock, duration_s
-from primectl.plan.model import RELEASE, WORKER_ROLES, FileSpec, Probe, Reload, Service
+from primectl.plan.model import RELEASE, WORKER_ROLES, FileSpec, HardwareFacts, HostPlan, Probe, Reload, Service
 from primectl.recipe.model import Recipe
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -37,6 +38,33 @@ DCGM_COUNTERS = "config/dcgm-counters.csv"
 SERVICE_COMPONENTS = ("node-exporter", "health-check", "dcgm-exporter", "alertmanager", "prometheus")
 
 
+@dataclass(frozen=True)
+class Watched:
+    """What monitoring is planned for: a deployment (or a fleet's gateway tier), its hosts with their GPUs, each
+    host's runtime Python, its hardware, its readiness gate and the host Prometheus runs on by default."""
+
+    name: str
+    hosts: dict[str, HostPlan]
+    pythons: dict[str, str]
+    hw: HardwareFacts
+    gate: str
+    home: str
+
+    @classmethod
+    def of(cls, ctx: PlanContext) -> Watched:
+        """A deployment's, from its plan context: its gate is the served model's readiness at the frontend."""
+        fe = ctx.recipe.frontend
+        gate = f"http://{ctx.hosts[fe.host].address}:{fe.port}/v1/models/{ctx.recipe.model.served_name}/ready"
+        hw = HardwareFacts(profile=ctx.recipe.hardware.profile, gpu=ctx.hw.gpu, sm=ctx.hw.sm,
+                           gpus_per_host=ctx.hw.gpus_per_host, hosts_per_nvlink_domain=ctx.hw.hosts_per_nvlink_domain)
+        return cls(name=ctx.recipe.name, hosts=ctx.hosts, pythons={h: ctx.python(h) for h in ctx.hosts}, hw=hw,
+                   gate=gate, home=fe.host)
+
+    def python(self, host: str) -> str:
+        """The Python interpreter of the host runtime."""
+        return self.pythons[host]
+
+
 def block(ctx: PlanContext) -> MonitoringBlock | None:
     """The recipe's monitoring block, when it is on."""
     mon = getattr(ctx.recipe, KEY, None)
@@ -48,11 +76,11 @@ def textfile_dir(workdir: str) -> str:
     return posixpath.join(workdir, "run", "textfile")
 
 
-def node_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
+def node_exporter(w: Watched, mon: MonitoringBlock, host: str) -> Service:
     """node_exporter on `host`: host metrics, InfiniBand ports (from `sysfs`) and the health loop's textfiles."""
-    addr = ctx.hosts[host].address
+    addr = w.hosts[host].address
     port = mon.ports.node_exporter
-    textfiles = textfile_dir(ctx.hosts[host].workdir)
+    textfiles = textfile_dir(w.hosts[host].workdir)
     return Service(
         name=f"node-exporter-{host}", role="auxiliary", component="node-exporter", host=host, address=addr,
         argv=[NODE_EXPORTER, f"--web.listen-address={addr}:{port}", f"--path.sysfs={mon.sysfs}",
@@ -63,19 +91,19 @@ def node_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
     )
 
 
-def health_loop(ctx: PlanContext, mon: MonitoringBlock, host: str, gate: str | None) -> Service:
+def health_loop(w: Watched, mon: MonitoringBlock, host: str, gate: str | None) -> Service:
     """The host's health checks on a timer, written as textfile metrics for node_exporter: preflight's host facts
     and rules (shipped beside the loop), with the GPU checks where the plan gives the host GPUs."""
     from importlib.resources import files
 
-    workdir = ctx.hosts[host].workdir
-    hw = ctx.hw
-    gpus = ctx.hosts[host].gpus if (hw.gpus_per_host or hw.gpu) else 0  # as preflight's host_needs counts them
-    argv = [ctx.python(host), f"{RELEASE}/{HEALTH_LOOP}", "--textfile-dir", textfile_dir(workdir),
+    workdir = w.hosts[host].workdir
+    hw = w.hw
+    gpus = w.hosts[host].gpus if (hw.gpus_per_host or hw.gpu) else 0  # as preflight's host_needs counts them
+    argv = [w.python(host), f"{RELEASE}/{HEALTH_LOOP}", "--textfile-dir", textfile_dir(workdir),
             "--interval", str(duration_s(mon.health_interval)), "--host", host, "--workdir", workdir]
     if gpus:
         argv += ["--gpus", str(gpus), "--gpu-name", hw.gpu, "--sm", str(hw.sm)]
-        argv += ["--multi-host"] if len(ctx.hosts) > 1 else []
+        argv += ["--multi-host"] if len(w.hosts) > 1 else []
         argv += ["--nvlink-expected"] if hw.hosts_per_nvlink_domain > 1 or hw.gpus_per_host > 1 else []
     if gate:
         argv += ["--gate", gate]
@@ -85,18 +113,18 @@ def health_loop(ctx: PlanContext, mon: MonitoringBlock, host: str, gate: str | N
                          content=files("primectl.checks").joinpath(name).read_text())
                 for name in ("preflight_host.py", "host_rules.py")]
     return Service(
-        name=f"health-{host}", role="auxiliary", component="health-check", host=host, address=ctx.hosts[host].address,
+        name=f"health-{host}", role="auxiliary", component="health-check", host=host, address=w.hosts[host].address,
         argv=argv, dirs=[textfile_dir(workdir)], files=shipped,
         ready=Probe(kind="command", command=["test", "-s", posixpath.join(textfile_dir(workdir), "primectl_health.prom")],
                     timeout_s=60),
     )
 
 
-def dcgm_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
+def dcgm_exporter(w: Watched, mon: MonitoringBlock, host: str) -> Service:
     """dcgm-exporter on a GPU host, collecting primectl's counters every `dcgm_interval_ms`."""
     from primectl.monitoring.dcgm import counters_csv
 
-    addr = ctx.hosts[host].address
+    addr = w.hosts[host].address
     port = mon.ports.dcgm_exporter
     return Service(
         name=f"dcgm-exporter-{host}", role="auxiliary", component="dcgm-exporter", host=host, address=addr,
@@ -109,17 +137,17 @@ def dcgm_exporter(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
     )
 
 
-def alertmanager(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
+def alertmanager(w: Watched, mon: MonitoringBlock, host: str) -> Service:
     """Alertmanager, alone (no cluster), its silences under the workdir."""
-    addr = ctx.hosts[host].address
+    addr = w.hosts[host].address
     port = mon.ports.alertmanager
-    workdir = ctx.hosts[host].workdir
+    workdir = w.hosts[host].workdir
     current = posixpath.join(workdir, "current", ALERTMANAGER_CONFIG)
     return Service(
         name="alertmanager", role="auxiliary", component="alertmanager", host=host, address=addr,
         argv=[ALERTMANAGER, f"--config.file={current}", f"--storage.path={posixpath.join(workdir, 'data', 'alertmanager')}",
               f"--web.listen-address={addr}:{port}", "--cluster.listen-address=", f"--web.external-url=http://{addr}:{port}"],
-        files=[FileSpec(path=ALERTMANAGER_CONFIG, content=am.alertmanager_config(mon.alerts, ctx.recipe.name))],
+        files=[FileSpec(path=ALERTMANAGER_CONFIG, content=am.alertmanager_config(mon.alerts, w.name))],
         ports={"http": port}, listens=[port],
         ready=Probe(kind="http", url=f"http://{addr}:{port}/-/ready", timeout_s=30),
         metrics_url=f"http://{addr}:{port}/metrics",
@@ -127,29 +155,30 @@ def alertmanager(ctx: PlanContext, mon: MonitoringBlock, host: str) -> Service:
     )
 
 
-def prometheus(ctx: PlanContext, mon: MonitoringBlock, host: str, planned: list[Service], am_svc: Service) -> Service:
+def prometheus(w: Watched, mon: MonitoringBlock, host: str, planned: list[Service], am_svc: Service) -> Service:
     """Prometheus scraping every planned service with metrics (itself and Alertmanager included)."""
-    addr = ctx.hosts[host].address
+    addr = w.hosts[host].address
     port = mon.ports.prometheus
-    workdir = ctx.hosts[host].workdir
+    workdir = w.hosts[host].workdir
     current = posixpath.join(workdir, "current", PROMETHEUS_CONFIG)
     me = f"http://{addr}:{port}"
     placeholder = Service(name="prometheus", role="auxiliary", component="prometheus", host=host, address=addr,
                           argv=[], ready=Probe(kind="tcp"), metrics_url=f"{me}/metrics")
     scraped = [*planned, placeholder]
     facts = rules_mod.RuleFacts(
-        deployment=ctx.recipe.name, slo=mon.slo, scrape_interval=mon.scrape_interval,
+        deployment=w.name, slo=mon.slo, scrape_interval=mon.scrape_interval,
         workers={role: sum(1 for s in planned if s.role == role) for role in WORKER_ROLES
                  if any(s.role == role for s in planned)},
         roles=tuple(sorted({s.role for s in scraped if s.metrics_url})),
         components=tuple(sorted({s.component for s in scraped if s.metrics_url})),
         health_interval=mon.health_interval,
-        infiniband=mon.infiniband if mon.infiniband is not None else ctx.hw.gpus_per_host > 0,
-        nvlink_domain=ctx.hw.hosts_per_nvlink_domain > 1)
+        infiniband=mon.infiniband if mon.infiniband is not None else w.hw.gpus_per_host > 0,
+        nvlink_domain=w.hw.hosts_per_nvlink_domain > 1,
+        gateway_replicas=sum(1 for s in planned if s.component == rules_mod.GATEWAY_JOB))
     config = scrape.prometheus_config(
-        jobs=scrape.scrape_jobs(scraped, ctx.recipe.name), scrape_interval=mon.scrape_interval,
+        jobs=scrape.scrape_jobs(scraped, w.name), scrape_interval=mon.scrape_interval,
         evaluation_interval=mon.evaluation_interval, alertmanager=f"{am_svc.address}:{am_svc.ports['http']}",
-        rule_files=[posixpath.basename(RULES)], deployment=ctx.recipe.name)  # read beside the config
+        rule_files=[posixpath.basename(RULES)], deployment=w.name)  # read beside the config
     return Service(
         name="prometheus", role="auxiliary", component="prometheus", host=host, address=addr,
         argv=[PROMETHEUS, f"--config.file={current}", f"--storage.tsdb.path={posixpath.join(workdir, 'data', 'prometheus')}",
@@ -162,6 +191,20 @@ def prometheus(ctx: PlanContext, mon: MonitoringBlock, host: str, planned: list[
         metrics_url=f"{me}/metrics",
         reload=Reload(signal="SIGHUP", check=[PROMTOOL, "check", "config", current]),
     )
+
+
+def monitor(w: Watched, mon: MonitoringBlock, planned: list[Service]) -> list[Service]:
+    """`planned`, then exporters and the health loop on every host, then Alertmanager and Prometheus on the
+    monitoring host (`mon.host`, default `w.home`) watching all of it."""
+    home = mon.host or w.home
+    added: list[Service] = []
+    for host in w.hosts:
+        added.append(node_exporter(w, mon, host))
+        added.append(health_loop(w, mon, host, w.gate if host == home else None))
+        if w.hosts[host].gpus:
+            added.append(dcgm_exporter(w, mon, host))
+    am_svc = alertmanager(w, mon, home)
+    return [*planned, *added, am_svc, prometheus(w, mon, home, [*planned, *added, am_svc], am_svc)]
 
 
 class Monitoring:
@@ -185,19 +228,7 @@ class Monitoring:
     def extend(self, ctx: PlanContext, planned: list[Service]) -> list[Service]:
         """Exporters and the health loop on every host, then Alertmanager and Prometheus on the monitoring host."""
         mon = block(ctx)
-        if mon is None:
-            return planned
-        home = mon.host or ctx.recipe.frontend.host
-        gate = f"http://{ctx.hosts[ctx.recipe.frontend.host].address}:{ctx.recipe.frontend.port}/v1/models/" \
-               f"{ctx.recipe.model.served_name}/ready"
-        added: list[Service] = []
-        for host in ctx.hosts:
-            added.append(node_exporter(ctx, mon, host))
-            added.append(health_loop(ctx, mon, host, gate if host == home else None))
-            if ctx.hosts[host].gpus:
-                added.append(dcgm_exporter(ctx, mon, host))
-        am_svc = alertmanager(ctx, mon, home)
-        return [*planned, *added, am_svc, prometheus(ctx, mon, home, [*planned, *added, am_svc], am_svc)]
+        return planned if mon is None else monitor(Watched.of(ctx), mon, planned)
 
     def kubernetes(self, service: Service) -> NotRendered:
         """Not rendered as DGD components: the cluster's Prometheus operator scrapes the PodMonitor and loads the

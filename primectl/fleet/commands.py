@@ -197,8 +197,27 @@ def status(fleet: FleetPlan) -> dict[str, Any]:
              "queued": sum(live[name].get("queued", {}).values()), "limits": live[name].get("limits", {})}
             for name, url in replicas(fleet)]
     return {"fleet": fleet.name, "endpoint": fleet.endpoint, "model": fleet.served_model,
-            "deployments": deployments, "replicas": reps,
+            "deployments": deployments, "replicas": reps, **alerts(fleet),
             "healthy": all(r["ready"] for r in reps) and any(d["breaker"] == "closed" for d in deployments)}
+
+
+def alerts(fleet: FleetPlan) -> dict[str, Any]:
+    """Where the gateway tier's monitoring answers and what fires there (nothing where it is not monitored; a note,
+    not a failure, when Alertmanager does not answer: `status` stays about the fleet)."""
+    from primectl.alerting import alertmanager_api as api
+    from primectl.alerting.alerts_view import problems
+    from primectl.monitoring.rules import MEMBER
+
+    mon = fleet.gateway.monitoring
+    if mon is None:
+        return {}
+    out: dict[str, Any] = {"monitoring": {"prometheus": mon.prometheus_url, "alertmanager": mon.alertmanager_url}}
+    try:
+        firing = problems(api.firing(mon.alertmanager_url, fleet.gateway.name))
+    except api.AlertmanagerError as exc:
+        return out | {"alerts": [], "notes": [f"alerts unknown: Alertmanager did not answer ({exc})"]}
+    return out | {"alerts": [{"alert": a.name, "severity": a.severity, "about": a.labels.get(MEMBER)
+                              or a.service or "-", "summary": a.summary} for a in firing if not a.silenced]}
 
 
 def print_status(doc: dict[str, Any], output: str) -> None:
@@ -214,6 +233,11 @@ def print_status(doc: dict[str, Any], output: str) -> None:
                 [[r["name"], "yes" if r["ready"] else "NO", str(r["pid"] or "-"), str(r["lease"] or "-"),
                   ", ".join(f"{k}={v}" for k, v in r["grants"].items()) or "-", str(r["queued"])]
                  for r in doc["replicas"]])
+    if doc.get("alerts"):
+        print_table("alerts firing", ["alert", "severity", "about", "summary"],
+                    [[a["alert"], a["severity"], a["about"], a["summary"]] for a in doc["alerts"]])
+    for line in [*doc.get("notes", []), *(f"{k} {v}" for k, v in doc.get("monitoring", {}).items())]:
+        sys.stdout.write(line + "\n")
 
 
 def require_gateway(fleet: FleetPlan) -> None:

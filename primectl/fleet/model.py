@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from primectl.monitoring.model import MonitoringBlock
 from primectl.recipe.model import Host, Name, Port, Strict
 
 
@@ -82,6 +83,9 @@ class FleetRecipe(Strict):
     hosts: list[Host] = Field(..., min_length=1, description="The gateway tier's hosts.")
     supervisor: Literal["systemd", "process"] = "systemd"
     known_hosts: str | None = Field(None, description="known_hosts file for SSH host keys; default: ~/.ssh/known_hosts.")
+    monitoring: MonitoringBlock | None = Field(None, description=(
+        "Prometheus, Alertmanager and node_exporter for the gateway tier (as a deployment's `monitoring:`; "
+        "Prometheus's host defaults to the gateway's): its replicas, edge and etcd are scraped."))
 
 
 def fleet_schema_text() -> str:

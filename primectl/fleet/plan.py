@@ -20,15 +20,31 @@ from pydantic import BaseModel, ValidationError
 
 from primectl.components.etcd import solo_etcd
 from primectl.components.haproxy import drain_behind, haproxy_service, request_buffer
+from primectl.components.monitoring import Watched, monitor
 from primectl.deploy.access import SSHOptions, with_access
 from primectl.errors import Problem, RecipeError
 from primectl.fleet.model import FleetRecipe
+from primectl.monitoring.rules import GATEWAY_JOB
+from primectl.monitoring.where import monitoring_plan
 from primectl.plan.layout import Layout
-from primectl.plan.model import RELEASE, FileSpec, HostPlan, Plan, Probe, RoleRollout, Runtime, Service, TargetSpec
+from primectl.plan.model import (
+    RELEASE,
+    FileSpec,
+    HardwareFacts,
+    HostPlan,
+    Plan,
+    Probe,
+    RoleRollout,
+    Runtime,
+    Service,
+    TargetSpec,
+)
 from primectl.recipe.yamlpos import Path as YamlPath
 from primectl.recipe.yamlpos import Position, load_yaml
 
 REPLICA_SCRIPT = "gateway/replica.py"
+# The gateway's hosts, as monitoring sees them: no GPU to watch, whatever its deployments run on.
+NO_GPU = HardwareFacts(profile="cpu", gpu="", sm=0, gpus_per_host=0, hosts_per_nvlink_domain=1)
 PREFIX = "/primectl/fleet"
 
 
@@ -95,9 +111,10 @@ def load_fleet(path: str | Path) -> LoadedFleet:
         raise RecipeError(_pydantic_problems(exc, data, file, positions, FleetRecipe)) from None  # type: ignore[arg-type]
     loaded = LoadedFleet(recipe, file, positions)
     hosts = [h.name for h in recipe.hosts]
-    if recipe.gateway.host not in hosts:
-        raise RecipeError([loaded.problem(("gateway", "host"), f"{recipe.gateway.host!r} is not one of `hosts:`; "
-                                                               f"allowed: {', '.join(hosts)}")])
+    for where, host in [(("gateway", "host"), recipe.gateway.host),
+                        (("monitoring", "host"), recipe.monitoring.host if recipe.monitoring else None)]:
+        if host is not None and host not in hosts:
+            raise RecipeError([loaded.problem(where, f"{host!r} is not one of `hosts:`; allowed: {', '.join(hosts)}")])
     return loaded
 
 
@@ -216,6 +233,7 @@ def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members
 def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
     """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint)."""
     g = r.gateway
+    mon = r.monitoring if r.monitoring and r.monitoring.enabled else None
     hosts = _hosts(r)
     host = next(h for h in hosts if h.name == g.host)
     runtime = {h.name: _runtime(base, h) for h in hosts}
@@ -228,7 +246,7 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
         port = g.ports.replica + i
         config = f"config/{name}.json"
         svc = Service(
-            name=name, role="gateway", component="fleet-gateway", host=host.name, address=host.address,
+            name=name, role="gateway", component=GATEWAY_JOB, host=host.name, address=host.address,
             argv=[runtime[host.name].python, "-I", f"{RELEASE}/{REPLICA_SCRIPT}", "--config", f"{RELEASE}/{config}"],
             files=[FileSpec(path=REPLICA_SCRIPT, content=script, mode=0o755),
                    FileSpec(path=config, content=json.dumps(replica_config(r, name, host, port, members), indent=2,
@@ -236,15 +254,19 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
             dirs=[posixpath.join(host.workdir, "data", name)],
             ports={"http": port}, listens=[port], depends_on=[etcd.name],
             ready=Probe(kind="http", url=f"http://{host.address}:{port}/-/ready", timeout_s=60),
-            stop_timeout_s=g.drain_timeout_s + 30,
+            metrics_url=f"http://{host.address}:{port}/metrics", stop_timeout_s=g.drain_timeout_s + 30,
         )
         replicas.append(svc.model_copy(update={"drain": drain_behind(host.workdir, svc, g.drain_timeout_s)}))
     edge = haproxy_service(deployment=r.name, host=host.name, address=host.address, port=g.port, workdir=host.workdir,
                            replicas=replicas, spares=[], check="/-/ready",
                            bufsize=request_buffer(base.serving.model.max_context), name="edge",
-                           fronts=f"the gateway replicas of fleet {r.name}")
+                           fronts=f"the gateway replicas of fleet {r.name}", metrics_port=mon.ports.balancer if mon else None)
     endpoint = f"http://{host.address}:{g.port}"
     services = [etcd, *replicas, edge]
+    if mon:
+        services = monitor(Watched(name=f"{r.name}-gateway", hosts={h.name: h for h in hosts},
+                                   pythons={h: rt.python for h, rt in runtime.items()}, hw=NO_GPU,
+                                   gate=f"{endpoint}/-/ready", home=host.name), mon, services)
     blob = json.dumps([s.model_dump(mode="json") for s in services], sort_keys=True)
     return base.model_copy(update={
         "name": f"{r.name}-gateway", "namespace": f"{r.name}-gateway", "supervisor": r.supervisor,
@@ -254,4 +276,5 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
         "serving": base.serving.model_copy(update={"runtime": runtime, "tier": None}),
         "secret_names": [], "secret_sources": {}, "target": _target(r, base), "defaults": {},
         "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1)],
+        "monitoring": monitoring_plan(services, mon) if mon else None,
     })

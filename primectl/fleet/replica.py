@@ -30,7 +30,8 @@ byte it moves on when a breaker is open, the deployment is full, or it answers a
 with Retry-After; a batch caller (its key's class, or `service_tier: flex`) never claims the blocks a deployment
 keeps for interactive traffic (`batch_reserve`). After the first byte a failed stream ends with an
 SSE error event and `data: [DONE]`, never silently. Usage (requests, prompt and completion tokens, errors) per
-team and key id is read from each response's `usage` (a stream is asked for it) and kept in SQLite.
+team and key id is read from each response's `usage` (a stream is asked for it) and kept in SQLite. `/metrics`
+serves Prometheus text exposition (`Metrics`): requests, failovers, breakers, admission, latency histograms.
 """
 
 from __future__ import annotations
@@ -249,6 +250,117 @@ class Usage:
                  "completion_tokens": c or 0, "errors": e or 0} for t, k, d, n, p, c, e in rows]
 
 
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+Labels = tuple[tuple[str, str], ...]
+
+
+METRIC_PREFIX = "primectl_gateway_"
+COUNTERS = {
+    "requests_total": "Requests answered, by HTTP status and the deployment that answered (none: the gateway).",
+    "failovers_total": "Requests a deployment refused or failed before their first byte (sent on to the next).",
+    "continuations_total": "Streams a deployment broke after their first byte, continued on another deployment.",
+    "stream_errors_total": "Streams that a deployment broke and that ended with an SSE error event.",
+    "throttled_total": "429s answered: every deployment was at capacity.",
+    "unauthorized_total": "401s answered: no key, or not a key of the fleet.",
+    "breaker_trips_total": "Times this replica opened a deployment's shared circuit breaker.",
+    "lease_keepalive_failures_total": "Lease keepalives that failed (etcd unreachable) or found the lease gone.",
+}
+PER_DEPLOYMENT = ("failovers_total", "continuations_total", "stream_errors_total", "breaker_trips_total")
+GAUGES = {
+    "breaker_open": "1 while the deployment's shared circuit breaker is open, as this replica knows it.",
+    "inflight_requests": "Requests this replica has admitted to the deployment now.",
+    "granted_slots": "Slots of the deployment this replica holds (its blocks x block).",
+    "capacity_slots": "The deployment's capacity: concurrent requests the fleet admits to it.",
+}
+HISTOGRAMS = {
+    "time_to_first_event_seconds": (TTFT_BUCKETS, "From a request's arrival to the first event of its stream "
+                                                  "written to the client."),
+    "request_duration_seconds": (DURATION_BUCKETS, "From a request's arrival to its response's last byte."),
+}
+
+
+def _gauges(d: Deployment) -> dict[str, int]:
+    return {"breaker_open": int(d.open_since is not None), "inflight_requests": d.inflight,
+            "granted_slots": len(d.held) * d.block, "capacity_slots": d.capacity}
+
+
+def _labels(pairs: Labels) -> str:
+    """A label set as exposition writes it (backslash, quote and newline escaped)."""
+    esc = {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n"}
+    return "{" + ",".join(f'{k}="{v.translate(esc)}"' for k, v in pairs) + "}" if pairs else ""
+
+
+class Metrics:
+    """This replica's counters and histograms, served at /metrics as Prometheus text exposition 0.0.4. A request's
+    status, duration and time to its first event are taken in one place, the middleware, from its response."""
+
+    def __init__(self, deployments: list[Deployment]):
+        self.deployments = deployments
+        # every counter starts at 0 (per deployment where it has one), so a rule on it has data from the first scrape
+        self.counts: dict[tuple[str, Labels], int] = {
+            (n, ()): 0 for n in COUNTERS if n not in PER_DEPLOYMENT and n != "requests_total"}  # that one has a code
+        self.counts |= {(n, (("deployment", d.name),)): 0 for n in PER_DEPLOYMENT for d in deployments}
+        self.hists: dict[tuple[str, Labels], list[float]] = {}  # a count per bucket, then the sum, then the count
+
+    def inc(self, name: str, deployment: str | None = None, **labels: str) -> None:
+        key = (name, tuple(sorted({**labels, **({"deployment": deployment} if deployment else {})}.items())))
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def observe(self, name: str, seconds: float, deployment: str | None) -> None:
+        buckets = HISTOGRAMS[name][0]
+        h = self.hists.setdefault((name, (("deployment", deployment),) if deployment else ()), [0.0] * (len(buckets) + 2))
+        for i, le in enumerate(buckets):
+            h[i] += seconds <= le
+        h[-2] += seconds
+        h[-1] += 1
+
+    @web.middleware  # type: ignore[untyped-decorator]
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        t0, status = time.monotonic(), 500
+        try:
+            resp: web.StreamResponse = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if request.path.startswith("/v1/"):
+                dep = request.get("deployment")
+                self.inc("requests_total", dep, code=str(status))
+                if status in (429, 401):
+                    self.inc("throttled_total" if status == 429 else "unauthorized_total")
+                self.observe("request_duration_seconds", time.monotonic() - t0, dep)
+                if request.get("first_event"):
+                    self.observe("time_to_first_event_seconds", request["first_event"] - t0, dep)
+
+    def text(self) -> str:
+        """The exposition page."""
+        out: list[str] = []
+        pre = METRIC_PREFIX
+
+        def family(name: str, kind: str, text: str, samples: list[str]) -> None:
+            out.extend([f"# HELP {pre}{name} {text}", f"# TYPE {pre}{name} {kind}", *samples])
+
+        for name, text in COUNTERS.items():
+            family(name, "counter", text, [f"{pre}{name}{_labels(k)} {v}" for (n, k), v in
+                                           sorted(self.counts.items()) if n == name])
+        for name, text in GAUGES.items():
+            family(name, "gauge", text, [f'{pre}{name}{_labels((("deployment", d.name),))} {_gauges(d)[name]}'
+                                         for d in self.deployments])
+        for name, (buckets, text) in HISTOGRAMS.items():
+            samples = []
+            for (n, k), h in sorted(self.hists.items()):
+                if n == name:
+                    samples += [f"{pre}{name}_bucket{_labels((*k, ('le', f'{le:g}')))} {int(c)}"
+                                for le, c in zip(buckets, h, strict=False)]
+                    samples += [f"{pre}{name}_bucket{_labels((*k, ('le', '+Inf')))} {int(h[-1])}",
+                                f"{pre}{name}_sum{_labels(k)} {h[-2]!r}", f"{pre}{name}_count{_labels(k)} {int(h[-1])}"]
+            family(name, "histogram", text, samples)
+        return "\n".join(out) + "\n"
+
+
 class Replica:
     """The proxy, its view of the shared state, and the loops that keep it current."""
 
@@ -274,6 +386,7 @@ class Replica:
         self.limits: dict[str, Pool] = {}
         self.budgets: dict[str, Budget] = {}
         self.keys: dict[str, dict[str, Any]] = {}
+        self.metrics = Metrics(self.deployments)
         self.lease = ""
         self.usage = Usage(cfg["usage_db"])
         self.session: ClientSession | None = None
@@ -368,8 +481,10 @@ class Replica:
             try:
                 alive = await self.etcd.keepalive(self.lease)
             except RuntimeError:
+                self.metrics.inc("lease_keepalive_failures_total")
                 continue
             if not alive:  # expired (etcd unreachable too long): every block it held is gone
+                self.metrics.inc("lease_keepalive_failures_total")
                 self.lease = await self.etcd.grant(self.ttl)
                 for pool in [*(d.pool for d in self.deployments), *self.limits.values()]:
                     pool.held.clear()
@@ -411,6 +526,7 @@ class Replica:
     async def _trip(self, d: Deployment) -> None:
         assert self.etcd
         d.open_since = time.time()
+        self.metrics.inc("breaker_trips_total", d.name)
         await self.etcd.put(f"{self.prefix}breaker/{d.name}", json.dumps({"since": d.open_since, "by": self.id}))
 
     async def _failed(self, d: Deployment) -> None:
@@ -591,6 +707,10 @@ class Replica:
                 "inflight": p.inflight, "granted": p.granted, "capacity": p.capacity}
                 for name, p in ((p.path, p) for p in self.limits.values())}}, status=200 if self.ready else 503)
 
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.text().encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
     async def usage_rows(self, request: web.Request) -> web.Response:
         since = float(request.query.get("since", "0"))
         return web.json_response({"replica": self.id, "rows": self.usage.summary(since)})
@@ -707,14 +827,17 @@ class Replica:
                                                timeout=ClientTimeout(total=max(deadline - time.monotonic(), 1)))
         except (TimeoutError, ClientError):
             await self._failed(d)
+            self.metrics.inc("failovers_total", d.name)
             return None
         async with upstream:
             if upstream.status >= 500 or upstream.status in OVERLOAD:
                 if upstream.status not in OVERLOAD:
                     await self._failed(d)
                 await upstream.read()
+                self.metrics.inc("failovers_total", d.name)
                 return None
             d.failures = 0
+            request["deployment"] = d.name
             if not stream or upstream.status != 200:
                 payload = await upstream.read()
                 usage = None
@@ -732,6 +855,8 @@ class Replica:
             except ClientGone:
                 self._record(caller, d.name, 499, relay.usage)
                 return resp
+            finally:
+                request["first_event"] = relay.first
         tried = {d.name}
         while failure is not None and relay.continuable:
             # The stream broke after its first byte: go on from another deployment, with what was sent so far as
@@ -740,6 +865,7 @@ class Replica:
             nxt = await self._continuation(request.path, raw, relay, tried, deadline)
             if nxt is None:
                 break
+            self.metrics.inc("continuations_total", d.name)
             d, upstream = nxt
             tried.add(d.name)
             try:
@@ -751,6 +877,7 @@ class Replica:
             finally:
                 await self._give(d.pool)
         if failure is not None:
+            self.metrics.inc("stream_errors_total", d.name)
             if not relay.continuable:
                 await self._failed(d)
             err = {"error": {"message": f"deployment {d.name} failed mid-stream ({failure}); the stream cannot go on",
@@ -816,6 +943,7 @@ class Relay:
         self.chunks = 0
         self.finished = False
         self.usage: dict[str, Any] | None = None
+        self.first: float | None = None  # when the client got its first event
 
     async def copy(self, upstream: Any, continuation: bool = False) -> str | None:
         """Relay until the stream ends: None when it ended well ([DONE] or a finish_reason), else what broke it."""
@@ -848,6 +976,7 @@ class Relay:
                     if choices[0].get("finish_reason"):
                         self.finished = True
                 await self._send(raw_event)
+                self.first = self.first or time.monotonic()
         except (TimeoutError, ClientError) as exc:
             return type(exc).__name__
         return None if self.finished else "the stream ended without a finish_reason"
@@ -886,12 +1015,13 @@ async def _sse_events(upstream: Any) -> Any:
 def app(cfg: dict[str, Any]) -> web.Application:
     """The replica's aiohttp application."""
     r = Replica(cfg)
-    a = web.Application(client_max_size=MAX_BODY)
+    a = web.Application(client_max_size=MAX_BODY, middlewares=[r.metrics.middleware])
     a.on_startup.append(r.start)
     a.on_cleanup.append(r.stop)
     a.router.add_get("/-/ready", r.health)
     a.router.add_get("/health", r.health)
     a.router.add_get("/-/usage", r.usage_rows)
+    a.router.add_get("/metrics", r.metrics_page)
     a.router.add_get("/v1/models", r.models)
     for path in PROXIED:
         a.router.add_post(path, r.proxy)

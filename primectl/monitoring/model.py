@@ -59,6 +59,8 @@ class Slo(_Block):
     ttft_p95_s: float = Field(2.0, gt=0, description="Time to first token at p95, in seconds.")
     itl_p95_s: float = Field(0.1, gt=0, description="Inter-token latency at p95, in seconds.")
     error_ratio: float = Field(0.01, gt=0, lt=1, description="Share of requests that may fail (5 minutes).")
+    throttled_ratio: float = Field(0.05, gt=0, lt=1, description="A fleet's: share of its requests its gateway may "
+                                   "answer 429, every deployment full (5 minutes).")
 
 
 class MonitoringPorts(_Block):

@@ -28,6 +28,10 @@ MIN_REQUESTS_FOR_RATIO = 100
 MIN_PEERS = 3
 # The labels every scrape target carries; guards and per-target aggregations keep them.
 TARGET = "deployment, job, service, host, role"
+# A fleet's gateway replicas (primectl/fleet/replica.py): their scrape job, and the label their series name the
+# fleet's deployment by (the replica's own `deployment` label, which Prometheus renames beside the target's).
+GATEWAY_JOB = "fleet-gateway"
+MEMBER = "exported_deployment"
 
 # Worker components whose /metrics carry Dynamo's KV-usage gauge and the engine's counters the quality rules read
 # (as captured: tests/data/metrics/<component>.prom; the mocker exports neither).
@@ -65,6 +69,7 @@ class RuleFacts:
     health_interval: str = "15s"  # how often each host's health loop rewrites its textfile metrics
     infiniband: bool = False  # the hosts have InfiniBand ports (node_exporter's infiniband collector has data)
     nvlink_domain: bool = False  # GPUs share a multi-node NVLink domain (GB200/GB300 NVL72): NVLink5, IMEX
+    gateway_replicas: int = 0  # a fleet's gateway tier: its planned replicas
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,10 @@ def target_down_for(facts: RuleFacts) -> str:
 def availability(facts: RuleFacts) -> list[Rule]:
     """Processes the deployment needs, down or missing, and the readiness gate."""
     down = target_down_for(facts)
+    # a gateway replica down is GatewayReplicaDown's (the edge routes around it)
+    serving = "!~auxiliary|gateway" if facts.gateway_replicas else "!auxiliary"
     out = [
-        Rule("TargetDown", f"up{{{_sel(facts, role='!auxiliary')}}} == 0", "critical",
+        Rule("TargetDown", f"up{{{_sel(facts, role=serving)}}} == 0", "critical",
              "{{ $labels.service }} on {{ $labels.host }} ({{ $labels.role }}) is not answering its metrics scrape",
              "primectl status <recipe>; primectl logs <recipe> {{ $labels.service }}; primectl up <recipe> restarts it",
              for_=down),
@@ -240,6 +247,51 @@ def gray_failure(facts: RuleFacts) -> list[Rule]:
         "{{ $labels.worker_type }} worker {{ $labels.worker_id }} has over twice its peers' median inter-token "
         "latency", "primectl status <recipe> maps the worker id to its service; primectl restart <recipe> <service> "
         "(or drain it) and check its host: primectl preflight <recipe>", for_="1m")]
+
+
+def gateway(facts: RuleFacts) -> list[Rule]:
+    """A fleet's gateway tier: its replicas, the shared breakers, throttling and admission of the deployments
+    behind it (each replica reports every deployment: breakers are aggregated with max, in-flight with sum)."""
+    if not facts.gateway_replicas or not _has(facts, GATEWAY_JOB):
+        return []
+    sel, by, n = _sel(facts, job=GATEWAY_JOB), f"deployment, {MEMBER}", facts.gateway_replicas
+    live = f"up{{{sel}}} == 1"
+    breaker = f"max by ({by}) (primectl_gateway_breaker_open{{{sel}}})"
+    answered = f"primectl_gateway_requests_total{{{sel}}}"
+    ratio = facts.slo.throttled_ratio
+    fleet = "<fleet recipe>"
+    return [
+        Rule("GatewayReplicaDown", f"up{{{sel}}} == 0", "warning",
+             "gateway replica {{ $labels.service }} on {{ $labels.host }} is not answering: the edge sends its "
+             "requests to the other replicas",
+             f"primectl status {fleet}; primectl logs {fleet} {{{{ $labels.service }}}}; primectl up {fleet} "
+             "restarts it", for_=target_down_for(facts)),
+        Rule("GatewayReplicasBelowPlan", f"count by (deployment) ({live}) < {n} or absent({live})", "warning",
+             f"fewer live gateway replicas than the plan's {n}",
+             f"primectl status {fleet} names the replicas that do not answer; primectl up {fleet} starts them",
+             for_=target_down_for(facts)),
+        Rule("GatewayBreakerOpen", f"{breaker} == 1", "warning",
+             f"deployment {{{{ $labels.{MEMBER} }}}}'s circuit breaker is open: the fleet sends it no request",
+             f"primectl status <its recipe> and primectl logs <its recipe> frontend say why it fails; once it "
+             f"serves, a replica's half-open probe closes the breaker (primectl status {fleet})"),
+        Rule("GatewayNoDeploymentAvailable", f"min by (deployment) ({breaker}) == 1", "critical",
+             "every deployment of the fleet has its circuit breaker open: the fleet answers no request",
+             f"primectl status {fleet}; bring a deployment back with primectl up <its recipe>"),
+        Rule("GatewayThrottling",
+             f"(sum by (deployment) (rate(primectl_gateway_throttled_total{{{sel}}}[5m])) / sum by (deployment) "
+             f"(rate({answered}[5m]))) > {ratio} and sum by (deployment) (increase({answered}[5m])) "
+             f">= {MIN_REQUESTS_FOR_RATIO}", "warning",
+             f"the fleet answers 429 (every deployment full) to more than {ratio:.0%} of its requests (5 minutes)",
+             f"primectl status {fleet} (admitted/capacity); add a deployment or raise its capacity, then "
+             f"primectl up {fleet}", for_="2m"),
+        Rule("GatewayAdmissionSaturated",
+             f"sum by ({by}) (primectl_gateway_inflight_requests{{{sel}}}) >= on ({by}) "
+             f"max by ({by}) (primectl_gateway_capacity_slots{{{sel}}})", "warning",
+             f"deployment {{{{ $labels.{MEMBER} }}}} has been admitted to its capacity for 5 minutes: new requests "
+             "go elsewhere or get 429",
+             f"primectl status {fleet} (admitted/capacity); primectl status <its recipe> (queues, KV use); raise "
+             "its capacity or add workers", for_="5m"),
+    ]
 
 
 def hardware(facts: RuleFacts) -> list[Rule]:
@@ -376,7 +428,7 @@ def guards(facts: RuleFacts) -> list[Rule]:
 def rule_groups(facts: RuleFacts) -> list[dict[str, Any]]:
     """Every group, in a stable order."""
     groups = [("availability", availability(facts)), ("quality", quality(facts)),
-              ("gray-failure", gray_failure(facts)), ("hardware", hardware(facts)),
+              ("gray-failure", gray_failure(facts)), ("gateway", gateway(facts)), ("hardware", hardware(facts)),
               ("self-monitoring", self_monitoring(facts))]
     return [{"name": f"primectl-{name}", "rules": [r.doc(facts.deployment) for r in rules]}
             for name, rules in groups if rules]
