@@ -281,8 +281,8 @@ HISTOGRAMS = {
 
 
 def _gauges(d: Deployment) -> dict[str, int]:
-    return {"breaker_open": int(d.open_since is not None), "inflight_requests": d.inflight,
-            "granted_slots": len(d.held) * d.block, "capacity_slots": d.capacity}
+    return {"breaker_open": int(d.open_since is not None), "inflight_requests": d.pool.inflight,
+            "granted_slots": d.pool.granted, "capacity_slots": d.capacity}
 
 
 def _labels(pairs: Labels) -> str:
