@@ -160,12 +160,15 @@ class Pool:
     capacity: int
     block: int
     spare: bool = False  # keep one idle block (a deployment's: the next request claims nothing)
+    usable: int | None = None  # claim only blocks 0..usable-1 (batch: the last ones stay for interactive traffic)
+    prefer_from: int = 0  # claim blocks from here on first (interactive: the reserve, so batch finds the rest)
     held: dict[int, int] = field(default_factory=dict)  # block -> its slots
     inflight: int = 0
 
     @property
     def blocks(self) -> int:
-        return -(-self.capacity // self.block)
+        every = -(-self.capacity // self.block)
+        return every if self.usable is None else min(every, self.usable)
 
     @property
     def granted(self) -> int:
@@ -212,7 +215,7 @@ class Deployment:
     weight: int
     role: str
     pool: Pool
-    reserve: int = 0  # blocks a batch request leaves free for interactive traffic
+    batch: Pool  # the same blocks in etcd, less the reserve: batch requests claim only these
     failures: int = 0
     open_since: float | None = None  # the shared breaker, as last heard
     probing: bool = False
@@ -220,6 +223,17 @@ class Deployment:
     @property
     def capacity(self) -> int:
         return self.pool.capacity
+
+    @property
+    def inflight(self) -> int:
+        return self.pool.inflight + self.batch.inflight
+
+    @property
+    def granted(self) -> int:
+        return self.pool.granted + self.batch.granted
+
+    def pool_for(self, caller: Caller) -> Pool:
+        return self.batch if caller.batch else self.pool
 
 
 class Usage:
@@ -281,8 +295,8 @@ HISTOGRAMS = {
 
 
 def _gauges(d: Deployment) -> dict[str, int]:
-    return {"breaker_open": int(d.open_since is not None), "inflight_requests": d.pool.inflight,
-            "granted_slots": d.pool.granted, "capacity_slots": d.capacity}
+    return {"breaker_open": int(d.open_since is not None), "inflight_requests": d.inflight,
+            "granted_slots": d.granted, "capacity_slots": d.capacity}
 
 
 def _labels(pairs: Labels) -> str:
@@ -396,8 +410,10 @@ class Replica:
 
     def _deployment(self, d: dict[str, Any], batch_reserve: float) -> Deployment:
         pool = Pool(f"{self.prefix}admit/{d['name']}/", int(d["capacity"]), int(d["block"]), spare=True)
-        reserve = -(-int(pool.capacity * batch_reserve) // pool.block)
-        return Deployment(d["name"], d["url"].rstrip("/"), int(d["weight"]), d["role"], pool, reserve)
+        reserve = -(-int(pool.capacity * batch_reserve) // pool.block)  # whole blocks, rounded up
+        batch = Pool(pool.path, pool.capacity, pool.block, usable=max(pool.blocks - reserve, 0))
+        pool.prefer_from = batch.blocks
+        return Deployment(d["name"], d["url"].rstrip("/"), int(d["weight"]), d["role"], pool, batch)
 
     # --- shared state -------------------------------------------------------------------------------------
 
@@ -419,9 +435,9 @@ class Replica:
         elif who != self.id:
             self.waiting.add(who)
             for d in self.deployments:  # an idle spare block goes back to the fleet
-                if d.pool.held and d.pool.inflight < d.pool.granted:
-                    self.tasks.append(asyncio.create_task(self._trim(d.pool)))
-            self.tasks = [t for t in self.tasks if not t.done()]
+                for pool in (d.pool, d.batch):
+                    if pool.held and pool.inflight < pool.granted:
+                        self._spawn(self._trim(pool))
 
     def _wake(self) -> None:
         self.freed.set()
@@ -470,8 +486,8 @@ class Replica:
         assert self.etcd
         doc = {"pid": os.getpid(), "address": f"{self.cfg['listen']['host']}:{self.cfg['listen']['port']}",
                "lease": self.lease, "ttl_s": self.ttl,
-               "grants": {d.name: d.pool.granted for d in self.deployments},
-               "inflight": {d.name: d.pool.inflight for d in self.deployments}}
+               "grants": {d.name: d.granted for d in self.deployments},
+               "inflight": {d.name: d.inflight for d in self.deployments}}
         await self.etcd.put(f"{self.prefix}replicas/{self.id}", json.dumps(doc), self.lease)
 
     async def _keepalive(self) -> None:
@@ -486,7 +502,7 @@ class Replica:
             if not alive:  # expired (etcd unreachable too long): every block it held is gone
                 self.metrics.inc("lease_keepalive_failures_total")
                 self.lease = await self.etcd.grant(self.ttl)
-                for pool in [*(d.pool for d in self.deployments), *self.limits.values()]:
+                for pool in [*(p for d in self.deployments for p in (d.pool, d.batch)), *self.limits.values()]:
                     pool.held.clear()
                 for b in self.budgets.values():
                     b.minute = -1
@@ -535,17 +551,27 @@ class Replica:
             with contextlib.suppress(RuntimeError):
                 await self._trip(d)
 
-    async def _take(self, pool: Pool, keep_free: int = 0) -> bool:
-        """One slot of `pool`: within the blocks this replica holds, else in free blocks it claims, as long as
-        `keep_free` blocks stay free for others. After a lost lease the requests still running here count against
-        the blocks claimed again first."""
+    async def _take(self, pool: Pool) -> bool:
+        """One slot of `pool`: within the blocks this replica holds, else in free blocks it claims. After a lost
+        lease the requests still running here count against the blocks claimed again first."""
         while pool.inflight >= pool.granted:
-            if not await self._claim(pool, keep_free):
-                return False
+            # a client that leaves cancels its request, but never a claim half done: a block created in etcd and
+            # not recorded here would stay taken for as long as this replica lives
+            claim = asyncio.ensure_future(self._claim(pool))
+            try:
+                if not await asyncio.shield(claim):
+                    return False
+            except asyncio.CancelledError:
+                claim.add_done_callback(lambda _: self._spawn(self._trim(pool)))
+                raise
         pool.inflight += 1
         return True
 
-    async def _claim(self, pool: Pool, keep_free: int) -> bool:
+    def _spawn(self, work: Any) -> None:
+        self.tasks = [t for t in self.tasks if not t.done()]
+        self.tasks.append(asyncio.ensure_future(work))
+
+    async def _claim(self, pool: Pool) -> bool:
         """A free block of `pool`, by a create-if-absent transaction on this replica's lease."""
         assert self.etcd
         try:
@@ -553,8 +579,8 @@ class Replica:
         except RuntimeError:
             return False
         free = [i for i in range(pool.blocks) if f"{pool.path}{i}" not in taken and i not in pool.held]
-        random.shuffle(free)
-        for i in free[:max(len(free) - keep_free, 0)]:
+        free.sort(key=lambda i: (i < pool.prefer_from, random.random()))
+        for i in free:
             with contextlib.suppress(RuntimeError):
                 if await self.etcd.create(f"{pool.path}{i}", self.id, self.lease):
                     pool.held[i] = pool.size(i)
@@ -565,7 +591,7 @@ class Replica:
         """A slot back; blocks go back to the fleet as soon as they are idle (a deployment's keep one spare)."""
         pool.inflight -= 1
         self._wake()
-        await self._trim(pool)
+        await asyncio.shield(self._trim(pool))  # a cancelled request still gives its blocks back
 
     async def _trim(self, pool: Pool) -> None:
         """Give back the blocks `pool` does not need (a deployment's keeps one spare while no replica waits)."""
@@ -699,7 +725,7 @@ class Replica:
         return web.json_response({
             "replica": self.id, "pid": os.getpid(), "ready": self.ready, "lease": self.lease,
             "deployments": {d.name: {"breaker": "closed" if d.open_since is None else "open",
-                                     "inflight": d.pool.inflight, "granted": d.pool.granted,
+                                     "inflight": d.inflight, "granted": d.granted,
                                      "capacity": d.capacity, "weight": d.weight, "role": d.role}
                             for d in self.deployments},
             "queued": dict(self.queued),
@@ -781,13 +807,13 @@ class Replica:
                     for d in self._order():
                         if d.open_since is not None or time.monotonic() > deadline:
                             continue
-                        if not await self._take(d.pool, d.reserve if caller.batch else 0):
+                        if not await self._take(d.pool_for(caller)):
                             full += 1
                             continue
                         try:
                             done = await self._forward(request, d, raw, stream, asked_usage, caller, deadline)
                         finally:
-                            await self._give(d.pool)
+                            await self._give(d.pool_for(caller))
                         if done is not None:
                             return done
                         failed += 1
@@ -862,7 +888,7 @@ class Replica:
             # The stream broke after its first byte: go on from another deployment, with what was sent so far as
             # the assistant's message to continue (Dynamo's preprocessor: continue_final_message).
             await self._failed(d)
-            nxt = await self._continuation(request.path, raw, relay, tried, deadline)
+            nxt = await self._continuation(request.path, raw, relay, tried, deadline, caller)
             if nxt is None:
                 break
             self.metrics.inc("continuations_total", d.name)
@@ -875,7 +901,7 @@ class Replica:
                 self._record(caller, d.name, 499, relay.usage)
                 return resp
             finally:
-                await self._give(d.pool)
+                await self._give(d.pool_for(caller))
         if failure is not None:
             self.metrics.inc("stream_errors_total", d.name)
             if not relay.continuable:
@@ -889,28 +915,28 @@ class Replica:
         self._record(caller, d.name, 200 if failure is None else 502, relay.usage)
         return resp
 
-    async def _continuation(self, path: str, raw: bytes, relay: Relay, tried: set[str], deadline: float
-                            ) -> tuple[Deployment, Any] | None:
+    async def _continuation(self, path: str, raw: bytes, relay: Relay, tried: set[str], deadline: float,
+                            caller: Caller) -> tuple[Deployment, Any] | None:
         """An admitted deployment not yet tried, answering 200 to the continuation of `relay`'s stream (None: none)."""
         assert self.session
         body = relay.continuation_body(raw)
         for d in self._order():
             if d.name in tried or d.open_since is not None or time.monotonic() > deadline:
                 continue
-            if not await self._take(d.pool):
+            if not await self._take(d.pool_for(caller)):
                 continue
             try:
                 upstream = await self.session.post(
                     f"{d.url}{path}", data=body, headers={"Content-Type": "application/json"},
                     timeout=ClientTimeout(total=max(deadline - time.monotonic(), 1)))
             except (TimeoutError, ClientError):
-                await self._give(d.pool)
+                await self._give(d.pool_for(caller))
                 await self._failed(d)
                 continue
             if upstream.status == 200:
                 return d, upstream
             upstream.release()
-            await self._give(d.pool)
+            await self._give(d.pool_for(caller))
             tried.add(d.name)
         return None
 

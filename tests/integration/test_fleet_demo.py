@@ -482,4 +482,4 @@ def test_a_weight_shift_then_down_of_the_old_site_loses_nothing(fleet: Fleet) ->
         stop.set()
         for w in workers:
             w.join(timeout=60)
-    assert outcomes and all(o == "ok" for o in outcomes), [o for o in outcomes if o != "ok"][:5]
+    assert outcomes and all(o == "ok" for o in outcomes), ([o for o in outcomes if o != "ok"][:5], replicas_health())
