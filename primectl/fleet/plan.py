@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from primectl.components.etcd import solo_etcd
-from primectl.components.haproxy import drain_behind, haproxy_service, request_buffer
+from primectl.components.haproxy import TLS_CERT, drain_behind, haproxy_service, request_buffer, tls_files
 from primectl.deploy.access import SSHOptions, with_access
 from primectl.errors import Problem, RecipeError
 from primectl.fleet.model import FleetRecipe
@@ -29,6 +29,7 @@ from primectl.recipe.yamlpos import Path as YamlPath
 from primectl.recipe.yamlpos import Position, load_yaml
 
 REPLICA_SCRIPT = "gateway/replica.py"
+TLS_READY_SCRIPT = "gateway/tls_ready.py"
 PREFIX = "/primectl/fleet"
 
 
@@ -98,6 +99,14 @@ def load_fleet(path: str | Path) -> LoadedFleet:
     if recipe.gateway.host not in hosts:
         raise RecipeError([loaded.problem(("gateway", "host"), f"{recipe.gateway.host!r} is not one of `hosts:`; "
                                                                f"allowed: {', '.join(hosts)}")])
+    tls = recipe.gateway.tls
+    if tls is not None:
+        from primectl.fleet.tls import check_pair
+
+        base = Path(path).resolve().parent
+        problems = check_pair(base / tls.cert, base / tls.key)
+        if problems:
+            raise RecipeError([loaded.problem(("gateway", "tls", f), m) for f, m in sorted(problems.items())])
     return loaded
 
 
@@ -147,7 +156,7 @@ def plan_fleet(path: str | Path) -> FleetPlan:
         problems.append(loaded.problem(("deployments",), "no primary deployment with a weight above 0 takes traffic"))
     if problems:
         raise RecipeError(problems)
-    gateway = gateway_plan(r, plans[0], members)
+    gateway = gateway_plan(r, plans[0], members, base_dir)
     clashes = port_clashes([*plans, gateway])
     if clashes:
         raise RecipeError([loaded.problem(("gateway", "ports"), c) for c in clashes])
@@ -210,8 +219,27 @@ def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members
     }
 
 
-def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
-    """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint)."""
+def edge_tls(r: FleetRecipe, python: str, address: str, recipe_dir: Path) -> tuple[list[FileSpec], Probe] | None:
+    """The edge's TLS files (its certificate, its key as a secret read when the bundle is made, and the probe
+    script) and its readiness probe over TLS, trusting that certificate; None where the recipe sets no `tls`."""
+    from primectl.fleet.tls import key_digest
+
+    tls = r.gateway.tls
+    if tls is None:
+        return None
+    cert, key = recipe_dir / tls.cert, recipe_dir / tls.key
+    url = f"https://{address}:{r.gateway.port}/-/ready"
+    script = files("primectl.fleet").joinpath("tls_ready.py").read_text()
+    shipped = [*tls_files(cert.read_text(encoding="ascii", errors="replace"), str(key.resolve()), key_digest(key)),
+               FileSpec(path=TLS_READY_SCRIPT, content=script)]
+    probe = Probe(kind="command", url=url, timeout_s=60,
+                  command=[python, "-I", f"{RELEASE}/{TLS_READY_SCRIPT}", url, f"{RELEASE}/{TLS_CERT}"])
+    return shipped, probe
+
+
+def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: Path) -> Plan:
+    """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint, over TLS where the
+    recipe gives a certificate; `recipe_dir`: where its paths are relative to)."""
     g = r.gateway
     hosts = _hosts(r)
     host = next(h for h in hosts if h.name == g.host)
@@ -236,18 +264,20 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
             stop_timeout_s=g.drain_timeout_s + 30,
         )
         replicas.append(svc.model_copy(update={"drain": drain_behind(host.workdir, svc, g.drain_timeout_s)}))
+    tls = edge_tls(r, runtime[host.name].python, host.address, recipe_dir)
     edge = haproxy_service(deployment=r.name, host=host.name, address=host.address, port=g.port, workdir=host.workdir,
                            replicas=replicas, spares=[], check="/-/ready",
                            bufsize=request_buffer(base.serving.model.max_context), name="edge",
-                           fronts=f"the gateway replicas of fleet {r.name}")
-    endpoint = f"http://{host.address}:{g.port}"
+                           fronts=f"the gateway replicas of fleet {r.name}",
+                           tls=tls[0] if tls else None, ready=tls[1] if tls else None)
+    endpoint = f"{'https' if tls else 'http'}://{host.address}:{g.port}"
     services = [etcd, *replicas, edge]
     blob = json.dumps([s.model_dump(mode="json") for s in services], sort_keys=True)
     return base.model_copy(update={
         "name": f"{r.name}-gateway", "namespace": f"{r.name}-gateway", "supervisor": r.supervisor,
         "recipe_hash": hashlib.sha256(blob.encode()).hexdigest()[:16], "hosts": hosts, "head": host.name,
         "slots": [], "services": services, "endpoint": endpoint, "worker_listing_url": None,
-        "gate": Probe(kind="http", url=f"{endpoint}/-/ready", timeout_s=60),
+        "gate": edge.ready,
         "serving": base.serving.model_copy(update={"runtime": runtime, "tier": None}),
         "secret_names": [], "secret_sources": {}, "target": _target(r, base), "defaults": {},
         "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1)],
