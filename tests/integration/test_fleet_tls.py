@@ -130,3 +130,20 @@ def test_the_private_key_is_only_in_the_file_haproxy_reads(fleet: TlsFleet) -> N
         out = cli(*args)
         assert line.decode() not in out.stdout + out.stderr, args
     assert cli("diff", fleet.copy.recipe).returncode == 0  # nothing would change: the key's digest matches
+
+
+def test_a_new_certificate_and_key_reach_the_edge_through_up(fleet: TlsFleet) -> None:
+    import openai
+
+    new = make_pair(fleet.pair.cert.parent.parent / "rotated")
+    fleet.pair.cert.write_bytes(new.cert.read_bytes())
+    fleet.pair.key.write_bytes(new.key.read_bytes())
+    up = cli("up", fleet.copy.recipe)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert up.stderr.count("no changes") == 1, up.stderr  # the site is untouched; the gateway's edge changed
+    r = client(fleet, ca=new.ca).chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}],
+                                                         max_tokens=4)
+    assert r.choices[0].message.content
+    with pytest.raises(openai.APIConnectionError):
+        client(fleet, ca=fleet.pair.ca).models.list()  # the old CA no longer vouches for the edge
+    fleet.pair = new
