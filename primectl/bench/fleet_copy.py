@@ -36,17 +36,21 @@ def site_ports(base: int) -> dict[str, int]:
 
 def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int = 64, block: int = 4,
                 lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2,
-                weights: tuple[int, int] = (1, 1), admission: dict[str, Any] | None = None,
+                weights: tuple[int, ...] | None = None, only: tuple[str, ...] = SITES,
+                tls: tuple[Path, Path] | None = None, admission: dict[str, Any] | None = None,
                 teams: dict[str, dict[str, int]] | None = None, monitoring: dict[str, Any] | None = None
                 ) -> FleetCopy:
-    """The fleet's recipe and its two sites' under `root`: the edge on `port`, replicas from port + 10, the
-    gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from port + 100/200.
-    `admission` and `teams` add to the gateway's settings. `monitoring`: the fleet's `monitoring:` block, its
-    ports from port + 30 (Prometheus, Alertmanager, node_exporter, the edge's exporter) unless it names them. Runs
-    on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
+    """The fleet's recipe and its sites' (`only` those of SITES) under `root`: the edge on `port`, replicas from
+    port + 10, the gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from
+    port + 100/200; `weights` in the order of `only` (default 1 each); `tls`: the edge's (certificate, key), so its
+    endpoint is https. `admission` and `teams` add to the gateway's settings. `monitoring`: the fleet's
+    `monitoring:` block, its ports from port + 30 (Prometheus, Alertmanager, node_exporter, the edge's exporter)
+    unless it names them. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
     python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
     sites, workdirs = {}, {}
     for i, site in enumerate(SITES):
+        if site not in only:
+            continue
         doc = yaml.safe_load((REPO / "recipes" / f"demo-site-{site}.yaml").read_text())
         doc["extends"] = str(REPO / "recipes" / "demo.yaml")
         doc["name"] = doc["namespace"] = f"{name}-site-{site}"
@@ -63,16 +67,19 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
     if monitoring is not None:
         ports = {"prometheus": port + 30, "alertmanager": port + 31, "node_exporter": port + 32, "balancer": port + 33}
         monitoring = {**monitoring, "ports": {**ports, **monitoring.get("ports", {})}}
+    gateway: dict[str, object] = {
+        "host": "local", "port": port, "replicas": replicas,
+        "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
+        "admission": {"block": block, "lease_ttl_s": lease_ttl_s, **(admission or {})},
+        "breaker": {"failures": failures, "cooldown_s": cooldown_s}, "teams": teams or {}}
+    if tls:
+        gateway["tls"] = {"cert": str(tls[0]), "key": str(tls[1])}
     recipe.write_text(yaml.safe_dump({
         "kind": "fleet", "name": name, **({"monitoring": monitoring} if monitoring is not None else {}),
         "deployments": [{"recipe": f"site-{s}.yaml", "capacity": capacity, "weight": w}
-                        for s, w in zip(SITES, weights, strict=True)],
+                        for s, w in zip(sites, weights or (1,) * len(sites), strict=True)],
         "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}],
-        "supervisor": "process",
-        "gateway": {"host": "local", "port": port, "replicas": replicas,
-                    "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
-                    "admission": {"block": block, "lease_ttl_s": lease_ttl_s, **(admission or {})},
-                    "breaker": {"failures": failures, "cooldown_s": cooldown_s}, "teams": teams or {}},
+        "supervisor": "process", "gateway": gateway,
     }, sort_keys=False))
-    return FleetCopy(recipe, sites, workdirs, f"http://127.0.0.1:{port}",
+    return FleetCopy(recipe, sites, workdirs, f"{'https' if tls else 'http'}://127.0.0.1:{port}",
                      [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], f"http://127.0.0.1:{port + 20}")

@@ -40,6 +40,9 @@ MAX_BUFSIZE = 128 << 20  # HAProxy refuses 256 MB and more with HTTP
 # Each stream holds a request and a response buffer, allocated while it runs: the connection cap keeps the
 # worst case (every connection busy at once) within this much memory.
 BUFFER_MEMORY = 2 << 30
+# Where a balancer that terminates TLS reads its certificate; HAProxy 2.6 loads the key from `<cert>.key` when
+# the certificate's file holds none (ssl-load-extra-files' default), so the key ships as a file of its own.
+TLS_CERT = "config/balancer-tls.pem"
 
 
 def request_buffer(max_context: int | None) -> int:
@@ -100,6 +103,14 @@ def drain_behind(workdir: str, replica: Service, timeout_s: float) -> Drain:
                  address=f"{replica.address}:{replica.ports['http']}", timeout_s=timeout_s)
 
 
+def tls_files(cert: str, key_source: str, key_digest: str) -> list[FileSpec]:
+    """The files of a balancer that terminates TLS: its certificate (public: `cert` is its text), and its key, a
+    secret read from `key_source` on the control machine when the bundle is made (the plan holds `key_digest`),
+    readable by its owner alone."""
+    return [FileSpec(path=TLS_CERT, content=cert),
+            FileSpec(path=TLS_CERT + ".key", content=key_digest, source=key_source, mode=0o600)]
+
+
 def balancer_service(ctx: PlanContext, host: str, replicas: list[Service], spares: list[Service] | None = None
                      ) -> Service:
     """HAProxy bound to the frontend's address and port, one health-checked server per replica, and one per spare
@@ -122,32 +133,35 @@ def metrics_port(ctx: PlanContext) -> int | None:
 
 def haproxy_service(*, deployment: str, host: str, address: str, port: int, workdir: str, replicas: list[Service],
                     spares: list[Service], check: str, bufsize: int, name: str = "balancer",
-                    fronts: str | None = None, metrics_port: int | None = None) -> Service:
+                    fronts: str | None = None, metrics_port: int | None = None, tls: list[FileSpec] | None = None,
+                    ready: Probe | None = None) -> Service:
     """HAProxy on `address:port` in front of `replicas` (each reached on its `http` port, UP while `check`
     answers `"ready": true`) and `spares` (servers in maintenance until a change puts them in rotation); it is
-    ready once `check` answers through it. `fronts`: what the config's header says it stands in front of."""
+    ready once `check` answers through it. `fronts`: what the config's header says it stands in front of.
+    `tls` (`tls_files`): it terminates TLS on `port` with that certificate, and `ready` says how to probe it."""
     from primectl.render.bundle import template
 
+    # through `current`, not the release it started from: a reload re-reads the release switched to
+    current = posixpath.join(workdir, "current", CONFIG)
     config = template("haproxy.cfg.j2").render(
         name=name, deployment=deployment, fronts=fronts, maxconn=connection_cap(bufsize), bufsize=bufsize,
         socket=admin_socket(workdir), state_file=state_file(workdir), check_uri=check,
         stream_timeout_s=600, address=address, port=port, metrics_port=metrics_port,
+        crt=posixpath.join(workdir, "current", TLS_CERT) if tls else None,
         servers=[{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": False} for r in replicas]
         + [{"name": r.name, "address": r.address, "port": r.ports["http"], "spare": True} for r in spares],
     )
-    # through `current`, not the release it started from: a reload re-reads the release switched to
-    current = posixpath.join(workdir, "current", CONFIG)
     argv = [HAPROXY_BINARY, "-W", "-db", "-f", current]
     return Service(
         name=name, role="balancer", component="haproxy", host=host, address=address,
-        argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config)],
+        argv=argv, env={}, files=[FileSpec(path=CONFIG, content=config), *(tls or [])],
         ports={"http": port, **({"metrics": metrics_port} if metrics_port else {})},
         listens=[port, *([metrics_port] if metrics_port else [])],
         depends_on=[r.name for r in replicas],
         metrics_url=f"http://{address}:{metrics_port}/metrics" if metrics_port else None,
         # ready once the model is ready through it: a balancer whose check follows a renamed model then says when
         # it has taken the new name (the rollout reloads it as soon as the new workers serve: rollout/strategy.py)
-        ready=Probe(kind="http", url=f"http://{address}:{port}{check}", timeout_s=60),
+        ready=ready or Probe(kind="http", url=f"http://{address}:{port}{check}", timeout_s=60),
         reload=Reload(signal="SIGUSR2", socket=admin_socket(workdir), backend=BACKEND,
                       servers=[r.name for r in [*replicas, *spares]], state_file=state_file(workdir),
                       check=[HAPROXY_BINARY, "-c", "-q", "-f", current]),

@@ -57,11 +57,21 @@ class GatewayPorts(Strict):
     etcd_peer: Port = 18380
 
 
+class Tls(Strict):
+    """The edge's certificate and private key (PEM files, relative to the fleet recipe): the endpoint is https."""
+
+    cert: str = Field(..., min_length=1, description="The certificate (chain), PEM; the leaf first.")
+    key: str = Field(..., min_length=1, description="Its private key, PEM, unencrypted: shipped to the gateway host "
+                                                    "mode 0600, and never written into a plan, a diff or a log.")
+
+
 class Gateway(Strict):
     """The gateway tier: its own etcd, the replicas, and HAProxy in front of them (the public endpoint)."""
 
     host: Name = Field(..., description="The host (one of `hosts:`) that runs the tier.")
     port: Port = Field(8000, description="The public endpoint's port (the edge).")
+    tls: Tls | None = Field(None, description="The edge terminates TLS on `port` with this certificate (None: plain "
+                                              "HTTP).")
     replicas: int = Field(2, ge=1, le=16)
     ports: GatewayPorts = Field(default_factory=GatewayPorts)
     admission: Admission = Field(default_factory=Admission)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from primectl.components.etcd import solo_etcd
-from primectl.components.haproxy import drain_behind, haproxy_service, request_buffer
+from primectl.components.haproxy import TLS_CERT, drain_behind, haproxy_service, request_buffer, tls_files
 from primectl.components.monitoring import Watched, monitor
 from primectl.deploy.access import SSHOptions, with_access
 from primectl.errors import Problem, RecipeError
@@ -45,6 +45,7 @@ from primectl.recipe.yamlpos import Position, load_yaml
 REPLICA_SCRIPT = "gateway/replica.py"
 # The gateway's hosts, as monitoring sees them: no GPU to watch, whatever its deployments run on.
 NO_GPU = HardwareFacts(profile="cpu", gpu="", sm=0, gpus_per_host=0, hosts_per_nvlink_domain=1)
+TLS_READY_SCRIPT = "gateway/tls_ready.py"
 PREFIX = "/primectl/fleet"
 
 
@@ -115,6 +116,14 @@ def load_fleet(path: str | Path) -> LoadedFleet:
                         (("monitoring", "host"), recipe.monitoring.host if recipe.monitoring else None)]:
         if host is not None and host not in hosts:
             raise RecipeError([loaded.problem(where, f"{host!r} is not one of `hosts:`; allowed: {', '.join(hosts)}")])
+    tls = recipe.gateway.tls
+    if tls is not None:
+        from primectl.fleet.tls import check_pair
+
+        base = Path(path).resolve().parent
+        problems = check_pair(base / tls.cert, base / tls.key)
+        if problems:
+            raise RecipeError([loaded.problem(("gateway", "tls", f), m) for f, m in sorted(problems.items())])
     return loaded
 
 
@@ -164,7 +173,7 @@ def plan_fleet(path: str | Path) -> FleetPlan:
         problems.append(loaded.problem(("deployments",), "no primary deployment with a weight above 0 takes traffic"))
     if problems:
         raise RecipeError(problems)
-    gateway = gateway_plan(r, plans[0], members)
+    gateway = gateway_plan(r, plans[0], members, base_dir)
     clashes = port_clashes([*plans, gateway])
     if clashes:
         raise RecipeError([loaded.problem(("gateway", "ports"), c) for c in clashes])
@@ -230,8 +239,27 @@ def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members
     }
 
 
-def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
-    """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint)."""
+def edge_tls(r: FleetRecipe, python: str, address: str, recipe_dir: Path) -> tuple[list[FileSpec], Probe] | None:
+    """The edge's TLS files (its certificate, its key as a secret read when the bundle is made, and the probe
+    script) and its readiness probe over TLS, trusting that certificate; None where the recipe sets no `tls`."""
+    from primectl.fleet.tls import key_digest
+
+    tls = r.gateway.tls
+    if tls is None:
+        return None
+    cert, key = recipe_dir / tls.cert, recipe_dir / tls.key
+    url = f"https://{address}:{r.gateway.port}/-/ready"
+    script = files("primectl.fleet").joinpath("tls_ready.py").read_text()
+    shipped = [*tls_files(cert.read_text(encoding="ascii", errors="replace"), str(key.resolve()), key_digest(key)),
+               FileSpec(path=TLS_READY_SCRIPT, content=script)]
+    probe = Probe(kind="command", url=url, timeout_s=60,
+                  command=[python, "-I", f"{RELEASE}/{TLS_READY_SCRIPT}", url, f"{RELEASE}/{TLS_CERT}"])
+    return shipped, probe
+
+
+def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: Path) -> Plan:
+    """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint, over TLS where the
+    recipe gives a certificate; `recipe_dir`: where its paths are relative to)."""
     g = r.gateway
     mon = r.monitoring if r.monitoring and r.monitoring.enabled else None
     hosts = _hosts(r)
@@ -257,11 +285,13 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
             metrics_url=f"http://{host.address}:{port}/metrics", stop_timeout_s=g.drain_timeout_s + 30,
         )
         replicas.append(svc.model_copy(update={"drain": drain_behind(host.workdir, svc, g.drain_timeout_s)}))
+    tls = edge_tls(r, runtime[host.name].python, host.address, recipe_dir)
     edge = haproxy_service(deployment=r.name, host=host.name, address=host.address, port=g.port, workdir=host.workdir,
                            replicas=replicas, spares=[], check="/-/ready",
                            bufsize=request_buffer(base.serving.model.max_context), name="edge",
-                           fronts=f"the gateway replicas of fleet {r.name}", metrics_port=mon.ports.balancer if mon else None)
-    endpoint = f"http://{host.address}:{g.port}"
+                           fronts=f"the gateway replicas of fleet {r.name}", metrics_port=mon.ports.balancer if mon else None,
+                           tls=tls[0] if tls else None, ready=tls[1] if tls else None)
+    endpoint = f"{'https' if tls else 'http'}://{host.address}:{g.port}"
     services = [etcd, *replicas, edge]
     if mon:
         services = monitor(Watched(name=f"{r.name}-gateway", hosts={h.name: h for h in hosts},
@@ -272,7 +302,7 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member]) -> Plan:
         "name": f"{r.name}-gateway", "namespace": f"{r.name}-gateway", "supervisor": r.supervisor,
         "recipe_hash": hashlib.sha256(blob.encode()).hexdigest()[:16], "hosts": hosts, "head": host.name,
         "slots": [], "services": services, "endpoint": endpoint, "worker_listing_url": None,
-        "gate": Probe(kind="http", url=f"{endpoint}/-/ready", timeout_s=60),
+        "gate": edge.ready,
         "serving": base.serving.model_copy(update={"runtime": runtime, "tier": None}),
         "secret_names": [], "secret_sources": {}, "target": _target(r, base), "defaults": {},
         "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1)],

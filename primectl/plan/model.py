@@ -146,6 +146,18 @@ class FileSpec(Frozen):
     path: str
     content: str
     mode: int = 0o644
+    source: str | None = Field(None, description=(
+        "A secret's file on the control machine (absolute): the bundle reads the file from there when it is made, "
+        "and `content` holds only its digest (`sha256:HEX`), so the secret is never in the plan. None: `content` is "
+        "the file."))
+
+    @model_serializer(mode="wrap")
+    def _without_unset_source(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A file without a source dumps as files did before sources existed (services' hashes stay the same)."""
+        out: dict[str, Any] = handler(self)
+        if self.source is None:
+            out.pop("source", None)
+        return out
 
 
 class DataParallel(Frozen):

@@ -25,7 +25,7 @@ from primectl.host.json_codec import json_pretty
 from primectl.host.processes import WATCH_ENV
 from primectl.plan.layout import Layout
 from primectl.plan.layout import unit_name as layout_unit_name
-from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, HostPlan, Plan, Service
+from primectl.plan.model import EXPECT_FIELDS, PID, RELEASE, FileSpec, HostPlan, Plan, Service
 from primectl.recipe.model import ENV_NAME_RE
 
 MANIFEST = "manifest.json"
@@ -161,6 +161,21 @@ def model_files(plan: Plan) -> dict[str, bytes]:
     return files
 
 
+def file_bytes(spec: FileSpec) -> bytes:
+    """A shipped file's content: its `content`, or for a secret the file its `source` names, read now (ValueError
+    when it is gone or no longer the file the plan was made with)."""
+    if spec.source is None:
+        return spec.content.encode()
+    try:
+        with open(spec.source, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ValueError(f"{spec.path}: cannot read {spec.source}: {exc.strerror or exc}") from None
+    if "sha256:" + hashlib.sha256(data).hexdigest() != spec.content:
+        raise ValueError(f"{spec.path}: {spec.source} changed after the plan was made; plan again")
+    return data
+
+
 def render_host(plan: Plan, host: HostPlan) -> Bundle:
     """Render everything one host needs."""
     files: dict[str, bytes] = {}
@@ -170,12 +185,12 @@ def render_host(plan: Plan, host: HostPlan) -> Bundle:
     for svc in plan.services_on(host.name):
         own = {path: text.encode() for path, text in render_service(plan, host, svc).items()}
         for spec in svc.files:
-            own[spec.path] = spec.content.encode()
+            own[spec.path] = file_bytes(spec)
         mine = set(own)
         twin: dict[str, bytes] = {}
         if svc.twin is not None:  # its surge twin ships with it: started beside it only while it restarts
             twin = {path: text.encode() for path, text in render_service(plan, host, svc.twin).items()}
-            twin |= {spec.path: spec.content.encode() for spec in svc.twin.files}
+            twin |= {spec.path: file_bytes(spec) for spec in svc.twin.files}
             own |= twin
         if svc.role in MODEL_ROLES:
             own |= model  # a new tokenizer or config must restart the services that read it
