@@ -22,7 +22,8 @@ class FleetCopy:
     workdirs: dict[str, Path]  # site a, site b, gateway
     edge: str
     replicas: list[str]
-    etcd: str
+    etcd: str  # the first member's client URL
+    etcd_members: list[str]  # every member's
 
 
 def site_ports(base: int) -> dict[str, int]:
@@ -35,10 +36,11 @@ def site_ports(base: int) -> dict[str, int]:
 
 def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int = 64, block: int = 4,
                 lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2,
-                weights: tuple[int, int] = (1, 1)) -> FleetCopy:
+                weights: tuple[int, int] = (1, 1), etcd_members: int = 1) -> FleetCopy:
     """The fleet's recipe and its two sites' under `root`: the edge on `port`, replicas from port + 10, the
     gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from port + 100/200.
-    Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
+    With several `etcd_members`, each is a `connection: local` host of its own on 127.0.0.2, .3, ... with its
+    own workdir. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
     python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
     sites, workdirs = {}, {}
     for i, site in enumerate(SITES):
@@ -54,17 +56,26 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         sites[site] = root / f"site-{site}.yaml"
         sites[site].write_text(yaml.safe_dump(doc, sort_keys=False))
     workdirs["gateway"] = root / "gateway"
+    hosts = [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}]
+    gateway = {"host": "local", "port": port, "replicas": replicas,
+               "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
+               "admission": {"block": block, "lease_ttl_s": lease_ttl_s},
+               "breaker": {"failures": failures, "cooldown_s": cooldown_s}}
+    addresses = ["127.0.0.1"]
+    if etcd_members > 1:
+        addresses = [f"127.0.0.{2 + i}" for i in range(etcd_members)]
+        for i, address in enumerate(addresses):
+            workdirs[f"etcd-{i}"] = root / f"etcd-{i}"
+            hosts.append({"name": f"etcd-{i}", "address": address, "connection": "local",
+                          "workdir": str(workdirs[f"etcd-{i}"])})
+        gateway["etcd_hosts"] = [f"etcd-{i}" for i in range(etcd_members)]
     recipe = root / "fleet.yaml"
     recipe.write_text(yaml.safe_dump({
         "kind": "fleet", "name": name,
         "deployments": [{"recipe": f"site-{s}.yaml", "capacity": capacity, "weight": w}
                         for s, w in zip(SITES, weights, strict=True)],
-        "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}],
-        "supervisor": "process",
-        "gateway": {"host": "local", "port": port, "replicas": replicas,
-                    "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
-                    "admission": {"block": block, "lease_ttl_s": lease_ttl_s},
-                    "breaker": {"failures": failures, "cooldown_s": cooldown_s}},
+        "hosts": hosts, "supervisor": "process", "gateway": gateway,
     }, sort_keys=False))
+    members = [f"http://{a}:{port + 20}" for a in addresses]
     return FleetCopy(recipe, sites, workdirs, f"http://127.0.0.1:{port}",
-                     [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], f"http://127.0.0.1:{port + 20}")
+                     [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], members[0], members)
