@@ -127,3 +127,79 @@ def test_render_writes_each_deployment_and_the_gateway_or_says_it_left_the_gatew
     assert (k8s / "demo-site-a" / "demo-site-a.yaml").is_file() or any((k8s / "demo-site-a").glob("*.yaml"))
     assert "the gateway tier (its etcd, 2 replicas and HAProxy) is rendered for target ssh only" in (
         k8s / "NOTES.txt").read_text()
+
+
+ETCD3 = FLEET.replace("""    workdir: /tmp/primectl-fleet-test
+""", """    workdir: /tmp/primectl-fleet-test
+  - {{name: e0, address: 127.0.0.2, connection: local, workdir: /tmp/primectl-fleet-e0}}
+  - {{name: e1, address: 127.0.0.3, connection: local, workdir: /tmp/primectl-fleet-e1}}
+  - {{name: e2, address: 127.0.0.4, connection: local, workdir: /tmp/primectl-fleet-e2}}
+""").replace("  host: local\n", "  host: local\n  etcd_hosts: [e0, e1, e2]\n")
+MEMBERS = ["gateway-etcd-0", "gateway-etcd-1", "gateway-etcd-2"]
+
+
+def test_three_etcd_hosts_plan_one_cluster_that_every_replica_and_the_controller_know(
+        cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    r = cli("plan", fleet(tmp_path, ETCD3), "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    clients = ["http://127.0.0.2:8379", "http://127.0.0.3:8379", "http://127.0.0.4:8379"]
+    assert doc["etcd"] == clients
+    services = {s["name"]: s for s in doc["gateway"]["services"]}
+    assert list(services) == [*MEMBERS, "gateway-0", "gateway-1", "edge"]
+    assert [(services[m]["host"], services[m]["ready"]["url"]) for m in MEMBERS] == [
+        ("e0", "http://127.0.0.2:8379/health"), ("e1", "http://127.0.0.3:8379/health"),
+        ("e2", "http://127.0.0.4:8379/health")]
+    assert services["gateway-1"]["depends_on"] == MEMBERS and services["gateway-1"]["host"] == "local"
+    argv = " ".join(services["gateway-etcd-1"]["argv"])
+    assert argv == (
+        "/usr/bin/etcd --name f-gateway-etcd-1 --data-dir /tmp/primectl-fleet-e1/data/gateway-etcd-1 "
+        "--listen-client-urls http://127.0.0.3:8379 --advertise-client-urls http://127.0.0.3:8379 "
+        "--listen-peer-urls http://127.0.0.3:8380 --initial-advertise-peer-urls http://127.0.0.3:8380 "
+        "--initial-cluster f-gateway-etcd-0=http://127.0.0.2:8380,f-gateway-etcd-1=http://127.0.0.3:8380,"
+        "f-gateway-etcd-2=http://127.0.0.4:8380 --initial-cluster-token f-gateway-etcd --initial-cluster-state new "
+        "--heartbeat-interval 100 --election-timeout 1000")
+    for replica in ("gateway-0", "gateway-1"):
+        config = json.loads(next(f["content"] for f in services[replica]["files"] if f["path"].endswith(".json")))
+        assert config["etcd"] == clients
+
+
+def test_a_change_of_the_etcd_members_restarts_them_one_at_a_time(tmp_path: Path) -> None:
+    from primectl.deploy.changes import Change
+    from primectl.fleet.plan import plan_fleet
+    from primectl.rollout.expected import expected_loss
+    from primectl.rollout.strategy import observe, wave_rollout
+
+    plan = plan_fleet(fleet(tmp_path, ETCD3)).gateway
+    changes = [Change(plan.service(n).host, n, "change", "its command line changes") for n in MEMBERS]
+    seen = observe(plan, {}, running=MEMBERS)
+    [wave] = [w for w in plan.start_waves() if MEMBERS[0] in w]
+    step = wave_rollout(plan, changes, seen, wave)
+    assert step.at_once == [] and [roll.batches for roll in step.rolls] == [[[m] for m in MEMBERS]]
+    assert expected_loss(plan, changes, seen) == [
+        "control: 3 batch(es) of at most 1 instance(s): drain (up to 0s) -> restart -> ready; expected loss 0"]
+
+
+@pytest.mark.parametrize(("edit", "line", "field", "message"), [
+    ({"[e0, e1, e2]": "[e0, e1, nowhere]"}, 17, "gateway.etcd_hosts[2]",
+     "'nowhere' is not one of `hosts:`; allowed: local, e0, e1, e2"),
+    ({"[e0, e1, e2]": "[e0, e1]"}, 17, "gateway.etcd_hosts",
+     "2 etcd hosts: use an odd number (1, 3, 5 or 7); a majority of them must be up"),
+    ({"[e0, e1, e2]": "[e0, e1, e0]"}, 17, "gateway.etcd_hosts[2]", "'e0' is named twice: one etcd member per host"),
+    ({"[e0, e1, e2]": "[e0, e1, local]", "address: 127.0.0.1": "address: 127.0.0.2"}, 17, "gateway.etcd_hosts[2]",
+     "'local' is at 127.0.0.2, as 'e0' is: one etcd member per address"),
+    ({"[e0, e1, e2]": "[e0, e1, e2, e0, e1, e2, e0, e1, e2]"}, 17, "gateway.etcd_hosts",
+     "at most 7 items"),
+])
+def test_bad_etcd_hosts_are_refused_at_their_line(cli: Callable[..., CliResult], tmp_path: Path,
+                                                 edit: dict[str, str], line: int, field: str, message: str) -> None:
+    body = ETCD3
+    for old, new in edit.items():
+        assert old in body
+        body = body.replace(old, new)
+    path = fleet(tmp_path, body)
+    r = cli("up", path)
+    assert r.exit_code == 2, r.stdout + r.stderr
+    assert "nothing was changed" in r.stderr
+    assert any(p.strip().startswith(f"{path}:{line}:") and f" {field}: " in p and message in p for p in r.problems()), (
+        r.stderr)

@@ -23,7 +23,8 @@ class FleetCopy:
     workdirs: dict[str, Path]  # site a, site b, gateway
     edge: str
     replicas: list[str]
-    etcd: str
+    etcd: str  # the first member's client URL
+    etcd_members: list[str]  # every member's
 
 
 def site_ports(base: int) -> dict[str, int]:
@@ -38,14 +39,16 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
                 lease_ttl_s: int = 3, failures: int = 2, cooldown_s: float = 2.0, replicas: int = 2,
                 weights: tuple[int, ...] | None = None, only: tuple[str, ...] = SITES,
                 tls: tuple[Path, Path] | None = None, admission: dict[str, Any] | None = None,
-                teams: dict[str, dict[str, int]] | None = None, monitoring: dict[str, Any] | None = None
-                ) -> FleetCopy:
+                teams: dict[str, dict[str, int]] | None = None, monitoring: dict[str, Any] | None = None,
+                etcd_members: int = 1) -> FleetCopy:
     """The fleet's recipe and its sites' (`only` those of SITES) under `root`: the edge on `port`, replicas from
     port + 10, the gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from
     port + 100/200; `weights` in the order of `only` (default 1 each); `tls`: the edge's (certificate, key), so its
     endpoint is https. `admission` and `teams` add to the gateway's settings. `monitoring`: the fleet's
     `monitoring:` block, its ports from port + 30 (Prometheus, Alertmanager, node_exporter, the edge's exporter)
-    unless it names them. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
+    unless it names them. With several `etcd_members`, each is a `connection: local` host of its own on
+    127.0.0.2, .3, ... with its own workdir. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to
+    provision)."""
     python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
     sites, workdirs = {}, {}
     for i, site in enumerate(SITES):
@@ -63,10 +66,10 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         sites[site] = root / f"site-{site}.yaml"
         sites[site].write_text(yaml.safe_dump(doc, sort_keys=False))
     workdirs["gateway"] = root / "gateway"
-    recipe = root / "fleet.yaml"
     if monitoring is not None:
         ports = {"prometheus": port + 30, "alertmanager": port + 31, "node_exporter": port + 32, "balancer": port + 33}
         monitoring = {**monitoring, "ports": {**ports, **monitoring.get("ports", {})}}
+    hosts = [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}]
     gateway: dict[str, object] = {
         "host": "local", "port": port, "replicas": replicas,
         "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
@@ -74,12 +77,21 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         "breaker": {"failures": failures, "cooldown_s": cooldown_s}, "teams": teams or {}}
     if tls:
         gateway["tls"] = {"cert": str(tls[0]), "key": str(tls[1])}
+    addresses = ["127.0.0.1"]
+    if etcd_members > 1:
+        addresses = [f"127.0.0.{2 + i}" for i in range(etcd_members)]
+        for i, address in enumerate(addresses):
+            workdirs[f"etcd-{i}"] = root / f"etcd-{i}"
+            hosts.append({"name": f"etcd-{i}", "address": address, "connection": "local",
+                          "workdir": str(workdirs[f"etcd-{i}"])})
+        gateway["etcd_hosts"] = [f"etcd-{i}" for i in range(etcd_members)]
+    recipe = root / "fleet.yaml"
     recipe.write_text(yaml.safe_dump({
         "kind": "fleet", "name": name, **({"monitoring": monitoring} if monitoring is not None else {}),
         "deployments": [{"recipe": f"site-{s}.yaml", "capacity": capacity, "weight": w}
                         for s, w in zip(sites, weights or (1,) * len(sites), strict=True)],
-        "hosts": [{"name": "local", "address": "127.0.0.1", "connection": "local", "workdir": str(workdirs["gateway"])}],
-        "supervisor": "process", "gateway": gateway,
+        "hosts": hosts, "supervisor": "process", "gateway": gateway,
     }, sort_keys=False))
+    members = [f"http://{a}:{port + 20}" for a in addresses]
     return FleetCopy(recipe, sites, workdirs, f"{'https' if tls else 'http'}://127.0.0.1:{port}",
-                     [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], f"http://127.0.0.1:{port + 20}")
+                     [f"http://127.0.0.1:{port + 10 + i}" for i in range(replicas)], members[0], members)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 
 from primectl.components.base import KubernetesForm, NotRendered
 from primectl.engines.base import PlanContext
@@ -17,6 +18,11 @@ ETCD_BINARY = "/usr/bin/etcd"
 # ticks cost about 6 ms of CPU a second while idle.
 SOLO_HEARTBEAT_MS = 20
 SOLO_ELECTION_TIMEOUT_MS = 100
+# Raft timing of members that hear each other over a local network: etcd's own defaults, which its tuning guide
+# (etcd.io/docs/v3.4/tuning) sizes for such a network (heartbeat about the members' round trip, election timeout
+# ten heartbeats). A lost leader is replaced 1-2 election timeouts later.
+CLUSTER_HEARTBEAT_MS = 100
+CLUSTER_ELECTION_TIMEOUT_MS = 1000
 KUBERNETES_DISCOVERY = "the operator's Kubernetes discovery replaces etcd and the file store"
 
 
@@ -53,6 +59,53 @@ def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, 
         ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
         metrics_url=f"{client}/metrics",
     )
+
+
+@dataclass(frozen=True)
+class EtcdMember:
+    """Where one member of an etcd cluster runs."""
+
+    name: str  # the service's
+    member: str  # etcd's own --name, unique in the cluster
+    host: str
+    address: str
+    workdir: str
+
+
+def etcd_cluster(members: list[EtcdMember], *, token: str, client_port: int, peer_port: int) -> list[Service]:
+    """An etcd cluster of `members` (each on its own address, its data under its workdir): every member lists all
+    of them in --initial-cluster, and `token` keeps it from joining another cluster's members."""
+    def peer(m: EtcdMember) -> str:
+        return f"http://{m.address}:{peer_port}"
+
+    initial = ",".join(f"{m.member}={peer(m)}" for m in members)
+    out = []
+    for m in members:
+        client = f"http://{m.address}:{client_port}"
+        argv = [
+            ETCD_BINARY,
+            "--name", m.member,
+            "--data-dir", posixpath.join(m.workdir, "data", m.name),
+            "--listen-client-urls", client,
+            "--advertise-client-urls", client,
+            "--listen-peer-urls", peer(m),
+            "--initial-advertise-peer-urls", peer(m),
+            "--initial-cluster", initial,
+            "--initial-cluster-token", token,
+            "--initial-cluster-state", "new",
+            "--heartbeat-interval", str(CLUSTER_HEARTBEAT_MS),
+            "--election-timeout", str(CLUSTER_ELECTION_TIMEOUT_MS),
+        ]
+        out.append(Service(
+            name=m.name, role="control", component="etcd", host=m.host, address=m.address,
+            argv=argv,
+            ports={"client": client_port, "peer": peer_port},
+            listens=[client_port, peer_port],
+            # /health answers true once the member sees a leader: a member started alone waits for a quorum
+            ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
+            metrics_url=f"{client}/metrics",
+        ))
+    return out
 
 
 class Etcd:

@@ -68,7 +68,10 @@ class Tls(Strict):
 class Gateway(Strict):
     """The gateway tier: its own etcd, the replicas, and HAProxy in front of them (the public endpoint)."""
 
-    host: Name = Field(..., description="The host (one of `hosts:`) that runs the tier.")
+    host: Name = Field(..., description="The host (one of `hosts:`) that runs the replicas and the edge.")
+    etcd_hosts: list[Name] | None = Field(None, min_length=1, max_length=7, description=(
+        "The hosts (of `hosts:`) of the tier's etcd, one member each: an odd number, 3 to outlive one member's "
+        "loss; default: [host]."))
     port: Port = Field(8000, description="The public endpoint's port (the edge).")
     tls: Tls | None = Field(None, description="The edge terminates TLS on `port` with this certificate (None: plain "
                                               "HTTP).")

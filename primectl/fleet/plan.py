@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from primectl.components.etcd import solo_etcd
+from primectl.components.etcd import EtcdMember, etcd_cluster, solo_etcd
 from primectl.components.haproxy import TLS_CERT, drain_behind, haproxy_service, request_buffer, tls_files
 from primectl.components.monitoring import Watched, monitor
 from primectl.deploy.access import SSHOptions, with_access
@@ -116,15 +116,51 @@ def load_fleet(path: str | Path) -> LoadedFleet:
                         (("monitoring", "host"), recipe.monitoring.host if recipe.monitoring else None)]:
         if host is not None and host not in hosts:
             raise RecipeError([loaded.problem(where, f"{host!r} is not one of `hosts:`; allowed: {', '.join(hosts)}")])
+    problems = etcd_host_problems(loaded)
+    if problems:
+        raise RecipeError(problems)
     tls = recipe.gateway.tls
     if tls is not None:
         from primectl.fleet.tls import check_pair
 
         base = Path(path).resolve().parent
-        problems = check_pair(base / tls.cert, base / tls.key)
-        if problems:
-            raise RecipeError([loaded.problem(("gateway", "tls", f), m) for f, m in sorted(problems.items())])
+        tls_problems = check_pair(base / tls.cert, base / tls.key)
+        if tls_problems:
+            raise RecipeError([loaded.problem(("gateway", "tls", f), m) for f, m in sorted(tls_problems.items())])
     return loaded
+
+
+def etcd_hosts(r: FleetRecipe) -> list[str]:
+    """The hosts of the gateway's etcd members, in recipe order (default: the gateway's host)."""
+    return r.gateway.etcd_hosts or [r.gateway.host]
+
+
+def etcd_host_problems(loaded: LoadedFleet) -> list[Problem]:
+    """What is wrong with `gateway.etcd_hosts`: a name not of `hosts:`, a host or address named twice (two members
+    would bind the same ports), an even count (a quorum is a majority: an even cluster outlives no more losses than
+    the odd one below it)."""
+    r = loaded.recipe
+    named = r.gateway.etcd_hosts
+    if named is None:
+        return []
+    address = {h.name: h.address for h in r.hosts}
+    out: list[Problem] = []
+    seen: dict[str, str] = {}
+    for i, name in enumerate(named):
+        where = ("gateway", "etcd_hosts", i)
+        if name not in address:
+            out.append(loaded.problem(where, f"{name!r} is not one of `hosts:`; allowed: {', '.join(address)}"))
+        elif name in named[:i]:
+            out.append(loaded.problem(where, f"{name!r} is named twice: one etcd member per host"))
+        elif address[name] in seen:
+            out.append(loaded.problem(where, f"{name!r} is at {address[name]}, as {seen[address[name]]!r} is: one "
+                                             "etcd member per address"))
+        else:
+            seen[address[name]] = name
+    if len(named) % 2 == 0:
+        out.append(loaded.problem(("gateway", "etcd_hosts"), f"{len(named)} etcd hosts: use an odd number (1, 3, 5 "
+                                                             "or 7); a majority of them must be up"))
+    return out
 
 
 def plan_fleet(path: str | Path) -> FleetPlan:
@@ -177,10 +213,14 @@ def plan_fleet(path: str | Path) -> FleetPlan:
     clashes = port_clashes([*plans, gateway])
     if clashes:
         raise RecipeError([loaded.problem(("gateway", "ports"), c) for c in clashes])
-    host = next(h for h in gateway.hosts if h.name == r.gateway.host)
     return FleetPlan(name=r.name, endpoint=gateway.endpoint, served_model=members[0].served_model,
-                     prefix=f"{PREFIX}/{r.name}", etcd=[f"http://{host.address}:{r.gateway.ports.etcd_client}"],
-                     members=members, plans=plans, gateway=gateway)
+                     prefix=f"{PREFIX}/{r.name}", etcd=etcd_endpoints(gateway.services), members=members, plans=plans,
+                     gateway=gateway)
+
+
+def etcd_endpoints(services: list[Service]) -> list[str]:
+    """The client URL of every etcd member among `services`, in their order."""
+    return [f"http://{s.address}:{s.ports['client']}" for s in services if s.component == "etcd"]
 
 
 def port_clashes(plans: list[Plan]) -> list[str]:
@@ -221,12 +261,13 @@ def _runtime(base: Plan, host: HostPlan) -> Runtime:
     return like.model_copy(update={"python": posixpath.join(Layout(host.workdir).runtime(like.key), "bin", "python")})
 
 
-def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members: list[Member]) -> dict[str, Any]:
-    """What one replica reads at start (no secret: keys live hashed in etcd)."""
+def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members: list[Member], etcd: list[str]
+                   ) -> dict[str, Any]:
+    """What one replica reads at start (no secret: keys live hashed in etcd, whose every member is listed)."""
     g = r.gateway
     return {
         "fleet": r.name, "replica": name, "listen": {"host": host.address, "port": port},
-        "etcd": [f"http://{host.address}:{g.ports.etcd_client}"], "prefix": f"{PREFIX}/{r.name}",
+        "etcd": etcd, "prefix": f"{PREFIX}/{r.name}",
         "lease_ttl_s": g.admission.lease_ttl_s, "retry_after_s": g.admission.retry_after_s,
         "block": g.admission.block, "batch_reserve": g.admission.batch_reserve,
         "queue": {"size": g.admission.queue, "timeout_s": g.admission.queue_timeout_s},
@@ -265,8 +306,8 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: 
     hosts = _hosts(r)
     host = next(h for h in hosts if h.name == g.host)
     runtime = {h.name: _runtime(base, h) for h in hosts}
-    etcd = solo_etcd(name="gateway-etcd", member=f"{r.name}-gateway-etcd", host=host.name, address=host.address,
-                     workdir=host.workdir, client_port=g.ports.etcd_client, peer_port=g.ports.etcd_peer)
+    etcd = gateway_etcd(r, hosts)
+    etcd_urls = etcd_endpoints(etcd)
     script = files("primectl.fleet").joinpath("replica.py").read_text()
     replicas: list[Service] = []
     for i in range(g.replicas):
@@ -277,10 +318,10 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: 
             name=name, role="gateway", component=GATEWAY_JOB, host=host.name, address=host.address,
             argv=[runtime[host.name].python, "-I", f"{RELEASE}/{REPLICA_SCRIPT}", "--config", f"{RELEASE}/{config}"],
             files=[FileSpec(path=REPLICA_SCRIPT, content=script, mode=0o755),
-                   FileSpec(path=config, content=json.dumps(replica_config(r, name, host, port, members), indent=2,
-                                                            sort_keys=True) + "\n")],
+                   FileSpec(path=config, content=json.dumps(replica_config(r, name, host, port, members, etcd_urls),
+                                                            indent=2, sort_keys=True) + "\n")],
             dirs=[posixpath.join(host.workdir, "data", name)],
-            ports={"http": port}, listens=[port], depends_on=[etcd.name],
+            ports={"http": port}, listens=[port], depends_on=[s.name for s in etcd],
             ready=Probe(kind="http", url=f"http://{host.address}:{port}/-/ready", timeout_s=60),
             metrics_url=f"http://{host.address}:{port}/metrics", stop_timeout_s=g.drain_timeout_s + 30,
         )
@@ -292,7 +333,7 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: 
                            fronts=f"the gateway replicas of fleet {r.name}", metrics_port=mon.ports.balancer if mon else None,
                            tls=tls[0] if tls else None, ready=tls[1] if tls else None)
     endpoint = f"{'https' if tls else 'http'}://{host.address}:{g.port}"
-    services = [etcd, *replicas, edge]
+    services = [*etcd, *replicas, edge]
     if mon:
         services = monitor(Watched(name=f"{r.name}-gateway", hosts={h.name: h for h in hosts},
                                    pythons={h: rt.python for h, rt in runtime.items()}, hw=NO_GPU,
@@ -305,6 +346,23 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: 
         "gate": edge.ready,
         "serving": base.serving.model_copy(update={"runtime": runtime, "tier": None}),
         "secret_names": [], "secret_sources": {}, "target": _target(r, base), "defaults": {},
-        "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1)],
+        "rollouts": [RoleRollout(role="gateway", instances=[[s.name] for s in replicas], max_unavailable=1),
+                     *([RoleRollout(role="control", instances=[[s.name] for s in etcd], max_unavailable=1)]
+                       if len(etcd) > 1 else [])],
         "monitoring": monitoring_plan(services, mon) if mon else None,
     })
+
+
+def gateway_etcd(r: FleetRecipe, hosts: list[HostPlan]) -> list[Service]:
+    """The gateway's own etcd: one member on the gateway's host (`gateway-etcd`), or a cluster of one member per
+    `gateway.etcd_hosts` (`gateway-etcd-0`...)."""
+    g = r.gateway
+    on = [next(h for h in hosts if h.name == name) for name in etcd_hosts(r)]
+    if len(on) == 1:
+        return [solo_etcd(name="gateway-etcd", member=f"{r.name}-gateway-etcd", host=on[0].name,
+                          address=on[0].address, workdir=on[0].workdir, client_port=g.ports.etcd_client,
+                          peer_port=g.ports.etcd_peer)]
+    members = [EtcdMember(name=f"gateway-etcd-{i}", member=f"{r.name}-gateway-etcd-{i}", host=h.name,
+                          address=h.address, workdir=h.workdir) for i, h in enumerate(on)]
+    return etcd_cluster(members, token=f"{r.name}-gateway-etcd", client_port=g.ports.etcd_client,
+                        peer_port=g.ports.etcd_peer)

@@ -132,19 +132,31 @@ class Etcd:
         return {unb64(kv["key"]): unb64(kv.get("value", "")) for kv in doc.get("kvs", [])}
 
     async def watch(self, prefix: str, on_event: Any) -> None:
-        """Call on_event(key, value or None) for every change under `prefix`, for ever (reconnecting)."""
-        body = {"create_request": {"key": b64(prefix), "range_end": prefix_end(prefix)}}
+        """Call on_event(key, value or None) for every change under `prefix`, for ever: when the stream breaks, on
+        the next endpoint, from the revision after the last one seen (no change is lost while it moves)."""
+        create: dict[str, Any] = {"key": b64(prefix), "range_end": prefix_end(prefix)}
+        seen: int | None = None  # every change up to this revision was delivered
         while True:
             try:
                 ep = self.endpoints[0]
-                async with self.session.post(f"{ep}/v3/watch", json=body, timeout=ClientTimeout(total=None)) as r:
+                if seen is not None:
+                    create["start_revision"] = str(seen + 1)
+                async with self.session.post(f"{ep}/v3/watch", json={"create_request": create},
+                                             timeout=ClientTimeout(total=None)) as r:
                     async for line in r.content:
                         if not line.strip():
                             continue
-                        for ev in json.loads(line).get("result", {}).get("events", []):
+                        result = json.loads(line).get("result", {})
+                        if result.get("created") and seen is None:
+                            seen = int(result["header"]["revision"])
+                        if result.get("compact_revision"):  # compacted past `seen`: from now on
+                            seen = None
+                            create.pop("start_revision", None)
+                        for ev in result.get("events", []):
                             kv = ev["kv"]
                             value = None if ev.get("type") == "DELETE" else unb64(kv.get("value", ""))
                             on_event(unb64(kv["key"]), value)
+                            seen = int(kv["mod_revision"])
             except (TimeoutError, ClientError, ValueError):
                 pass
             self.endpoints = self.endpoints[1:] + self.endpoints[:1]

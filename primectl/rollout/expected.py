@@ -94,7 +94,8 @@ def _batches(plan: Plan, seen: Seen, roll: RoleBatches) -> str:
                 f"{'this role' if len(steps[0]) == len(rollout.instances) else 'them'}")
     drain = max((drain_s(plan.service(n)) for b in steps for n in b), default=0)
     every = len(steps) == 1 and len(steps[0]) >= len([n for i in rollout.instances for n in i])
-    back = (" -> registered with the router" if rollout.registered else " -> back in the balancer"
+    behind = any(plan.service(n).drain is not None for b in steps for n in b)
+    back = (" -> registered with the router" if rollout.registered else "" if not behind else " -> back in the balancer"
             + (" at its new address" if any(moves(plan, seen, n) for b in steps for n in b) else ""))
     return (f"{rollout.role}: {len(steps)} batch(es) of at most {rollout.max_unavailable} instance(s): "
             f"drain (up to {drain:g}s) -> restart -> ready{back}"
