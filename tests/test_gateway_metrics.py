@@ -38,9 +38,10 @@ from aiohttp.test_utils import TestServer
 spec = importlib.util.spec_from_file_location("replica", sys.argv[1])
 replica = sys.modules["replica"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(replica)
-D = replica.Deployment
-deps = [D("site-a", "http://a", 1, "primary", 8, 4), D('odd"site\\b', "http://b", 1, "spill", 4, 4)]
-deps[0].inflight, deps[0].held, deps[1].open_since = 3, {0}, time.time()
+D, P = replica.Deployment, replica.Pool
+deps = [D("site-a", "http://a", 1, "primary", P("a/", 8, 4), P("a/", 8, 4, usable=1)),
+        D('odd"site\\b', "http://b", 1, "spill", P("b/", 4, 4), P("b/", 4, 4, usable=0))]
+deps[0].pool.inflight, deps[0].pool.held, deps[1].open_since = 3, {0: 4}, time.time()
 m = replica.Metrics(deps)
 
 async def unauthorized(request):
