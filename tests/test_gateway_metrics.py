@@ -1,9 +1,11 @@
-"""A gateway replica's /metrics (primectl/fleet/replica.py): Prometheus text exposition 0.0.4 written by hand,
-checked with a strict parser (tests/exposition.py) and `promtool check metrics` (Prometheus's own parser and lint).
+"""A gateway replica's /metrics (primectl/fleet/gateway/metrics.py): Prometheus text exposition 0.0.4 written by
+hand, checked with a strict parser (tests/exposition.py) and `promtool check metrics` (Prometheus's own parser and
+lint).
 
-The replica runs on the host runtime's Python (aiohttp), which .venv does not have: the driver below imports
-replica.py there, answers requests through the replica's own middleware on a real aiohttp server (handlers that
-answer as `proxy` does: 401, 429, a deployment's JSON, a stream) and prints the page it serves at /metrics.
+The replica runs on the host runtime's Python (aiohttp), which .venv does not have: the driver below imports the
+replica's package there, from the files the plan ships (`fleet_gateway`), answers requests through the replica's
+own middleware on a real aiohttp server (handlers that answer as `proxy` does: 401, 429, a deployment's JSON, a
+stream) and prints the page it serves at /metrics.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from primectl.fleet.plan import REPLICA_DIR, replica_files
 from tests.exposition import PROMTOOL, labels_of, parse, promtool_check, value
 
 REPO = Path(__file__).resolve().parents[1]
-REPLICA = REPO / "primectl" / "fleet" / "replica.py"
 
 
 def _runtime_python() -> Path | None:
@@ -35,14 +37,19 @@ import asyncio, importlib.util, sys, time
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
-spec = importlib.util.spec_from_file_location("replica", sys.argv[1])
-replica = sys.modules["replica"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(replica)
-D, P = replica.Deployment, replica.Pool
-deps = [D("site-a", "http://a", 1, "primary", P("a/", 8, 4), P("a/", 8, 4, usable=1)),
-        D('odd"site\\b', "http://b", 1, "spill", P("b/", 4, 4), P("b/", 4, 4, usable=0))]
-deps[0].pool.inflight, deps[0].pool.held, deps[1].open_since = 3, {0: 4}, time.time()
-m = replica.Metrics(deps)
+sys.path.insert(0, sys.argv[1])
+from fleet_gateway.admission import Deployment, Pool
+from fleet_gateway.metrics import Metrics
+
+
+def deployment(name, role, capacity):
+    pool = Pool(f"/admit/{name}/", capacity, 4, spare=True)
+    return Deployment(name, "http://" + role, 1, role, pool, Pool(pool.path, capacity, 4))
+
+
+deps = [deployment("site-a", "primary", 8), deployment('odd"site\\b', "spill", 4)]
+deps[0].pool.held, deps[0].pool.inflight, deps[1].open_since = {0: 4}, 3, time.time()
+m = Metrics(deps)
 
 async def unauthorized(request):
     return web.json_response({"error": {}}, status=401)
@@ -87,9 +94,14 @@ asyncio.run(main())
 
 
 @pytest.fixture(scope="module")
-def page() -> str:
+def page(tmp_path_factory: pytest.TempPathFactory) -> str:
     assert RUNTIME is not None
-    proc = subprocess.run([str(RUNTIME), "-c", DRIVER, str(REPLICA)], capture_output=True, text=True, timeout=60)
+    release = tmp_path_factory.mktemp("release")
+    for spec in replica_files():
+        (release / spec.path).parent.mkdir(parents=True, exist_ok=True)
+        (release / spec.path).write_text(spec.content)
+    proc = subprocess.run([str(RUNTIME), "-I", "-c", DRIVER, str(release / REPLICA_DIR)], capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -1,7 +1,8 @@
 """The controller's side of the fleet's etcd: etcd v3's own JSON gateway (POST /v3/...), over urllib.
 
 etcd 3.4 serves its gRPC API as JSON on the client port, so the controller needs no etcd client library (the
-once-usual `etcd3` package no longer imports with protobuf >= 4); replica.py speaks the same API over aiohttp.
+once-usual `etcd3` package no longer imports with protobuf >= 4); the gateway replicas speak the same API over
+aiohttp (gateway/etcd.py).
 """
 
 from __future__ import annotations

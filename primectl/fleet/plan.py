@@ -42,7 +42,11 @@ from primectl.plan.model import (
 from primectl.recipe.yamlpos import Path as YamlPath
 from primectl.recipe.yamlpos import Position, load_yaml
 
-REPLICA_SCRIPT = "gateway/replica.py"
+# A replica is the package primectl.fleet.gateway, shipped as `fleet_gateway` in a directory that Python runs
+# through its __main__.py: with -I, a script's own directory is not on sys.path, but a directory run that way is.
+REPLICA_DIR = "gateway-replica"
+REPLICA_PACKAGE = "fleet_gateway"
+REPLICA_MAIN = f"from {REPLICA_PACKAGE}.replica import main\n\nmain()\n"
 # The gateway's hosts, as monitoring sees them: no GPU to watch, whatever its deployments run on.
 NO_GPU = HardwareFacts(profile="cpu", gpu="", sm=0, gpus_per_host=0, hosts_per_nvlink_domain=1)
 TLS_READY_SCRIPT = "gateway/tls_ready.py"
@@ -298,6 +302,16 @@ def edge_tls(r: FleetRecipe, python: str, address: str, recipe_dir: Path) -> tup
     return shipped, probe
 
 
+def replica_files() -> list[FileSpec]:
+    """The replica's files in the release: `gateway-replica/__main__.py`, and the modules of primectl.fleet.gateway
+    as the package `fleet_gateway` beside it."""
+    package = files("primectl.fleet.gateway")
+    modules = sorted(f.name for f in package.iterdir() if f.name.endswith(".py"))
+    return [FileSpec(path=f"{REPLICA_DIR}/__main__.py", content=REPLICA_MAIN),
+            *(FileSpec(path=f"{REPLICA_DIR}/{REPLICA_PACKAGE}/{name}", content=package.joinpath(name).read_text())
+              for name in modules)]
+
+
 def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: Path) -> Plan:
     """The gateway tier as a Plan: etcd, the replicas, HAProxy in front (the public endpoint, over TLS where the
     recipe gives a certificate; `recipe_dir`: where its paths are relative to)."""
@@ -308,7 +322,7 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: 
     runtime = {h.name: _runtime(base, h) for h in hosts}
     etcd = gateway_etcd(r, hosts)
     etcd_urls = etcd_endpoints(etcd)
-    script = files("primectl.fleet").joinpath("replica.py").read_text()
+    shipped = replica_files()
     replicas: list[Service] = []
     for i in range(g.replicas):
         name = f"gateway-{i}"
@@ -316,8 +330,8 @@ def gateway_plan(r: FleetRecipe, base: Plan, members: list[Member], recipe_dir: 
         config = f"config/{name}.json"
         svc = Service(
             name=name, role="gateway", component=GATEWAY_JOB, host=host.name, address=host.address,
-            argv=[runtime[host.name].python, "-I", f"{RELEASE}/{REPLICA_SCRIPT}", "--config", f"{RELEASE}/{config}"],
-            files=[FileSpec(path=REPLICA_SCRIPT, content=script, mode=0o755),
+            argv=[runtime[host.name].python, "-I", f"{RELEASE}/{REPLICA_DIR}", "--config", f"{RELEASE}/{config}"],
+            files=[*shipped,
                    FileSpec(path=config, content=json.dumps(replica_config(r, name, host, port, members, etcd_urls),
                                                             indent=2, sort_keys=True) + "\n")],
             dirs=[posixpath.join(host.workdir, "data", name)],

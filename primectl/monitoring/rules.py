@@ -28,7 +28,7 @@ MIN_REQUESTS_FOR_RATIO = 100
 MIN_PEERS = 3
 # The labels every scrape target carries; guards and per-target aggregations keep them.
 TARGET = "deployment, job, service, host, role"
-# A fleet's gateway replicas (primectl/fleet/replica.py): their scrape job, and the label their series name the
+# A fleet's gateway replicas (primectl/fleet/gateway/): their scrape job, and the label their series name the
 # fleet's deployment by (the replica's own `deployment` label, which Prometheus renames beside the target's).
 GATEWAY_JOB = "fleet-gateway"
 MEMBER = "exported_deployment"

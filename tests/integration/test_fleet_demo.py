@@ -2,7 +2,7 @@
 
 Two copies of recipes/demo-site-{a,b}.yaml (Dynamo's mocker behind real Dynamo frontends and HAProxy, ports
 and workdirs of their own) and a `kind: fleet` recipe over them go `up` with the process supervisor: the
-gateway's own etcd, two gateway replicas (primectl/fleet/replica.py on the host runtime's aiohttp) and HAProxy
+gateway's own etcd, two gateway replicas (primectl/fleet/gateway/ on the host runtime's aiohttp) and HAProxy
 in front of them. Through the `openai` client, with a key from `primectl keys create`:
 
 - no key: 401 with an OpenAI error body; with the key: chat and streaming chat answered;

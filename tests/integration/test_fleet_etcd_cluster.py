@@ -6,7 +6,7 @@ cluster, the replicas and the edge on 127.0.0.1. With a key from `primectl keys 
 answered. Then the member every client tries first, made the cluster's leader, is SIGKILLed (by pid):
 
 - requests through the edge keep being answered, none lost;
-- replica.py's own etcd watch, on that member, misses no change written while it moves to the next one;
+- the replica's own etcd watch, on that member, misses no change written while it moves to the next one;
 - `keys create` still works and the new key is accepted by both replicas; `keys revoke` still reaches both;
 - `primectl status` still answers, healthy;
 - a site SIGKILLed opens its breaker on both replicas (the breaker still propagates through the cluster);
@@ -88,17 +88,16 @@ def kill_all(workdir: Path) -> None:
             pass
 
 
-# Runs on the host runtime (it has aiohttp): replica.py's own Etcd class watches a prefix on every member, the
-# first one first. The member it watches is SIGKILLed and, before the event loop runs again (so before the watch
-# can move to the next member), a key is written through another member. A replica whose watch misses such a
-# change keeps a revoked key working until it restarts.
+# Runs on the host runtime (it has aiohttp): the replica's own Etcd class, from the package the gateway's release
+# holds, watches a prefix on every member, the first one first. The member it watches is SIGKILLed and, before the
+# event loop runs again (so before the watch can move to the next member), a key is written through another member.
+# A replica whose watch misses such a change keeps a revoked key working until it restarts.
 WATCH_GAP = """
-import asyncio, base64, importlib.util, json, os, signal, sys, time, urllib.request
+import asyncio, base64, json, os, signal, sys, time, urllib.request
 import aiohttp
 
-spec = importlib.util.spec_from_file_location("replica", sys.argv[1])
-replica = sys.modules["replica"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(replica)
+sys.path.insert(0, sys.argv[1])
+from fleet_gateway.etcd import Etcd
 members, pid = json.loads(sys.argv[2]), int(sys.argv[3])
 
 
@@ -118,7 +117,7 @@ def put(key):  # blocking on purpose; retried (a write waits out the election of
 async def main():
     seen = asyncio.Queue()
     async with aiohttp.ClientSession() as session:
-        etcd = replica.Etcd(session, list(members))
+        etcd = Etcd(session, list(members))
         watch = asyncio.create_task(etcd.watch("/watch-gap/", lambda k, v: seen.put_nowait(k)))
         while True:  # the watch is up once it reports a change
             put("/watch-gap/before")
@@ -210,8 +209,9 @@ def test_one_members_loss_loses_no_request_and_keys_and_the_breaker_still_work(f
     loader.start()
     try:
         time.sleep(0.5)
-        gap = subprocess.run([os.environ.get("PRIMECTL_RUNTIME_PYTHON", ".runtime/bin/python"), "-c", WATCH_GAP,
-                              str(REPO / "primectl" / "fleet" / "replica.py"), json.dumps(members), str(pids[0])],
+        gap = subprocess.run([os.environ.get("PRIMECTL_RUNTIME_PYTHON", ".runtime/bin/python"), "-I", "-c", WATCH_GAP,
+                              str(fleet.workdirs["gateway"] / "current" / "gateway-replica"), json.dumps(members),
+                              str(pids[0])],
                              capture_output=True, text=True, timeout=60, cwd=REPO)
         killed_at = len(outcomes)
         assert gap.stdout.strip() == "seen", (

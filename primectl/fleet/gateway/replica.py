@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """A fleet gateway replica: one public OpenAI endpoint over several deployments.
 
-Shipped to gateway hosts in the bundle and run with the host runtime's Python (aiohttp, the standard library,
-and etcd's own JSON gateway: no primectl, no third-party etcd client). Everything replicas share lives in the
-fleet's etcd, under the config's `prefix`:
+Shipped to gateway hosts in the bundle, with the modules beside it (the package `fleet_gateway` there), and run
+with the host runtime's Python (aiohttp, the standard library, and etcd's own JSON gateway: no primectl, no
+third-party etcd client). Everything replicas share lives in the fleet's etcd, under the config's `prefix`:
 
 - `keys/<sha256 of the key>`: the team a key belongs to. A key itself is never stored, logged or forwarded.
 - `breaker/<deployment>`: present while the deployment's circuit breaker is open. Any replica that sees
@@ -38,36 +37,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import hashlib
 import json
 import os
 import random
-import sqlite3
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
+from .admission import Budget, Caller, Deployment, Pool
+from .etcd import Etcd
+from .metrics import Metrics
+from .relay import ClientGone, Relay, continuable
+from .usage import Usage
+
 OVERLOAD = (429, 529)
 PROXIED = ("/v1/chat/completions", "/v1/completions")
 MAX_BODY = 64 << 20
-
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def unb64(text: str) -> str:
-    return base64.b64decode(text).decode()
-
-
-def prefix_end(prefix: str) -> str:
-    """The range end that covers every key starting with `prefix`."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
 
 
 def key_id(key: str) -> str:
@@ -80,311 +68,6 @@ def openai_error(status: int, message: str, kind: str, code: str | None = None,
     return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}},
                              status=status, headers=headers)
 
-
-class Etcd:
-    """etcd v3 through its JSON gateway (POST /v3/...), on one of several endpoints."""
-
-    def __init__(self, session: ClientSession, endpoints: list[str]):
-        self.session = session
-        self.endpoints = endpoints
-
-    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        last: Exception | None = None
-        for ep in self.endpoints:
-            try:
-                async with self.session.post(f"{ep}/v3/{path}", json=body, timeout=ClientTimeout(total=3)) as r:
-                    doc: dict[str, Any] = await r.json(content_type=None)
-                    if r.status != 200:
-                        raise RuntimeError(f"etcd {path}: {doc.get('message', r.status)}")
-                    return doc
-            except (TimeoutError, ClientError) as exc:
-                last = exc
-        raise RuntimeError(f"etcd unreachable: {last}")
-
-    async def grant(self, ttl: int) -> str:
-        return str((await self.call("lease/grant", {"TTL": ttl}))["ID"])
-
-    async def keepalive(self, lease: str) -> bool:
-        doc = await self.call("lease/keepalive", {"ID": lease})
-        return int(doc.get("result", {}).get("TTL", 0)) > 0
-
-    async def revoke(self, lease: str) -> None:
-        await self.call("lease/revoke", {"ID": lease})
-
-    async def put(self, key: str, value: str, lease: str | None = None) -> None:
-        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
-        if lease:
-            body["lease"] = lease
-        await self.call("kv/put", body)
-
-    async def create(self, key: str, value: str, lease: str) -> bool:
-        """Put `key` only if it does not exist: whether this call created it."""
-        doc = await self.call("kv/txn", {
-            "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": lease}}]})
-        return bool(doc.get("succeeded"))
-
-    async def delete(self, key: str) -> None:
-        await self.call("kv/deleterange", {"key": b64(key)})
-
-    async def get_prefix(self, prefix: str) -> dict[str, str]:
-        doc = await self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)})
-        return {unb64(kv["key"]): unb64(kv.get("value", "")) for kv in doc.get("kvs", [])}
-
-    async def watch(self, prefix: str, on_event: Any) -> None:
-        """Call on_event(key, value or None) for every change under `prefix`, for ever: when the stream breaks, on
-        the next endpoint, from the revision after the last one seen (no change is lost while it moves)."""
-        create: dict[str, Any] = {"key": b64(prefix), "range_end": prefix_end(prefix)}
-        seen: int | None = None  # every change up to this revision was delivered
-        while True:
-            try:
-                ep = self.endpoints[0]
-                if seen is not None:
-                    create["start_revision"] = str(seen + 1)
-                async with self.session.post(f"{ep}/v3/watch", json={"create_request": create},
-                                             timeout=ClientTimeout(total=None)) as r:
-                    async for line in r.content:
-                        if not line.strip():
-                            continue
-                        result = json.loads(line).get("result", {})
-                        if result.get("created") and seen is None:
-                            seen = int(result["header"]["revision"])
-                        if result.get("compact_revision"):  # compacted past `seen`: from now on
-                            seen = None
-                            create.pop("start_revision", None)
-                        for ev in result.get("events", []):
-                            kv = ev["kv"]
-                            value = None if ev.get("type") == "DELETE" else unb64(kv.get("value", ""))
-                            on_event(unb64(kv["key"]), value)
-                            seen = int(kv["mod_revision"])
-            except (TimeoutError, ClientError, ValueError):
-                pass
-            self.endpoints = self.endpoints[1:] + self.endpoints[:1]
-            await asyncio.sleep(0.2)
-
-
-@dataclass
-class Pool:
-    """A fleet-wide limit of concurrent requests (a deployment's capacity, a team's or a key's concurrency), cut into
-    blocks of `block` slots: keys `<path><i>` in etcd, each held by one replica on its lease."""
-
-    path: str
-    capacity: int
-    block: int
-    spare: bool = False  # keep one idle block (a deployment's: the next request claims nothing)
-    usable: int | None = None  # claim only blocks 0..usable-1 (batch: the last ones stay for interactive traffic)
-    prefer_from: int = 0  # claim blocks from here on first (interactive: the reserve, so batch finds the rest)
-    held: dict[int, int] = field(default_factory=dict)  # block -> its slots
-    inflight: int = 0
-
-    @property
-    def blocks(self) -> int:
-        every = -(-self.capacity // self.block)
-        return every if self.usable is None else min(every, self.usable)
-
-    @property
-    def granted(self) -> int:
-        return sum(self.held.values())
-
-    def size(self, i: int) -> int:
-        """Block i's slots: the last block holds what is left, so the blocks add up to the capacity exactly."""
-        return min(self.block, self.capacity - i * self.block)
-
-
-@dataclass
-class Budget:
-    """A fleet-wide tokens-per-minute budget, claimed by replicas in blocks for the current minute: keys
-    `<path><minute>/<i>` on their leases."""
-
-    path: str
-    per_minute: int
-    minute: int = -1
-    held: int = 0
-    spent: int = 0
-    keys: list[str] = field(default_factory=list)
-
-    @property
-    def block(self) -> int:
-        return -(-self.per_minute // 16)
-
-
-@dataclass
-class Caller:
-    """Who sent a request: the key's team and id (its hash), its class and its own limits."""
-
-    team: str
-    kid: str
-    batch: bool
-    limits: dict[str, Any]
-
-
-@dataclass
-class Deployment:
-    """One deployment as this replica sees it."""
-
-    name: str
-    url: str
-    weight: int
-    role: str
-    pool: Pool
-    batch: Pool  # the same blocks in etcd, less the reserve: batch requests claim only these
-    failures: int = 0
-    open_since: float | None = None  # the shared breaker, as last heard
-    probing: bool = False
-
-    @property
-    def capacity(self) -> int:
-        return self.pool.capacity
-
-    @property
-    def inflight(self) -> int:
-        return self.pool.inflight + self.batch.inflight
-
-    @property
-    def granted(self) -> int:
-        return self.pool.granted + self.batch.granted
-
-    def pool_for(self, caller: Caller) -> Pool:
-        return self.batch if caller.batch else self.pool
-
-
-class Usage:
-    """Per-request usage rows in SQLite (survives a restart; `primectl usage` merges the replicas')."""
-
-    def __init__(self, path: str):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        # WAL without an fsync per row: a row survives the replica's crash, not the host's power loss, and a
-        # request does not wait on the disk
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS usage (ts REAL, team TEXT, key_id TEXT, deployment TEXT, "
-                        "status INTEGER, prompt_tokens INTEGER, completion_tokens INTEGER)")
-
-    def record(self, team: str, kid: str, deployment: str, status: int, usage: dict[str, Any] | None) -> None:
-        u = usage or {}
-        self.db.execute("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (time.time(), team, kid[:12], deployment, status, int(u.get("prompt_tokens") or 0),
-                         int(u.get("completion_tokens") or 0)))
-
-    def summary(self, since: float) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT team, key_id, deployment, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), "
-            "SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) FROM usage WHERE ts >= ? "
-            "GROUP BY team, key_id, deployment ORDER BY team, key_id, deployment", (since,)).fetchall()
-        return [{"team": t, "key_id": k, "deployment": d, "requests": n, "prompt_tokens": p or 0,
-                 "completion_tokens": c or 0, "errors": e or 0} for t, k, d, n, p, c, e in rows]
-
-
-TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-Labels = tuple[tuple[str, str], ...]
-
-
-METRIC_PREFIX = "primectl_gateway_"
-COUNTERS = {
-    "requests_total": "Requests answered, by HTTP status and the deployment that answered (none: the gateway).",
-    "failovers_total": "Requests a deployment refused or failed before their first byte (sent on to the next).",
-    "continuations_total": "Streams a deployment broke after their first byte, continued on another deployment.",
-    "stream_errors_total": "Streams that a deployment broke and that ended with an SSE error event.",
-    "throttled_total": "429s answered: every deployment was at capacity.",
-    "unauthorized_total": "401s answered: no key, or not a key of the fleet.",
-    "breaker_trips_total": "Times this replica opened a deployment's shared circuit breaker.",
-    "lease_keepalive_failures_total": "Lease keepalives that failed (etcd unreachable) or found the lease gone.",
-}
-PER_DEPLOYMENT = ("failovers_total", "continuations_total", "stream_errors_total", "breaker_trips_total")
-GAUGES = {
-    "breaker_open": "1 while the deployment's shared circuit breaker is open, as this replica knows it.",
-    "inflight_requests": "Requests this replica has admitted to the deployment now.",
-    "granted_slots": "Slots of the deployment this replica holds (its blocks x block).",
-    "capacity_slots": "The deployment's capacity: concurrent requests the fleet admits to it.",
-}
-HISTOGRAMS = {
-    "time_to_first_event_seconds": (TTFT_BUCKETS, "From a request's arrival to the first event of its stream "
-                                                  "written to the client."),
-    "request_duration_seconds": (DURATION_BUCKETS, "From a request's arrival to its response's last byte."),
-}
-
-
-def _gauges(d: Deployment) -> dict[str, int]:
-    return {"breaker_open": int(d.open_since is not None), "inflight_requests": d.inflight,
-            "granted_slots": d.granted, "capacity_slots": d.capacity}
-
-
-def _labels(pairs: Labels) -> str:
-    """A label set as exposition writes it (backslash, quote and newline escaped)."""
-    esc = {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n"}
-    return "{" + ",".join(f'{k}="{v.translate(esc)}"' for k, v in pairs) + "}" if pairs else ""
-
-
-class Metrics:
-    """This replica's counters and histograms, served at /metrics as Prometheus text exposition 0.0.4. A request's
-    status, duration and time to its first event are taken in one place, the middleware, from its response."""
-
-    def __init__(self, deployments: list[Deployment]):
-        self.deployments = deployments
-        # every counter starts at 0 (per deployment where it has one), so a rule on it has data from the first scrape
-        self.counts: dict[tuple[str, Labels], int] = {
-            (n, ()): 0 for n in COUNTERS if n not in PER_DEPLOYMENT and n != "requests_total"}  # that one has a code
-        self.counts |= {(n, (("deployment", d.name),)): 0 for n in PER_DEPLOYMENT for d in deployments}
-        self.hists: dict[tuple[str, Labels], list[float]] = {}  # a count per bucket, then the sum, then the count
-
-    def inc(self, name: str, deployment: str | None = None, **labels: str) -> None:
-        key = (name, tuple(sorted({**labels, **({"deployment": deployment} if deployment else {})}.items())))
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-    def observe(self, name: str, seconds: float, deployment: str | None) -> None:
-        buckets = HISTOGRAMS[name][0]
-        h = self.hists.setdefault((name, (("deployment", deployment),) if deployment else ()), [0.0] * (len(buckets) + 2))
-        for i, le in enumerate(buckets):
-            h[i] += seconds <= le
-        h[-2] += seconds
-        h[-1] += 1
-
-    @web.middleware  # type: ignore[untyped-decorator]
-    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        t0, status = time.monotonic(), 500
-        try:
-            resp: web.StreamResponse = await handler(request)
-            status = resp.status
-            return resp
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            if request.path.startswith("/v1/"):
-                dep = request.get("deployment")
-                self.inc("requests_total", dep, code=str(status))
-                if status in (429, 401):
-                    self.inc("throttled_total" if status == 429 else "unauthorized_total")
-                self.observe("request_duration_seconds", time.monotonic() - t0, dep)
-                if request.get("first_event"):
-                    self.observe("time_to_first_event_seconds", request["first_event"] - t0, dep)
-
-    def text(self) -> str:
-        """The exposition page."""
-        out: list[str] = []
-        pre = METRIC_PREFIX
-
-        def family(name: str, kind: str, text: str, samples: list[str]) -> None:
-            out.extend([f"# HELP {pre}{name} {text}", f"# TYPE {pre}{name} {kind}", *samples])
-
-        for name, text in COUNTERS.items():
-            family(name, "counter", text, [f"{pre}{name}{_labels(k)} {v}" for (n, k), v in
-                                           sorted(self.counts.items()) if n == name])
-        for name, text in GAUGES.items():
-            family(name, "gauge", text, [f'{pre}{name}{_labels((("deployment", d.name),))} {_gauges(d)[name]}'
-                                         for d in self.deployments])
-        for name, (buckets, text) in HISTOGRAMS.items():
-            samples = []
-            for (n, k), h in sorted(self.hists.items()):
-                if n == name:
-                    samples += [f"{pre}{name}_bucket{_labels((*k, ('le', f'{le:g}')))} {int(c)}"
-                                for le, c in zip(buckets, h, strict=False)]
-                    samples += [f"{pre}{name}_bucket{_labels((*k, ('le', '+Inf')))} {int(h[-1])}",
-                                f"{pre}{name}_sum{_labels(k)} {h[-2]!r}", f"{pre}{name}_count{_labels(k)} {int(h[-1])}"]
-            family(name, "histogram", text, samples)
-        return "\n".join(out) + "\n"
 
 
 class Replica:
@@ -953,103 +636,6 @@ class Replica:
         return None
 
 
-GUIDED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
-
-
-def continuable(path: str, raw: bytes) -> bool:
-    """Whether a broken stream of this request can go on from another deployment: a chat completion with one
-    choice and no guided decoding (a continuation could not resume a grammar's state)."""
-    if path != "/v1/chat/completions":
-        return False
-    body = json.loads(raw)
-    return (body.get("n") or 1) == 1 and not any(body.get(k) for k in GUIDED)
-
-
-class ClientGone(Exception):
-    """The client closed its connection: nothing more can be sent to it, and no deployment is to blame."""
-
-
-class Relay:
-    """Copies an upstream SSE stream to the client, keeping what a continuation needs: the assistant's text so
-    far, how many content chunks it took, whether it finished, and the usage."""
-
-    def __init__(self, resp: web.StreamResponse, asked_usage: bool, can_continue: bool):
-        self.resp = resp
-        self.asked_usage = asked_usage
-        self.continuable = can_continue
-        self.text = ""
-        self.chunks = 0
-        self.finished = False
-        self.usage: dict[str, Any] | None = None
-        self.first: float | None = None  # when the client got its first event
-
-    async def copy(self, upstream: Any, continuation: bool = False) -> str | None:
-        """Relay until the stream ends: None when it ended well ([DONE] or a finish_reason), else what broke it."""
-        fresh = continuation
-        try:
-            async for raw_event in _sse_events(upstream):
-                data = raw_event.strip()
-                if data == b"data: [DONE]":
-                    await self._send(raw_event)
-                    return None if self.finished or not self.continuable else "[DONE] before a finish_reason"
-                event: dict[str, Any] = {}
-                if data.startswith(b"data:"):
-                    with contextlib.suppress(ValueError):
-                        event = json.loads(data[5:])
-                if event.get("usage"):
-                    self.usage = event["usage"]
-                choices = event.get("choices")
-                if event and not choices and "usage" in event and not self.asked_usage:
-                    continue  # the usage-only chunk this replica asked for
-                if choices:
-                    delta = choices[0].get("delta") or {}
-                    if delta.get("tool_calls"):
-                        self.continuable = False  # a half-streamed tool call cannot be continued as text
-                    if fresh and not delta.get("content") and not choices[0].get("finish_reason"):
-                        continue  # the continuation's opening role chunk: the client had one already
-                    fresh = False
-                    if delta.get("content"):
-                        self.text += delta["content"]
-                        self.chunks += 1
-                    if choices[0].get("finish_reason"):
-                        self.finished = True
-                await self._send(raw_event)
-                self.first = self.first or time.monotonic()
-        except (TimeoutError, ClientError) as exc:
-            return type(exc).__name__
-        return None if self.finished else "the stream ended without a finish_reason"
-
-    async def _send(self, data: bytes) -> None:
-        try:
-            await self.resp.write(data)
-        except ConnectionError as exc:  # aiohttp's ClientConnectionResetError is one, and a ClientError too
-            raise ClientGone() from exc
-
-    def continuation_body(self, raw: bytes) -> bytes:
-        """The request again, with the text sent so far as the final assistant message to continue."""
-        body = json.loads(raw)
-        body["messages"] = [*body.get("messages", []), {"role": "assistant", "content": self.text}]
-        body["continue_final_message"] = True
-        body["add_generation_prompt"] = False
-        for k in ("max_tokens", "max_completion_tokens"):
-            if body.get(k):
-                body[k] = max(1, int(body[k]) - self.chunks)
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        return json.dumps(body).encode()
-
-
-async def _sse_events(upstream: Any) -> Any:
-    """The upstream body cut into whole SSE events (each ending with a blank line)."""
-    buf = b""
-    async for chunk in upstream.content.iter_any():
-        buf += chunk
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            yield event + b"\n\n"
-    if buf.strip():
-        raise ClientError("the stream ended inside an event")
-
-
 def app(cfg: dict[str, Any]) -> web.Application:
     """The replica's aiohttp application."""
     r = Replica(cfg)
@@ -1079,6 +665,3 @@ def main() -> None:
                 access_log=None, handle_signals=True, shutdown_timeout=float(cfg.get("drain_s", 30)),
                 handler_cancellation=True)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,92 @@
+"""What a gateway replica admits requests within: fleet-wide concurrency pools and token budgets held in etcd
+blocks, who is calling, and each deployment's pools and breaker as this replica sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Pool:
+    """A fleet-wide limit of concurrent requests (a deployment's capacity, a team's or a key's concurrency), cut into
+    blocks of `block` slots: keys `<path><i>` in etcd, each held by one replica on its lease."""
+
+    path: str
+    capacity: int
+    block: int
+    spare: bool = False  # keep one idle block (a deployment's: the next request claims nothing)
+    usable: int | None = None  # claim only blocks 0..usable-1 (batch: the last ones stay for interactive traffic)
+    prefer_from: int = 0  # claim blocks from here on first (interactive: the reserve, so batch finds the rest)
+    held: dict[int, int] = field(default_factory=dict)  # block -> its slots
+    inflight: int = 0
+
+    @property
+    def blocks(self) -> int:
+        every = -(-self.capacity // self.block)
+        return every if self.usable is None else min(every, self.usable)
+
+    @property
+    def granted(self) -> int:
+        return sum(self.held.values())
+
+    def size(self, i: int) -> int:
+        """Block i's slots: the last block holds what is left, so the blocks add up to the capacity exactly."""
+        return min(self.block, self.capacity - i * self.block)
+
+
+@dataclass
+class Budget:
+    """A fleet-wide tokens-per-minute budget, claimed by replicas in blocks for the current minute: keys
+    `<path><minute>/<i>` on their leases."""
+
+    path: str
+    per_minute: int
+    minute: int = -1
+    held: int = 0
+    spent: int = 0
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def block(self) -> int:
+        return -(-self.per_minute // 16)
+
+
+@dataclass
+class Caller:
+    """Who sent a request: the key's team and id (its hash), its class and its own limits."""
+
+    team: str
+    kid: str
+    batch: bool
+    limits: dict[str, Any]
+
+
+@dataclass
+class Deployment:
+    """One deployment as this replica sees it."""
+
+    name: str
+    url: str
+    weight: int
+    role: str
+    pool: Pool
+    batch: Pool  # the same blocks in etcd, less the reserve: batch requests claim only these
+    failures: int = 0
+    open_since: float | None = None  # the shared breaker, as last heard
+    probing: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return self.pool.capacity
+
+    @property
+    def inflight(self) -> int:
+        return self.pool.inflight + self.batch.inflight
+
+    @property
+    def granted(self) -> int:
+        return self.pool.granted + self.batch.granted
+
+    def pool_for(self, caller: Caller) -> Pool:
+        return self.batch if caller.batch else self.pool
