@@ -8,6 +8,7 @@ modules.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -895,6 +896,10 @@ def usage(recipe: RecipeArg, by: Annotated[UsageBy, typer.Option("--by", help="t
 
 def main() -> None:
     """Console-script entry point."""
+    # A command's imports and planning allocate objects by the hundred thousand and free almost none: at the
+    # default gen-0 threshold (700) the cycle collector ran ~150 times in a `diff`, ~5% of its CPU. It still
+    # collects, every 100k allocations.
+    gc.set_threshold(100_000, 10, 10)
     app()
 
 

@@ -454,7 +454,7 @@ class SSHTransport:
         if self._fabric is None:
             from fabric import Config, Connection
 
-            from primectl.deploy.interruptible import InterruptibleRemote
+            from primectl.deploy.interruptible_remote import InterruptibleRemote
 
             conn = Connection(self.host.address, user=self.access.user, port=self.access.port,
                               config=Config(overrides={"runners": {"remote": InterruptibleRemote}}))

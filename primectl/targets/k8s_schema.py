@@ -34,13 +34,15 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 
 from primectl.targets import k8s_cel
+
+if TYPE_CHECKING:  # jsonschema is imported where a resource is validated: every recipe load imports this module
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 JSONSchema = dict[str, Any]
 
@@ -444,6 +446,8 @@ CORE_SCHEMAS = {("v1", "ConfigMap"): configmap_schema, ("v1", "Service"): servic
 @functools.cache
 def _validator(api_version: str, kind: str) -> Draft202012Validator:
     """The compiled validator for one apiVersion/kind (the DGD schema takes a while to build)."""
+    from jsonschema import Draft202012Validator
+
     if (api_version, kind) in CORE_SCHEMAS:
         schema = CORE_SCHEMAS[(api_version, kind)]()
     else:
@@ -454,6 +458,8 @@ def _validator(api_version: str, kind: str) -> Draft202012Validator:
 
 def validate_against(resource: Any, schema: JSONSchema) -> list[SchemaProblem]:
     """Every problem `resource` has against `schema`, in document order."""
+    from jsonschema import Draft202012Validator
+
     return _problems(Draft202012Validator(schema).iter_errors(resource))
 
 

@@ -160,7 +160,9 @@ def test_ctrl_c_mid_rollout_rolls_back_fake_engine(deployment: Deployment) -> No
 
     deployment.up_ok()
     before = deployment.snapshot()
-    deployment.write({"decode": {"env": {"FAKE_FAIL": "slow:20"}, "startup_timeout_s": 60}})
+    # Ready after 6 s: the Ctrl-C comes ~0.1 s after the replacements start (after the surge twins, also 6 s), and
+    # the rollback waits the rest of the 6 s for them.
+    deployment.write({"decode": {"env": {"FAKE_FAIL": "slow:6"}, "startup_timeout_s": 60}})
     proc = deployment.popen("up", "--no-smoke", "--skip-preflight")
     marker = deployment.workdir("h3") / "run"
     deadline = time.monotonic() + 60
