@@ -51,6 +51,9 @@ deps = [deployment("site-a", "primary", 8), deployment('odd"site\\b', "spill", 4
 deps[0].pool.held, deps[0].pool.inflight, deps[1].open_since = {0: 4}, 3, time.time()
 m = Metrics(deps)
 
+async def gone(request):  # what aiohttp does to a handler whose client closed its connection
+    raise asyncio.CancelledError()
+
 async def unauthorized(request):
     return web.json_response({"error": {}}, status=401)
 
@@ -74,6 +77,7 @@ async def stream(request):
 async def main():
     app = web.Application(middlewares=[m.middleware])
     app.router.add_post("/v1/unauthorized", unauthorized)
+    app.router.add_post("/v1/gone", gone)
     app.router.add_post("/v1/full", full)
     app.router.add_post("/v1/answered", answered)
     app.router.add_post("/v1/stream", stream)
@@ -82,6 +86,11 @@ async def main():
         for path in ["/v1/unauthorized", "/v1/full", "/v1/full", "/v1/answered", "/v1/stream", "/v1/stream"]:
             async with s.post(server.make_url(path)) as r:
                 await r.read()
+        try:
+            async with s.post(server.make_url("/v1/gone")) as r:
+                await r.read()
+        except Exception:
+            pass
         async with s.get(server.make_url("/-/ready")) as r:
             await r.read()
     m.inc("failovers_total", "site-a")
@@ -118,7 +127,9 @@ def test_requests_are_counted_by_status_and_answering_deployment(page: str) -> N
     assert {"code": "401"} in labels_of(series, req)  # the gateway answered it: no deployment label
     assert value(series, req, code="429") == 2
     assert value(series, req, code="200", deployment="site-a") == 3
-    assert sum(v for (n, _), v in series.items() if n == req) == 6  # /-/ready is not an API request
+    assert value(series, req, code="499") == 1  # a client that left is not a server error
+    assert not [labels for labels in labels_of(series, req) if labels["code"] == "500"]
+    assert sum(v for (n, _), v in series.items() if n == req) == 7  # /-/ready is not an API request
     assert all("code" in labels for labels in labels_of(series, req))
     assert value(series, "primectl_gateway_throttled_total") == 2
     assert value(series, "primectl_gateway_unauthorized_total") == 1
@@ -151,7 +162,7 @@ def test_histograms_hold_the_streams_first_event_and_every_requests_duration(pag
     assert les[0] == "0.001" and les[-1] == "+Inf"
     dur = "primectl_gateway_request_duration_seconds"
     assert value(series, f"{dur}_count", deployment="site-a") == 3
-    assert sum(v for (n, _), v in series.items() if n == f"{dur}_count") == 6
+    assert sum(v for (n, _), v in series.items() if n == f"{dur}_count") == 7
     streamed = value(series, f"{dur}_sum", deployment="site-a")
     assert streamed is not None and streamed >= 0.04  # both streams waited 20 ms between their events
     assert value(series, f"{dur}_bucket", deployment="site-a", le="0.005") is not None

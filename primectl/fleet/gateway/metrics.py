@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -83,6 +84,9 @@ class Metrics:
             return resp
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:  # the client went away first (nginx's 499), not a server error
+            status = 499
             raise
         finally:
             if request.path.startswith("/v1/"):
