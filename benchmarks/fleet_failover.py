@@ -27,72 +27,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
+from primectl.bench.fleet_load import Load, Outcome, cli, health, kill_under, tally  # noqa: E402
 from primectl.checks.smoke import words  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
             ".venv/bin/python benchmarks/fleet_failover.py'")
-
-
-@dataclass
-class Outcome:
-    """One request: when it started and ended, and how."""
-
-    started: float
-    ended: float = 0.0
-    how: str = "hung"
-    site: str = ""
-
-
-@dataclass
-class Load:
-    """The clients' outcomes, and a switch to stop them."""
-
-    outcomes: list[Outcome] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env=os.environ | {"NO_COLOR": "1"})
-
-
-def health(url: str) -> dict:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return {}
-
-
-def processes_under(path: Path) -> list[int]:
-    """Pids of live processes whose cwd is under `path` (every service runs in its workdir)."""
-    root = str(path.resolve())
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/cwd").startswith(root):
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return out
 
 
 def client_loop(fleet: FleetCopy, key: str, n: int, prompt_kb: int, load: Load) -> None:
@@ -137,13 +87,6 @@ def tripped_at(fleet: FleetCopy, name: str, site: str) -> float | None:
     return next((float(json.loads(v)["since"]) for v in doc.values()), None)
 
 
-def tally(outcomes: list[Outcome]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for o in outcomes:
-        out[o.how] = out.get(o.how, 0) + 1
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -175,8 +118,7 @@ def main() -> int:
                 t.start()
             time.sleep(args.before)
             t_kill = time.monotonic()
-            for pid in processes_under(fleet.workdirs["a"]):
-                os.kill(pid, signal.SIGKILL)
+            kill_under([fleet.workdirs["a"]])
             seen_open = breaker_seen(fleet, site_a, "open", 30)
             trip = tripped_at(fleet, name, site_a)
             time.sleep(args.after)
@@ -208,9 +150,7 @@ def main() -> int:
             return 0 if bad == 0 and propagation is not None and propagation <= 0.5 and returned > 0 else 1
         finally:
             cli("down", fleet.recipe)
-            for w in fleet.workdirs.values():
-                for pid in processes_under(w):  # what this benchmark started, by pid
-                    os.kill(pid, signal.SIGKILL)
+            kill_under(list(fleet.workdirs.values()))  # what this benchmark started, by pid
 
 
 def _site_requests(fleet: FleetCopy, site: str) -> int:

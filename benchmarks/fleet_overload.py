@@ -27,9 +27,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,25 +39,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
+from primectl.bench.fleet_load import cli, health, kill_under  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
             ".venv/bin/python benchmarks/fleet_overload.py'")
 NAME = "overload"
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env=os.environ | {"NO_COLOR": "1"})
-
-
-def health(url: str) -> dict:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return {}
 
 
 def admitted(fleet: FleetCopy) -> tuple[int, int, int]:
@@ -78,20 +62,6 @@ def etcd_blocks(fleet: FleetCopy) -> int:
     req = urllib.request.Request(f"{fleet.etcd}/v3/kv/range", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=5) as resp:
         return int(json.loads(resp.read()).get("count", 0))
-
-
-def processes_under(path: Path) -> list[int]:
-    """Pids of live processes whose cwd is under `path` (every service runs in its workdir)."""
-    root = str(path.resolve())
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/cwd").startswith(root):
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return out
 
 
 def overload(fleet: FleetCopy, key: str, clients: int, seconds: float) -> tuple[dict[str, int], int]:
@@ -229,9 +199,7 @@ def main() -> int:
             return 0 if lost == 0 and peak <= bound and leaked == 0 and counts.get("served") else 1
         finally:
             cli("down", fleet.recipe)
-            for w in fleet.workdirs.values():
-                for pid in processes_under(w):  # what this benchmark started, by pid
-                    os.kill(pid, signal.SIGKILL)
+            kill_under(list(fleet.workdirs.values()))  # what this benchmark started, by pid
 
 
 if __name__ == "__main__":
