@@ -31,7 +31,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 import urllib.request
@@ -44,12 +43,10 @@ import yaml
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet
 
-from .sshhosts import netns_problem, processes_under
+from .fleetkit import cli, fleet_up, kill_all
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
        ".venv/bin/pytest tests/integration/test_fleet_demo.py -q'")
 EDGE = 19_400
@@ -79,9 +76,6 @@ class Fleet:
         return list(self.copy.workdirs.values())
 
 
-def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
 
 
 def get(url: str) -> dict:
@@ -105,40 +99,17 @@ def client(key: str):  # type: ignore[no-untyped-def]
     return OpenAI(base_url=f"http://127.0.0.1:{EDGE}/v1", api_key=key, max_retries=0, timeout=60)
 
 
-def kill_all(workdir: Path) -> None:
-    for pid, _ in processes_under(workdir):  # only what this test started, by pid
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    problem = netns_problem(RUN)
-    if problem:
-        pytest.fail(problem, pytrace=False)
     # site a weighs more, so that the site-loss test finds a stream on it within CAPACITY streams (all of them on
     # site b: 1 in 256) and site b keeps a free slot to continue it on
     copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="testfleet", capacity=CAPACITY,
                        block=BLOCK, lease_ttl_s=TTL, weights=(3, 1), admission={"queue": 1, "queue_timeout_s": QUEUED},
                        teams={"capped": {"max_concurrency": 2}, "metered": {"tokens_per_minute": TPM}})
-    f = Fleet(copy)
-    recipe, workdirs = copy.recipe, f.workdirs
-    up = cli("up", recipe)
-    try:
-        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
-        yield f
-    finally:
-        down = cli("down", recipe)
-        deadline = time.monotonic() + 15
-        while any(processes_under(w) for w in workdirs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [p for w in workdirs for p in processes_under(w)]
-        for w in workdirs:
-            kill_all(w)
-        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
-        assert not left, f"processes left after down: {left}"
+    with fleet_up(copy, RUN):
+        yield Fleet(copy)
 
 
 def test_a_key_is_needed_and_then_chat_and_streams_are_answered(fleet: Fleet) -> None:

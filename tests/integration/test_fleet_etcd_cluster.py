@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -35,21 +34,18 @@ import pytest
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet
 
-from .sshhosts import netns_problem, processes_under
+from .fleetkit import cli, fleet_up, kill_all
+from .sshhosts import processes_under
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
        ".venv/bin/pytest tests/integration/test_fleet_etcd_cluster.py -q'")
 EDGE = 19_700
 SITE_B = "etcdfleet-site-b"
 
 
-def cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
 
 
 def etcd(member: str, path: str, body: dict | None = None) -> dict:
@@ -80,12 +76,6 @@ def health(replica: str) -> dict:
         return {}
 
 
-def kill_all(workdir: Path) -> None:
-    for pid, _ in processes_under(workdir):  # only what this test started, by pid
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 # Runs on the host runtime (it has aiohttp): the replica's own Etcd class, from the package the gateway's release
@@ -156,24 +146,10 @@ def until(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetCopy]:
-    problem = netns_problem(RUN)
-    if problem:
-        pytest.fail(problem, pytrace=False)
     copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="etcdfleet", etcd_members=3)
-    workdirs = list(copy.workdirs.values())
     # the sites' own preflight and smoke tests are test_fleet_demo's; here only the gateway's etcd is under test
-    up = cli("up", copy.recipe, "--no-smoke", "--skip-preflight")
-    try:
-        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+    with fleet_up(copy, RUN, "--no-smoke", "--skip-preflight"):
         yield copy
-    finally:
-        down = cli("down", copy.recipe)
-        until(lambda: not any(processes_under(w) for w in workdirs), 15)
-        left = [p for w in workdirs for p in processes_under(w)]
-        for w in workdirs:
-            kill_all(w)
-        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
-        assert not left, f"processes left after down: {left}"
 
 
 def test_one_members_loss_loses_no_request_and_keys_and_the_breaker_still_work(fleet: FleetCopy) -> None:

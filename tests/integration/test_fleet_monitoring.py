@@ -14,26 +14,20 @@ Two copies of the demo sites (Dynamo's mocker) on ports of their own. Run inside
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet
 
-from .sshhosts import netns_problem, processes_under
+from .fleetkit import cli, fleet_up, kill_all
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
        ".venv/bin/pytest tests/integration/test_fleet_monitoring.py -q'")
 EDGE = 19_500
@@ -43,9 +37,6 @@ MONITORING = {"scrape_interval": "2s", "evaluation_interval": "2s", "health_inte
               "alerts": {"group_wait": "2s", "group_interval": "5s", "repeat_interval": "1h"}}
 
 
-def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
 
 
 def get(url: str) -> Any:
@@ -66,36 +57,14 @@ def chat(key: str) -> int:
         return int(exc.code)
 
 
-def kill_all(workdir: Path) -> None:
-    for pid, _ in processes_under(workdir):  # only what this test started, by pid
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetCopy]:
-    problem = netns_problem(RUN)
-    if problem:
-        pytest.fail(problem, pytrace=False)
     copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name=NAME, failures=2, cooldown_s=2.0,
                        monitoring=MONITORING)
-    workdirs = list(copy.workdirs.values())
-    up = cli("up", copy.recipe)
-    try:
-        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+    with fleet_up(copy, RUN):
         yield copy
-    finally:
-        down = cli("down", copy.recipe)
-        deadline = time.monotonic() + 15
-        while any(processes_under(w) for w in workdirs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [p for w in workdirs for p in processes_under(w)]
-        for w in workdirs:
-            kill_all(w)
-        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
-        assert not left, f"processes left after down: {left}"
 
 
 def test_prometheus_scrapes_every_replica_the_edge_and_the_gateways_etcd(fleet: FleetCopy) -> None:

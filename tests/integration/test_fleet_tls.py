@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
-import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,12 +27,10 @@ import pytest
 from primectl.bench.fleet_copy import FleetCopy, write_fleet
 from tests.certs import Pair, make_pair
 
-from .sshhosts import netns_problem, processes_under
+from .fleetkit import cli, fleet_up
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.runtime/bin/python "
        ".venv/bin/pytest tests/integration/test_fleet_tls.py -q'")
 EDGE = 19_600
@@ -49,9 +43,6 @@ class TlsFleet:
     key: str = ""
 
 
-def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
 
 
 def client(fleet: TlsFleet, *, ca: Path | None):  # type: ignore[no-untyped-def]
@@ -67,30 +58,13 @@ def client(fleet: TlsFleet, *, ca: Path | None):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsFleet]:
-    problem = netns_problem(RUN)
-    if problem:
-        pytest.fail(problem, pytrace=False)
     root = tmp_path_factory.mktemp("tlsfleet")
     pair = make_pair(root / "certs")
     copy = write_fleet(root, port=EDGE, name="tlsfleet", capacity=8, only=("a",), tls=(pair.cert, pair.key))
-    workdirs = list(copy.workdirs.values())
-    up = cli("up", copy.recipe)
-    try:
-        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+    with fleet_up(copy, RUN):
         made = cli("keys", "create", copy.recipe, "--team", "tls")
         assert made.returncode == 0, made.stderr
         yield TlsFleet(copy, pair, made.stdout.strip())
-    finally:
-        down = cli("down", copy.recipe)
-        deadline = time.monotonic() + 15
-        while any(processes_under(w) for w in workdirs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [p for w in workdirs for p in processes_under(w)]
-        for w in workdirs:
-            for pid, _ in processes_under(w):  # only what this test started, by pid
-                os.kill(pid, signal.SIGKILL)
-        assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
-        assert not left, f"processes left after down: {left}"
 
 
 def test_the_endpoint_is_https_and_answers_a_client_that_trusts_its_ca(fleet: TlsFleet) -> None:
