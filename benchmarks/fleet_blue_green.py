@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,8 +33,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
-from primectl.bench.fleet_load import CUT, HUNG, LOST, NO_FINISH, OK, Load, cli, kill_under, tally  # noqa: E402
+from primectl.bench.fleet_copy import FleetCopy  # noqa: E402
+from primectl.bench.fleet_load import CUT, HUNG, LOST, NO_FINISH, OK, Load, cli, tally, with_fleet  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
@@ -57,17 +56,8 @@ def main() -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="primectl-fleet-bench-") as tmp:
-        fleet = write_fleet(Path(tmp), port=args.port, name="bluegreen", capacity=64, block=4)
-        try:
-            up = cli("up", fleet.recipe)
-            if up.returncode != 0:
-                print(up.stdout + up.stderr, file=sys.stderr)
-                return 1
-            return run(args, fleet)
-        finally:
-            cli("down", fleet.recipe)
-            kill_under(list(fleet.workdirs.values()))
+    return with_fleet(lambda fleet: run(args, fleet), "primectl-fleet-bench-", port=args.port, name="bluegreen",
+                      capacity=64, block=4)
 
 
 def site_requests(fleet: FleetCopy, site: str) -> int:

@@ -28,7 +28,6 @@ import argparse
 import base64
 import json
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -38,8 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
-from primectl.bench.fleet_load import cli, health, kill_under  # noqa: E402
+from primectl.bench.fleet_copy import FleetCopy  # noqa: E402
+from primectl.bench.fleet_load import cli, health, with_fleet  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
@@ -162,44 +161,38 @@ def main() -> int:
         print(refusal, file=sys.stderr)
         return 2
     replicas = 2
-    with tempfile.TemporaryDirectory(prefix="primectl-fleet-overload-") as tmp:
-        fleet = write_fleet(Path(tmp), port=args.port, name=NAME, capacity=args.capacity, block=args.block,
-                            replicas=replicas, admission={"queue": args.queue, "queue_timeout_s": 2})
-        up = cli("up", fleet.recipe)
-        if up.returncode != 0:
-            print(up.stdout + up.stderr, file=sys.stderr)
-            return 1
-        try:
-            key = cli("keys", "create", fleet.recipe, "--team", "bench").stdout.strip()
-            clients = 3 * args.capacity
-            counts, peak = overload(fleet, key, clients, args.seconds)
-            bound = 2 * args.capacity + replicas * args.block
-            t0 = time.monotonic()
-            dropped = cancel_streams(fleet, key, args.cancels, args.parallel)
-            cancel_s = time.monotonic() - t0
-            time.sleep(2)
-            inflight, granted, pools = admitted(fleet)
-            in_etcd = etcd_blocks(fleet)
-            held_blocks = -(-granted // args.block)
-            spare_most = pools * args.block
-            print(f"fleet overload: {clients} streaming clients (3x one site's capacity of {args.capacity}) for "
-                  f"{args.seconds:.0f} s, queue {args.queue} per replica")
-            print("  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-            print(f"  peak admitted {peak}, bound capacity + replicas x block = {bound}")
-            print(f"cancelled streams: {sum(dropped.values())} in {cancel_s:.0f} s ("
-                  + ", ".join(f"{v} {k}" for k, v in dropped.items()) + ")")
-            print(f"  after: {inflight} in flight, {granted} slots granted (spares allowed: {spare_most}), "
-                  f"{in_etcd} blocks in etcd, {held_blocks} held by replicas")
-            leaked = inflight + max(0, granted - spare_most)
-            print(f"  slots leaked: {leaked}")
-            lost = sum(v for k, v in counts.items() if k not in ("served", "429"))
-            if args.json:
-                args.json.write_text(json.dumps({"outcomes": counts, "peak": peak, "bound": bound,
-                                                 "cancelled": dropped, "leaked": leaked}, indent=2))
-            return 0 if lost == 0 and peak <= bound and leaked == 0 and counts.get("served") else 1
-        finally:
-            cli("down", fleet.recipe)
-            kill_under(list(fleet.workdirs.values()))  # what this benchmark started, by pid
+
+    def measure(fleet: FleetCopy) -> int:
+        key = cli("keys", "create", fleet.recipe, "--team", "bench").stdout.strip()
+        clients = 3 * args.capacity
+        counts, peak = overload(fleet, key, clients, args.seconds)
+        bound = 2 * args.capacity + replicas * args.block
+        t0 = time.monotonic()
+        dropped = cancel_streams(fleet, key, args.cancels, args.parallel)
+        cancel_s = time.monotonic() - t0
+        time.sleep(2)
+        inflight, granted, pools = admitted(fleet)
+        in_etcd = etcd_blocks(fleet)
+        held_blocks = -(-granted // args.block)
+        spare_most = pools * args.block
+        print(f"fleet overload: {clients} streaming clients (3x one site's capacity of {args.capacity}) for "
+              f"{args.seconds:.0f} s, queue {args.queue} per replica")
+        print("  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        print(f"  peak admitted {peak}, bound capacity + replicas x block = {bound}")
+        print(f"cancelled streams: {sum(dropped.values())} in {cancel_s:.0f} s ("
+              + ", ".join(f"{v} {k}" for k, v in dropped.items()) + ")")
+        print(f"  after: {inflight} in flight, {granted} slots granted (spares allowed: {spare_most}), "
+              f"{in_etcd} blocks in etcd, {held_blocks} held by replicas")
+        leaked = inflight + max(0, granted - spare_most)
+        print(f"  slots leaked: {leaked}")
+        lost = sum(v for k, v in counts.items() if k not in ("served", "429"))
+        if args.json:
+            args.json.write_text(json.dumps({"outcomes": counts, "peak": peak, "bound": bound,
+                                             "cancelled": dropped, "leaked": leaked}, indent=2))
+        return 0 if lost == 0 and peak <= bound and leaked == 0 and counts.get("served") else 1
+
+    return with_fleet(measure, "primectl-fleet-overload-", port=args.port, name=NAME, capacity=args.capacity,
+                      block=args.block, replicas=replicas, admission={"queue": args.queue, "queue_timeout_s": 2})
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from primectl.bench.fleet_copy import FleetCopy, write_fleet  # noqa: E402
-from primectl.bench.fleet_load import CUT, HUNG, LOST, NO_FINISH, OK, Load, cli, health, kill_under, tally  # noqa: E402
+from primectl.bench.fleet_copy import FleetCopy  # noqa: E402
+from primectl.bench.fleet_load import CUT, HUNG, LOST, NO_FINISH, OK, Load, cli, health, tally, with_fleet  # noqa: E402
 from primectl.fleet.etcd_client import Etcd  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
@@ -113,17 +112,8 @@ def main() -> int:
         print(refusal, file=sys.stderr)
         return 2
     name = "replicaloss"
-    with tempfile.TemporaryDirectory(prefix="primectl-fleet-bench-") as tmp:
-        fleet = write_fleet(Path(tmp), port=args.port, name=name, capacity=64, block=4, lease_ttl_s=args.ttl)
-        try:
-            up = cli("up", fleet.recipe)
-            if up.returncode != 0:
-                print(up.stdout + up.stderr, file=sys.stderr)
-                return 1
-            return run(args, fleet, name)
-        finally:
-            cli("down", fleet.recipe)
-            kill_under(list(fleet.workdirs.values()))
+    return with_fleet(lambda fleet: run(args, fleet, name), "primectl-fleet-bench-", port=args.port, name=name,
+                      capacity=64, block=4, lease_ttl_s=args.ttl)
 
 
 def run(args: argparse.Namespace, fleet: FleetCopy, name: str) -> int:

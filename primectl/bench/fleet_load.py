@@ -17,9 +17,13 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from primectl.bench.fleet_copy import FleetCopy
 
 REPO = Path(__file__).resolve().parents[2]
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
@@ -137,3 +141,24 @@ def kill_under(paths: list[Path]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def with_fleet(body: Callable[[FleetCopy], int], prefix: str, **copy: Any) -> int:
+    """A throwaway fleet copy (`write_fleet(**copy)` in a temporary directory) brought up, `body(fleet)`'s exit
+    code, then `down` and whatever still runs under its workdirs SIGKILLed by pid; 1 when `up` failed."""
+    import sys
+    import tempfile
+
+    from primectl.bench.fleet_copy import write_fleet
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        fleet = write_fleet(Path(tmp), **copy)
+        try:
+            up = cli("up", fleet.recipe)
+            if up.returncode != 0:
+                sys.stderr.write(up.stdout + up.stderr)
+                return 1
+            return body(fleet)
+        finally:
+            cli("down", fleet.recipe)
+            kill_under(list(fleet.workdirs.values()))
