@@ -30,7 +30,8 @@ from primectl.host.wire import ServiceRef
 from primectl.plan.layout import Layout
 from primectl.plan.model import Plan
 from primectl.targets.base import Say
-from primectl.targets.slurm_monitoring import HEAD_FILES, data_dir, head_argv, head_dir, head_port
+from primectl.targets.slurm_job import deploy_dir
+from primectl.targets.slurm_monitoring import HEAD_FILES, data_dir, head_argv, head_dir, head_port, sd_dir
 
 Action = Literal["start", "restart", "reload", "keep"]
 READY_TIMEOUT_S = 60.0
@@ -89,6 +90,7 @@ class Head:
 
     def __init__(self, plan: Plan, release_files: dict[str, bytes] | None = None):
         self.dir, self.data = head_dir(plan), data_dir(plan)
+        self.sd_dir = sd_dir(deploy_dir(plan))
         self.layout = Layout(self.dir)
         self.supervisor = ProcessSupervisor(self.layout)
         argv = head_argv(plan)
@@ -140,7 +142,9 @@ class Head:
         if all(a == "keep" for a, _ in todo.values()):
             return {n: a for n, (a, _) in todo.items()}
         staged = self.check()
-        os.makedirs(os.path.join(self.data), exist_ok=True)
+        os.makedirs(self.data, exist_ok=True)
+        # file_sd watches the directory only if it exists when Prometheus starts (else it re-reads it every 5 min)
+        os.makedirs(self.sd_dir, exist_ok=True)
         for p in self.processes:
             action = todo[p.name][0]
             for name in p.files:
