@@ -335,7 +335,8 @@ def status(
             if p.monitoring is not None:
                 from primectl.alerting.alerts_view import attach_alerts
 
-                attach_alerts(report, p.monitoring, p.name)
+                live = _target(p).bind(p).monitoring  # where it answers (a Slurm deployment's: on this machine)
+                attach_alerts(report, live or p.monitoring, p.name)
             print_status(report, output.value)
             if not watch:
                 return 0 if report.healthy else EXIT_FAILURE
@@ -359,7 +360,8 @@ def alerts(
         from primectl.alerting.alerts_view import print_alerts, problems
 
         fleet = _fleet(recipe)
-        p = fleet.gateway if fleet is not None else _plan(recipe)  # a fleet's monitoring watches its gateway tier
+        # a fleet's monitoring watches its gateway tier; a deployment's answers where it runs
+        p = fleet.gateway if fleet is not None else _live_plan(recipe)
         if p.monitoring is None:
             raise RecipeError([Problem(str(recipe), 0, 0, "monitoring",
                                        "this recipe has no `monitoring:` block, so nothing watches it; add one "

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from primectl.deploy.changes import Change, diff_services, file_diff, script_path, secrets_hash
+from primectl.deploy.changes import Action, Change, diff_services, file_diff, script_path, secrets_hash
 from primectl.deploy.status import StatusReport
 from primectl.errors import DeployError
 from primectl.plan.model import HostPlan, Plan, Runtime, node_marker
@@ -55,8 +55,9 @@ from primectl.targets import slurm_observe
 from primectl.targets.base import PlannedHosts, Say, StepPlan
 from primectl.targets.slurm_cli import JobView, SlurmClient
 from primectl.targets.slurm_files import STATE_SCHEMA, DeploymentFiles, DeploymentLock, bind
+from primectl.targets.slurm_head import Head
 from primectl.targets.slurm_job import JOB_SCRIPT, components, deploy_dir, job_name, options, render_release
-from primectl.targets.slurm_monitoring import job_plan
+from primectl.targets.slurm_monitoring import head_monitoring, job_plan
 from primectl.targets.slurm_recipe import Slurm
 
 if TYPE_CHECKING:  # provision imports the SSH cluster code, which a Slurm `up` loads only to provision
@@ -116,6 +117,8 @@ class SlurmRollout:
         self.files = DeploymentFiles(deploy_dir(plan))
         # The plan a release ran with travels with it, so a rollback can wait for exactly that job.
         self.release: Bundle = _with_plan(render_release(plan), job)
+        # Prometheus and Alertmanager on this machine (the head), brought to the release's monitoring/head/ files
+        self.head = Head(plan, self.release.files) if plan.monitoring is not None else None
         self.state = self.files.state()
         self.active = self.client.active_jobs(job_name(plan))
         recorded = str(self.state.get("job") or "")
@@ -161,6 +164,7 @@ class SlurmRollout:
         self.replace = not self.serving or runs or shape
         if self.replace:  # a new job starts every service, whatever else changed of it
             lines = [dataclasses.replace(c, action="restart", reason=self.why) if c.action in ("keep", "update") else c for c in lines]
+        lines += self._head_changes()
         if others:
             self.say(f"WARNING: job(s) {', '.join(others)} of {self.plan.name} are not recorded (an interrupted `up`?): "
                      "`up` replaces them, `down` stops them")
@@ -171,6 +175,14 @@ class SlurmRollout:
                 self.say("secrets changed: the running job keeps the values it started with until it is replaced")
         self.changes = lines
         return lines
+
+    def _head_changes(self) -> list[Change]:
+        """One line per process of the head's monitoring: start (add), restart (change), reload (update) or keep."""
+        if self.head is None:
+            return []
+        shown: dict[str, Action] = {"start": "add", "restart": "change", "reload": "update", "keep": "keep"}
+        return [Change("head", name, shown[action], why)
+                for name, (action, why) in self.head.plan().items()]
 
     def _file_diff(self, rel: str) -> str:
         """One file of the serving job's release (on the shared filesystem) against the new release."""
@@ -211,7 +223,9 @@ class SlurmRollout:
             StepPlan("provision", skip if idle else (f"create or reuse runtime {', '.join(runtimes)} under {o.job_dir}/runtime "
                                                       "(srun on one node)" if runtimes else "skipped: software.python is given")),
             StepPlan("ports", "skipped: the job's nodes are its own"),
-            StepPlan("push", skip if idle else f"write {self.files.release(self.release.revision)}"),
+            StepPlan("push", skip if idle else f"write {self.files.release(self.release.revision)}" + (
+                f"; check the head's Prometheus and Alertmanager files and bring them to them in {self.head.dir}"
+                if self.head is not None else "")),
             StepPlan("activate", skip if idle else (
                 (f"stop job(s) {', '.join(j for j, _ in self.active)}, then " if self.active else "")
                 + f"sbatch {JOB_SCRIPT}: {len(comps)} component(s), {sum(len(c.hosts) for c in comps)} node(s); "
@@ -275,9 +289,12 @@ class SlurmRollout:
         """Nothing to check: the job's nodes are allocated to it (exclusive by default)."""
 
     def push(self) -> None:
-        """Write releases/<revision>/ on the shared filesystem."""
+        """Write releases/<revision>/ on the shared filesystem; with monitoring, bring the head's Prometheus and
+        Alertmanager to the release's files (checked first: a bad file stops `up` with nothing replaced)."""
         if self.files.write_release(self.release.revision, self.release.files, self.release.modes):
             self.say(f"wrote release {self.release.revision} ({len(self.release.files)} files) to {self.files.path('releases')}")
+        if self.head is not None:  # before the job: a bad file is refused with nothing replaced
+            self.head.apply(self.say)
 
     # -- steps that change what runs ---------------------------------------------------------------------
     def activate(self, secrets: str) -> None:
@@ -456,6 +473,7 @@ class SlurmTarget:
         files = DeploymentFiles(deploy_dir(plan))
         job = str(files.state().get("job") or "")
         hosts = files.bound(job) if job else None
+        plan = plan.model_copy(update={"monitoring": head_monitoring(plan)})  # the head's, on this machine
         return bind(plan, job, hosts) if hosts else plan
 
     def render(self, plan: Plan) -> dict[str, bytes]:
@@ -479,7 +497,9 @@ class SlurmTarget:
         return slurm_observe.logs(job_plan(plan), service, follow=follow, tail=tail)
 
     def down(self, plan: Plan, options: SlurmClient | None, say: Say, *, purge: bool, break_lock: bool) -> list[str]:
-        """Stop every job of the deployment: SIGTERM to the services, scancel after their stop timeout."""
+        """Stop every job of the deployment: SIGTERM to the services, scancel after their stop timeout; then the
+        head's Prometheus and Alertmanager (`purge`: their files and data too)."""
+        head = Head(plan) if plan.monitoring is not None else None
         plan = job_plan(plan)
         client = _client(options)
         files = DeploymentFiles(deploy_dir(plan))
@@ -495,6 +515,8 @@ class SlurmTarget:
             views = stop_jobs(client, files, jobs, _stop_timeout(plan), say)
             for j, v in views.items():
                 say(f"job {j}: {v.state if v.components else 'gone'}")
+            if head is not None:
+                head.stop(say, purge=purge)
             if purge:
                 shutil.rmtree(files.root, ignore_errors=True)
             say(f"stopped {len(stopped)} service(s) in {len(jobs)} job(s)" + ("; files removed" if purge else ""))

@@ -32,8 +32,9 @@ import yaml
 
 from primectl.components import monitoring as mon
 from primectl.monitoring import scrape
-from primectl.plan.model import Plan, Service
+from primectl.plan.model import MonitoringPlan, Plan, Service
 from primectl.render.bundle import template
+from primectl.targets.slurm_recipe import Slurm
 
 OUTSIDE_JOB = mon.SERVICE_COMPONENTS
 ON_HEAD = ("prometheus", "alertmanager")
@@ -53,10 +54,7 @@ def job_plan(plan: Plan) -> Plan:
     needing = [f"{s.name} -> {d}" for s in services for d in s.depends_on if d in gone]
     if needing:
         raise ValueError(f"job services depend on monitoring services, which do not run in the job: {needing}")
-    here = plan.monitoring.model_copy(update={
-        "host": HEAD_HOST, "prometheus_url": f"http://127.0.0.1:{_port(plan, 'prometheus')}",
-        "alertmanager_url": f"http://127.0.0.1:{_port(plan, 'alertmanager')}"})
-    return plan.model_copy(update={"services": services, "monitoring": here})
+    return plan.model_copy(update={"services": services, "monitoring": head_monitoring(plan)})
 
 
 def sd_dir(deploy_dir: str) -> str:
@@ -65,13 +63,22 @@ def sd_dir(deploy_dir: str) -> str:
 
 
 def head_dir(plan: Plan) -> str:
-    """Where the head keeps the deployment's Prometheus and Alertmanager configuration."""
-    return f"/etc/primectl/{plan.name}"
+    """Where the head keeps the deployment's Prometheus and Alertmanager configuration (`slurm.head_dir`)."""
+    return posixpath.join(Slurm.model_validate(plan.target.options).head_dir, plan.name)
 
 
 def data_dir(plan: Plan) -> str:
-    """Where the head's Prometheus and Alertmanager keep their data."""
-    return f"/var/lib/primectl/monitoring/{plan.name}"
+    """Where the head's Prometheus and Alertmanager keep their data (`slurm.head_data_dir`)."""
+    return posixpath.join(Slurm.model_validate(plan.target.options).head_data_dir, plan.name)
+
+
+def head_monitoring(plan: Plan) -> MonitoringPlan | None:
+    """Where the head's Prometheus and Alertmanager answer (this machine), None when the plan does not monitor."""
+    if plan.monitoring is None or not any(s.component == "prometheus" for s in plan.services):
+        return plan.monitoring  # none, or a job's plan, whose monitoring is the head's already
+    return plan.monitoring.model_copy(update={
+        "host": HEAD_HOST, "prometheus_url": f"http://127.0.0.1:{_port(plan, 'prometheus')}",
+        "alertmanager_url": f"http://127.0.0.1:{_port(plan, 'alertmanager')}"})
 
 
 def _service(plan: Plan, component: str) -> Service:
@@ -126,17 +133,35 @@ def _node_units(plan: Plan) -> dict[str, bytes]:
     return out
 
 
-def _head_units(plan: Plan) -> dict[str, bytes]:
+def head_argv(plan: Plan) -> dict[str, list[str]]:
+    """How the head runs Prometheus and Alertmanager ({component: argv}): the planned argv with the head's files,
+    data and port."""
     home, data = head_dir(plan), data_dir(plan)
     prom, am = _service(plan, "prometheus"), _service(plan, "alertmanager")
     return {
-        f"monitoring/head/primectl-{plan.name}-prometheus.service": _unit(f"Prometheus of deployment {plan.name}", _rewrite(
-            prom.argv, {"--config.file": f"{home}/prometheus.yml", "--storage.tsdb.path": f"{data}/prometheus",
-                        "--web.listen-address": f":{_port(plan, 'prometheus')}", "--web.external-url": None})),
-        f"monitoring/head/primectl-{plan.name}-alertmanager.service": _unit(f"Alertmanager of deployment {plan.name}", _rewrite(
-            am.argv, {"--config.file": f"{home}/alertmanager.yml", "--storage.path": f"{data}/alertmanager",
-                      "--web.listen-address": f":{_port(plan, 'alertmanager')}", "--web.external-url": None})),
+        "prometheus": _rewrite(prom.argv, {
+            "--config.file": f"{home}/prometheus.yml", "--storage.tsdb.path": f"{data}/prometheus",
+            "--web.listen-address": f":{_port(plan, 'prometheus')}", "--web.external-url": None}),
+        "alertmanager": _rewrite(am.argv, {
+            "--config.file": f"{home}/alertmanager.yml", "--storage.path": f"{data}/alertmanager",
+            "--web.listen-address": f":{_port(plan, 'alertmanager')}", "--web.external-url": None}),
     }
+
+
+# the files under monitoring/head/ each of the head's components reads
+HEAD_FILES = {"prometheus": ("prometheus.yml", posixpath.basename(mon.RULES)),
+              "alertmanager": (posixpath.basename(mon.ALERTMANAGER_CONFIG),)}
+
+
+def head_port(plan: Plan, component: str) -> int:
+    """The port the head's Prometheus or Alertmanager listens on."""
+    return _port(plan, component)
+
+
+def _head_units(plan: Plan) -> dict[str, bytes]:
+    names = {"prometheus": "Prometheus", "alertmanager": "Alertmanager"}
+    return {f"monitoring/head/primectl-{plan.name}-{c}.service": _unit(f"{names[c]} of deployment {plan.name}", argv)
+            for c, argv in head_argv(plan).items()}
 
 
 def head_config(plan: Plan, targets_dir: str) -> str:

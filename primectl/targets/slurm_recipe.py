@@ -72,6 +72,12 @@ class Slurm(Strict):
         description="Directory on a filesystem shared by the submitting machine and every node: releases, job logs, "
         "state, lock and (unless software.python is given) the runtime venv live under it.",
     )
+    head_dir: AbsolutePath = Field(
+        "/etc/primectl", description="With monitoring: on the head (the machine primectl runs on), <head_dir>/<name>/ "
+        "holds the deployment's Prometheus and Alertmanager configuration, pid files and logs.")
+    head_data_dir: AbsolutePath = Field(
+        "/var/lib/primectl/monitoring", description="With monitoring: <head_data_dir>/<name>/ holds the head's "
+        "Prometheus and Alertmanager data (`down --purge` removes it).")
     partition: SlurmName = Field(None, description="sbatch --partition for every component; default: the cluster's.")
     account: SlurmName = Field(None, description="sbatch --account.")
     time_limit: str | None = Field(
