@@ -37,19 +37,24 @@ class Pool:
 
 @dataclass
 class Budget:
-    """A fleet-wide tokens-per-minute budget, claimed by replicas in blocks for the current minute: keys
-    `<path><minute>/<i>` on their leases."""
+    """A fleet-wide tokens-per-minute budget: each minute a Pool of `per_minute` tokens in blocks of a sixteenth of
+    it (keys `<path><minute>/<i>` on the claiming replicas' leases), and what this replica spent of it."""
 
     path: str
     per_minute: int
     minute: int = -1
-    held: int = 0
     spent: int = 0
-    keys: list[str] = field(default_factory=list)
+    pool: Pool | None = None
+    past: list[Pool] = field(default_factory=list)  # earlier minutes' blocks this replica still holds
 
-    @property
-    def block(self) -> int:
-        return -(-self.per_minute // 16)
+    def for_minute(self, minute: int) -> Pool:
+        """This minute's pool (a fresh one, nothing spent, when the minute changed)."""
+        if self.pool is None or minute != self.minute:
+            if self.pool is not None:
+                self.past.append(self.pool)
+            self.minute, self.spent = minute, 0
+            self.pool = Pool(f"{self.path}{minute}/", self.per_minute, -(-self.per_minute // 16))
+        return self.pool
 
 
 @dataclass

@@ -69,7 +69,6 @@ def openai_error(status: int, message: str, kind: str, code: str | None = None,
                              status=status, headers=headers)
 
 
-
 class Replica:
     """The proxy, its view of the shared state, and the loops that keep it current."""
 
@@ -199,8 +198,11 @@ class Replica:
                 self.lease = await self.etcd.grant(self.ttl)
                 for pool in [*(p for d in self.deployments for p in (d.pool, d.batch)), *self.limits.values()]:
                     pool.held.clear()
-                for b in self.budgets.values():
-                    b.minute = -1
+                for b in self.budgets.values():  # its token blocks went with the lease too
+                    b.spent = 0
+                    b.past.clear()
+                    if b.pool:
+                        b.pool.held.clear()
             await self._forget_old_minutes()
             with contextlib.suppress(RuntimeError):
                 await self._announce()
@@ -301,39 +303,21 @@ class Replica:
                 await self.etcd.delete(f"{pool.path}{i}")
 
     async def _afford(self, budget: Budget) -> bool:
-        """Whether this replica has tokens of `budget` left this minute, claiming a block of them when it has none."""
-        assert self.etcd
-        minute = int(time.time() // 60)
-        if minute != budget.minute:
-            budget.minute, budget.held, budget.spent = minute, 0, 0
-        if budget.spent < budget.held:
-            return True
-        path = f"{budget.path}{minute}/"
-        try:
-            taken = await self.etcd.get_prefix(path)
-        except RuntimeError:
-            return False
-        for i in range(-(-budget.per_minute // budget.block)):
-            if f"{path}{i}" in taken:
-                continue
-            with contextlib.suppress(RuntimeError):
-                if await self.etcd.create(f"{path}{i}", self.id, self.lease):
-                    budget.held += min(budget.block, budget.per_minute - i * budget.block)
-                    budget.keys.append(f"{path}{i}")
-                    if budget.spent < budget.held:  # an answer may have spent more than one block
-                        return True
-        return False
+        """Whether this replica has tokens of `budget` left this minute, claiming blocks of them while it has none
+        (an answer may have spent more than one block)."""
+        pool = budget.for_minute(int(time.time() // 60))
+        while budget.spent >= pool.granted:
+            if not await self._claim(pool):
+                return False
+        return True
 
     async def _forget_old_minutes(self) -> None:
-        """Delete this replica's token blocks of minutes gone by."""
-        assert self.etcd
+        """Give back this replica's token blocks of minutes gone by."""
         minute = int(time.time() // 60)
         for b in self.budgets.values():
-            old = [k for k in b.keys if not k.startswith(f"{b.path}{minute}/")]
-            for k in old:
-                with contextlib.suppress(RuntimeError):
-                    await self.etcd.delete(k)
-                b.keys.remove(k)
+            b.for_minute(minute)
+            while b.past:
+                await self._trim(b.past.pop())
 
     async def _say_waiting(self, waiting: bool) -> None:
         """Tell the other replicas (not) to keep spare blocks: requests wait here."""
@@ -424,9 +408,8 @@ class Replica:
                                      "capacity": d.capacity, "weight": d.weight, "role": d.role}
                             for d in self.deployments},
             "queued": dict(self.queued),
-            "limits": {name.removeprefix(self.prefix + "limit/").rstrip("/"): {
-                "inflight": p.inflight, "granted": p.granted, "capacity": p.capacity}
-                for name, p in ((p.path, p) for p in self.limits.values())}}, status=200 if self.ready else 503)
+            "limits": {name: {"inflight": p.inflight, "granted": p.granted, "capacity": p.capacity}
+                       for name, p in self.limits.items()}}, status=200 if self.ready else 503)
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.text().encode(),
