@@ -33,34 +33,6 @@ def etcd_service(ctx: PlanContext, host: str) -> Service:
                      workdir=ctx.hosts[host].workdir, client_port=ports.etcd_client, peer_port=ports.etcd_peer)
 
 
-def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, client_port: int, peer_port: int
-              ) -> Service:
-    """A single-member etcd called `name` on `address`, its data under the workdir."""
-    client = f"http://{address}:{client_port}"
-    peer = f"http://{address}:{peer_port}"
-    argv = [
-        ETCD_BINARY,
-        "--name", member,
-        "--data-dir", posixpath.join(workdir, "data", name),
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"{member}={peer}",
-        "--initial-cluster-state", "new",
-        "--heartbeat-interval", str(SOLO_HEARTBEAT_MS),
-        "--election-timeout", str(SOLO_ELECTION_TIMEOUT_MS),
-    ]
-    return Service(
-        name=name, role="control", component="etcd", host=host, address=address,
-        argv=argv,
-        ports={"client": client_port, "peer": peer_port},
-        listens=[client_port, peer_port],
-        ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
-        metrics_url=f"{client}/metrics",
-    )
-
-
 @dataclass(frozen=True)
 class EtcdMember:
     """Where one member of an etcd cluster runs."""
@@ -72,40 +44,51 @@ class EtcdMember:
     workdir: str
 
 
+def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, client_port: int, peer_port: int
+              ) -> Service:
+    """A single-member etcd called `name` on `address`, its data under the workdir."""
+    m = EtcdMember(name=name, member=member, host=host, address=address, workdir=workdir)
+    return _member(m, [m], token=None, client_port=client_port, peer_port=peer_port,
+                   heartbeat_ms=SOLO_HEARTBEAT_MS, election_ms=SOLO_ELECTION_TIMEOUT_MS)
+
+
 def etcd_cluster(members: list[EtcdMember], *, token: str, client_port: int, peer_port: int) -> list[Service]:
     """An etcd cluster of `members` (each on its own address, its data under its workdir): every member lists all
     of them in --initial-cluster, and `token` keeps it from joining another cluster's members."""
-    def peer(m: EtcdMember) -> str:
-        return f"http://{m.address}:{peer_port}"
+    return [_member(m, members, token=token, client_port=client_port, peer_port=peer_port,
+                    heartbeat_ms=CLUSTER_HEARTBEAT_MS, election_ms=CLUSTER_ELECTION_TIMEOUT_MS) for m in members]
 
-    initial = ",".join(f"{m.member}={peer(m)}" for m in members)
-    out = []
-    for m in members:
-        client = f"http://{m.address}:{client_port}"
-        argv = [
-            ETCD_BINARY,
-            "--name", m.member,
-            "--data-dir", posixpath.join(m.workdir, "data", m.name),
-            "--listen-client-urls", client,
-            "--advertise-client-urls", client,
-            "--listen-peer-urls", peer(m),
-            "--initial-advertise-peer-urls", peer(m),
-            "--initial-cluster", initial,
-            "--initial-cluster-token", token,
-            "--initial-cluster-state", "new",
-            "--heartbeat-interval", str(CLUSTER_HEARTBEAT_MS),
-            "--election-timeout", str(CLUSTER_ELECTION_TIMEOUT_MS),
-        ]
-        out.append(Service(
-            name=m.name, role="control", component="etcd", host=m.host, address=m.address,
-            argv=argv,
-            ports={"client": client_port, "peer": peer_port},
-            listens=[client_port, peer_port],
-            # /health answers true once the member sees a leader: a member started alone waits for a quorum
-            ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
-            metrics_url=f"{client}/metrics",
-        ))
-    return out
+
+def _member(m: EtcdMember, cluster: list[EtcdMember], *, token: str | None, client_port: int, peer_port: int,
+            heartbeat_ms: int, election_ms: int) -> Service:
+    """Member `m` of the etcd `cluster` as a service (its /health answers true once it sees a leader: a member
+    started without a quorum waits for one)."""
+    def peer(x: EtcdMember) -> str:
+        return f"http://{x.address}:{peer_port}"
+
+    client = f"http://{m.address}:{client_port}"
+    argv = [
+        ETCD_BINARY,
+        "--name", m.member,
+        "--data-dir", posixpath.join(m.workdir, "data", m.name),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer(m),
+        "--initial-advertise-peer-urls", peer(m),
+        "--initial-cluster", ",".join(f"{x.member}={peer(x)}" for x in cluster),
+        *(["--initial-cluster-token", token] if token else []),
+        "--initial-cluster-state", "new",
+        "--heartbeat-interval", str(heartbeat_ms),
+        "--election-timeout", str(election_ms),
+    ]
+    return Service(
+        name=m.name, role="control", component="etcd", host=m.host, address=m.address,
+        argv=argv,
+        ports={"client": client_port, "peer": peer_port},
+        listens=[client_port, peer_port],
+        ready=Probe(kind="http", url=f"{client}/health", timeout_s=60),
+        metrics_url=f"{client}/metrics",
+    )
 
 
 class Etcd:
