@@ -62,14 +62,26 @@ def print_alerts(deployment: str, mon: MonitoringPlan, alerts: list[Firing], out
     stream.write(f"prometheus {mon.prometheus_url}\nalertmanager {mon.alertmanager_url}\n")
 
 
-def attach_alerts(report: StatusReport, mon: MonitoringPlan, deployment: str) -> None:
-    """Mark `status`'s rows with the alerts firing about them, and add where monitoring answers (a note, not a
-    failure, when Alertmanager does not answer: `status` stays about the services)."""
-    report.monitoring = {"prometheus": mon.prometheus_url, "alertmanager": mon.alertmanager_url}
+def urls(mon: MonitoringPlan) -> dict[str, str]:
+    """Where Prometheus and Alertmanager answer, as `status` prints them."""
+    return {"prometheus": mon.prometheus_url, "alertmanager": mon.alertmanager_url}
+
+
+def firing_or_note(mon: MonitoringPlan, deployment: str) -> tuple[list[Firing], str | None]:
+    """What fires about `deployment` now, or nothing and the note that Alertmanager did not answer (for `status`,
+    which stays about the services when monitoring does not answer)."""
     try:
-        firing = api.firing(mon.alertmanager_url, deployment)
+        return api.firing(mon.alertmanager_url, deployment), None
     except api.AlertmanagerError as exc:
-        report.notes.append(f"alerts unknown: Alertmanager did not answer ({exc})")
+        return [], f"alerts unknown: Alertmanager did not answer ({exc})"
+
+
+def attach_alerts(report: StatusReport, mon: MonitoringPlan, deployment: str) -> None:
+    """Mark `status`'s rows with the alerts firing about them, and add where monitoring answers."""
+    report.monitoring = urls(mon)
+    firing, note = firing_or_note(mon, deployment)
+    if note:
+        report.notes.append(note)
         return
     report.alerts = by_service(firing)
     wide = [a for a in problems(firing) if not a.service]

@@ -204,20 +204,16 @@ def status(fleet: FleetPlan) -> dict[str, Any]:
 def alerts(fleet: FleetPlan) -> dict[str, Any]:
     """Where the gateway tier's monitoring answers and what fires there (nothing where it is not monitored; a note,
     not a failure, when Alertmanager does not answer: `status` stays about the fleet)."""
-    from primectl.alerting import alertmanager_api as api
-    from primectl.alerting.alerts_view import problems
+    from primectl.alerting.alerts_view import firing_or_note, problems, urls
     from primectl.monitoring.rules import MEMBER
 
     mon = fleet.gateway.monitoring
     if mon is None:
         return {}
-    out: dict[str, Any] = {"monitoring": {"prometheus": mon.prometheus_url, "alertmanager": mon.alertmanager_url}}
-    try:
-        firing = problems(api.firing(mon.alertmanager_url, fleet.gateway.name))
-    except api.AlertmanagerError as exc:
-        return out | {"alerts": [], "notes": [f"alerts unknown: Alertmanager did not answer ({exc})"]}
-    return out | {"alerts": [{"alert": a.name, "severity": a.severity, "about": a.labels.get(MEMBER)
-                              or a.service or "-", "summary": a.summary} for a in firing if not a.silenced]}
+    firing, note = firing_or_note(mon, fleet.gateway.name)
+    return {"monitoring": urls(mon), **({"notes": [note]} if note else {}),
+            "alerts": [{"alert": a.name, "severity": a.severity, "about": a.labels.get(MEMBER) or a.service or "-",
+                        "summary": a.summary} for a in problems(firing) if not a.silenced]}
 
 
 def print_status(doc: dict[str, Any], output: str) -> None:
