@@ -62,6 +62,27 @@ def test_stop_after_the_main_process_was_killed_stops_its_orphaned_children(tmp_
     assert not Path(layout.pidfile("svc")).exists()
 
 
+def test_stop_returns_only_once_the_orphaned_children_have_ended(tmp_path: Path) -> None:
+    """A killed child with memory to hand back (vLLM's engine core) takes a while to exit; `down` returning before
+    it has ended let the next `up` race it (and left the process listed under the workdir)."""
+    child_pid_file = tmp_path / "child.pid"
+    hog = "import sys; b = b'x' * (768 << 20); print(len(b), flush=True); import time; time.sleep(300)"
+    layout = _release(tmp_path / "wd", f"#!/bin/bash\npython3 -c \"{hog}\" > {tmp_path}/hog.out &\n"
+                                       f"echo $! > {child_pid_file}\nexec sleep 300\n")
+    sup = ProcessSupervisor(layout)
+    pid, _ = sup.start({"name": "svc", "unit": "u", "stop_timeout": 5})
+    assert pid
+    child = int(_wait_file(child_pid_file))
+    _wait_file(tmp_path / "hog.out")  # its memory is written
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while starttime(pid) is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    sup.stop({"name": "svc", "unit": "u", "stop_timeout": 5}, remove=False)
+    assert starttime(child) is None, "stop returned while the child it killed was still exiting"
+
+
 def test_stop_of_a_running_service_ends_its_whole_session(tmp_path: Path) -> None:
     child_pid_file = tmp_path / "child.pid"
     layout = _release(tmp_path / "wd", f"#!/bin/bash\nsetsid sleep 300 &\necho $! > {child_pid_file}\nexec sleep 300\n")

@@ -147,14 +147,23 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
-def kill_session_members(sid: int) -> list[int]:
+MEMBER_EXIT_WAIT_S = 30.0
+"""How long a stop waits for SIGKILLed session members to finish exiting (a process with tens of GB mapped, a
+vLLM engine core, takes seconds to hand its memory back; the next start should not race it)."""
+
+
+def kill_session_members(sid: int, wait: float = MEMBER_EXIT_WAIT_S) -> list[int]:
     """SIGKILL every process still in session `sid` (children that left the group, or that outlived a leader
-    that died: Linux never hands out a pid still in use as a session id, so they are ours)."""
+    that died: Linux never hands out a pid still in use as a session id, so they are ours), and wait up to
+    `wait` seconds until they have ended (a zombie has)."""
     killed = []
     for pid in session_members(sid):
         try:
             os.kill(pid, SIGKILL)
-            killed.append(pid)
+            killed.append((pid, starttime(pid)))
         except (ProcessLookupError, PermissionError):
             pass
-    return killed
+    deadline = time.time() + wait
+    while time.time() < deadline and any(start is not None and starttime(pid) == start for pid, start in killed):
+        time.sleep(0.05)
+    return [pid for pid, _ in killed]
