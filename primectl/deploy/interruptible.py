@@ -12,7 +12,9 @@ runner is in deploy/interruptible_remote.py, so a `connection: local` run never 
 
 from __future__ import annotations
 
-from invoke.runners import Local
+from typing import Any
+
+from invoke.runners import Local, Result
 
 
 class InterruptibleLocal(Local):
@@ -21,3 +23,14 @@ class InterruptibleLocal(Local):
     def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
         self.kill()
         raise interrupt
+
+    def _run_body(self, command: str, **kwargs: Any) -> Result | None:
+        try:
+            return super()._run_body(command, **kwargs)
+        except KeyboardInterrupt:
+            # a Ctrl-C after the command started but before Invoke waits on it (starting its I/O threads)
+            # never reaches send_interrupt: the command ran on after primectl had stopped
+            process = getattr(self, "process", None)
+            if process is not None and process.poll() is None:
+                self.kill()
+            raise
