@@ -109,6 +109,12 @@ class JobView:
         return f"job {self.job_id} {self.state}" + (f" ({', '.join(bits)})" if bits else "")
 
 
+def reads_only(argv: tuple[str, ...] | list[str]) -> bool:
+    """Whether a client command only reads (squeue, sinfo, scontrol show): safe to run again."""
+    head = list(argv[:2])
+    return head[:1] in (["squeue"], ["sinfo"]) or head == ["scontrol", "show"]
+
+
 class SlurmClient:
     """The Slurm clients on this machine, with the caller's environment."""
 
@@ -124,13 +130,19 @@ class SlurmClient:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60, cwd: str | None = None
             ) -> subprocess.CompletedProcess[str]:
-        """Run one client; DeployError naming the command when check and it fails (or is missing)."""
-        try:
-            r = self._run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=self.env)
-        except FileNotFoundError:
-            raise DeployError(f"{argv[0]} not found: install the Slurm clients (e.g. slurm-client) on this machine") from None
-        except subprocess.TimeoutExpired:
-            raise DeployError(f"{' '.join(argv)} did not answer within {timeout:g}s (is slurmctld reachable?)") from None
+        """Run one client; DeployError naming the command when check and it fails (or is missing). A query that a
+        signal ended (SIGPIPE when a busy slurmctld drops the connection) is asked again, up to twice."""
+        for attempt in range(3 if reads_only(argv) else 1):
+            if attempt:
+                time.sleep(0.2 * attempt)
+            try:
+                r = self._run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=self.env)
+            except FileNotFoundError:
+                raise DeployError(f"{argv[0]} not found: install the Slurm clients (e.g. slurm-client) on this machine") from None
+            except subprocess.TimeoutExpired:
+                raise DeployError(f"{' '.join(argv)} did not answer within {timeout:g}s (is slurmctld reachable?)") from None
+            if r.returncode >= 0:
+                break
         if check and r.returncode != 0:
             raise DeployError(f"{' '.join(argv)} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()}")
         return r
