@@ -233,15 +233,16 @@ def quality(facts: RuleFacts) -> list[Rule]:
 
 def gray_failure(facts: RuleFacts) -> list[Rule]:
     """One worker far slower than its peers while nothing is down: its recent inter-token latency (the frontend's
-    per-worker gauge, averaged over 2 minutes) over twice the median of the workers of its type, for a minute.
-    A worker counts while its gauge moved within the last six scrapes."""
+    per-worker gauge, averaged over 2 minutes) over twice the median of the workers of its type, for a minute."""
     if not _has(facts, "dynamo-frontend") or max(facts.workers.values(), default=0) < MIN_PEERS:
         return []
     by = "deployment, service, worker_type"
     gauge = f"dynamo_frontend_worker_last_inter_token_latency_seconds{{{_sel(facts)}}}"
-    # the frontend keeps the gauges of workers it lost: only gauges that moved lately are live workers (over the
-    # whole 2 minutes, a worker replaced for being slow counted on, and paged again, after the repair)
-    live = f"(avg_over_time({gauge}[2m]) and changes({gauge}[{_times(facts.scrape_interval, 6)}]) > 0)"
+    # a worker counts while the frontend lists it now: it drops a lost worker's gauge (Dynamo 1.6.1, seen on kill -9
+    # and on restart), but the 2-minute ranges still hold its old samples, and a worker replaced for being slow
+    # paged again after the repair. A gauge that stopped moving (kept for a worker the frontend still lists) is
+    # no live worker either.
+    live = f"(avg_over_time({gauge}[2m]) and changes({gauge}[2m]) > 0 and {gauge})"
     return [Rule(
         "WorkerSlowerThanPeers",
         f"{live} > on ({by}) group_left () 2 * quantile by ({by}) (0.5, {live}) "
