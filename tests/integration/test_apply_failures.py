@@ -10,6 +10,7 @@ import secrets
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +155,17 @@ def test_failed_smoke_rolls_back_fake_engine(deployment: Deployment) -> None:
     _assert_rolled_back(deployment, before)
 
 
+def _mtimes(directory: Path, pattern: str) -> dict[str, int]:
+    """name -> mtime of the files matching `pattern` (one a stop removes between the listing and the stat is left out)."""
+    out = {}
+    for p in directory.glob(pattern):
+        try:
+            out[p.name] = p.stat().st_mtime_ns
+        except FileNotFoundError:
+            pass
+    return out
+
+
 def test_ctrl_c_mid_rollout_rolls_back_fake_engine(deployment: Deployment) -> None:
     """The operator presses Ctrl-C while new decode workers are still starting."""
     import signal
@@ -167,9 +179,9 @@ def test_ctrl_c_mid_rollout_rolls_back_fake_engine(deployment: Deployment) -> No
     marker = deployment.workdir("h3") / "run"
     deadline = time.monotonic() + 60
     # wait until the new decode workers have been started (their pidfiles are rewritten)
-    old = {p.name: p.stat().st_mtime_ns for p in marker.glob("decode-*.pid")}
+    old = _mtimes(marker, "decode-*.pid")
     while time.monotonic() < deadline:
-        now = {p.name: p.stat().st_mtime_ns for p in marker.glob("decode-*.pid")}
+        now = _mtimes(marker, "decode-*.pid")
         if now and all(now.get(k) != v for k, v in old.items()):
             break
         time.sleep(0.05)
