@@ -98,9 +98,13 @@ def _plan(path: Path) -> Plan:
 
 def _fleet(path: Path) -> FleetPlan | None:
     """The fleet a `kind: fleet` recipe describes (planned, its deployments too); None for a deployment."""
-    from primectl.fleet.plan import plan_fleet, recipe_kind
+    from primectl.recipe.kind import recipe_kind
 
-    return plan_fleet(path) if recipe_kind(path) == "fleet" else None
+    if recipe_kind(path) != "fleet":
+        return None
+    from primectl.fleet.plan import plan_fleet
+
+    return plan_fleet(path)
 
 
 def _policy(plan: Plan, accept_new_host_keys: bool) -> object:

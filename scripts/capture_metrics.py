@@ -41,10 +41,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from primectl.fleet.plan import plan_fleet, recipe_kind  # noqa: E402
+from primectl.fleet.plan import plan_fleet  # noqa: E402
 from primectl.plan.layout import Layout  # noqa: E402
 from primectl.plan.model import Plan, Service  # noqa: E402
 from primectl.planner.build import plan_recipe  # noqa: E402
+from primectl.recipe.kind import recipe_kind  # noqa: E402
 
 PRIMECTL = [sys.executable, "-m", "primectl.cli"]
 BINARIES = {  # component -> the command that prints its version

@@ -39,6 +39,7 @@ from primectl.plan.model import (
     Service,
     TargetSpec,
 )
+from primectl.recipe.kind import recipe_kind
 from primectl.recipe.yamlpos import Path as YamlPath
 from primectl.recipe.yamlpos import Position, load_yaml
 
@@ -91,17 +92,6 @@ class LoadedFleet:
         from primectl.planner.load import to_problem
 
         return to_problem(path, message, self.file, self.positions)
-
-
-def recipe_kind(path: str | Path) -> str:
-    """What a recipe file describes (`kind:`, default deployment); unreadable files count as deployments, whose
-    loader says why."""
-    try:
-        data, _ = load_yaml(Path(path).read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError, RecipeError):
-        return "deployment"
-    kind = data.get("kind") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else "deployment"
 
 
 def load_fleet(path: str | Path) -> LoadedFleet:
