@@ -215,9 +215,13 @@ def test_overload_is_served_or_answered_429_and_admission_holds_capacity(fleet: 
             peak[0] = max(peak[0], admitted)
             time.sleep(0.02)
 
+    clients = [client(fleet.key) for _ in range(4 * CAPACITY)]  # built first: each one costs CPU to make
+    start = threading.Barrier(4 * CAPACITY)  # all at once: spread out on a busy machine, early streams ended first
+
     def one(i: int) -> None:
         try:
-            stream = client(fleet.key).chat.completions.create(
+            start.wait(timeout=60)
+            stream = clients[i].chat.completions.create(
                 model="demo", messages=[{"role": "user", "content": f"long {i}"}], max_tokens=3000, stream=True)
             finish = [ch.choices[0].finish_reason for ch in stream if ch.choices and ch.choices[0].finish_reason]
             results.append("served" if finish else "no finish_reason")
