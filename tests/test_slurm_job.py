@@ -43,7 +43,8 @@ def slurm_plan(recipe: str = "glm53.yaml", **slurm: Any) -> Plan:
     r = load_recipe(REPO / "recipes" / recipe).recipe
     update: dict[str, Any] = {"target": "slurm"}
     if slurm:
-        base = r.slurm.model_dump() if r.slurm else {}
+        block = getattr(r, "slurm", None)  # a recipe without a `slurm:` key has no such field
+        base = block.model_dump() if block else {}
         update["slurm"] = Slurm.model_validate(base | slurm)
     return build_plan(r.model_copy(update=update))
 

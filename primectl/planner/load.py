@@ -226,7 +226,8 @@ def load_recipe(path: str | FsPath, *, check: bool = True) -> LoadedRecipe:
     data, positions = _read(FsPath(path), file)
     engine = data.get("engine") if isinstance(data.get("engine"), str) else None
     target = data.get("target") if isinstance(data.get("target"), str) else None
-    blocks = target_blocks(target) + component_blocks([k for k in data if isinstance(k, str)], file, positions)
+    keys = [k for k in data if isinstance(k, str)]
+    blocks = target_blocks(target, keys) + component_blocks(keys, file, positions)
     model = recipe_model(engine, blocks=blocks)
     try:
         recipe = model.model_validate(data)
@@ -247,13 +248,17 @@ def schema_text() -> str:
     return recipe_json_schema(recipe_model(every=True, blocks=target_blocks(None, every=True) + component_blocks(None)))
 
 
-def target_blocks(target: str | None, *, every: bool = False) -> tuple[EngineBlock, ...]:
-    """The recipe blocks of every built-in target (a recipe may carry another target's block, e.g. one it
-    extends) and of `target`; `every`: of every registered target (the schema). A target that cannot be loaded adds
-    nothing (the recipe's `target:` check says why)."""
+def target_blocks(target: str | None, keys: list[str] | None = None, *, every: bool = False
+                  ) -> tuple[EngineBlock, ...]:
+    """The recipe blocks of `target` and of the built-in targets a recipe with these top-level `keys` carries a
+    block of (another target's block, e.g. from a recipe it extends; a built-in target's block is the key of its
+    own name); None: of every built-in one. `every`: of every registered target (the schema). A target that
+    cannot be loaded adds nothing (the recipe's `target:` check says why). Only the targets needed are imported:
+    loading them all cost each command ~60 ms of CPU."""
     from primectl.targets.base import get
 
-    names = registry.names("target") if every else [*registry.BUILTIN_TARGETS, *([target] if target else [])]
+    builtin = [n for n in registry.BUILTIN_TARGETS if keys is None or n in keys]
+    names = registry.names("target") if every else [*builtin, *([target] if target else [])]
     out: list[EngineBlock] = []
     for name in dict.fromkeys(names):
         try:
