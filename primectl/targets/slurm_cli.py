@@ -115,6 +115,18 @@ def reads_only(argv: tuple[str, ...] | list[str]) -> bool:
     return head[:1] in (["squeue"], ["sinfo"]) or head == ["scontrol", "show"]
 
 
+def run_client(argv: list[str], run: Callable[[], subprocess.CompletedProcess[str]]
+               ) -> subprocess.CompletedProcess[str]:
+    """`run()` of the client command `argv`; a query that a signal ended (SIGPIPE when a busy slurmctld drops the
+    connection) is asked again, up to twice. A command that changes something runs once."""
+    for attempt in range(3 if reads_only(argv) else 1):
+        time.sleep(0.2 * attempt)
+        r = run()
+        if r.returncode >= 0:
+            break
+    return r
+
+
 class SlurmClient:
     """The Slurm clients on this machine, with the caller's environment."""
 
@@ -130,19 +142,15 @@ class SlurmClient:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60, cwd: str | None = None
             ) -> subprocess.CompletedProcess[str]:
-        """Run one client; DeployError naming the command when check and it fails (or is missing). A query that a
-        signal ended (SIGPIPE when a busy slurmctld drops the connection) is asked again, up to twice."""
-        for attempt in range(3 if reads_only(argv) else 1):
-            if attempt:
-                time.sleep(0.2 * attempt)
-            try:
-                r = self._run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=self.env)
-            except FileNotFoundError:
-                raise DeployError(f"{argv[0]} not found: install the Slurm clients (e.g. slurm-client) on this machine") from None
-            except subprocess.TimeoutExpired:
-                raise DeployError(f"{' '.join(argv)} did not answer within {timeout:g}s (is slurmctld reachable?)") from None
-            if r.returncode >= 0:
-                break
+        """Run one client (a query again when a signal ended it: `run_client`); DeployError naming the command when
+        check and it fails (or is missing)."""
+        try:
+            r = run_client(list(argv), lambda: self._run(list(argv), capture_output=True, text=True, timeout=timeout,
+                                                         cwd=cwd, env=self.env))
+        except FileNotFoundError:
+            raise DeployError(f"{argv[0]} not found: install the Slurm clients (e.g. slurm-client) on this machine") from None
+        except subprocess.TimeoutExpired:
+            raise DeployError(f"{' '.join(argv)} did not answer within {timeout:g}s (is slurmctld reachable?)") from None
         if check and r.returncode != 0:
             raise DeployError(f"{' '.join(argv)} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()}")
         return r

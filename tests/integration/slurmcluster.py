@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primectl.targets.slurm_cli import CLIENTS, FINAL_STATES, parse_records, reads_only
+from primectl.targets.slurm_cli import CLIENTS, FINAL_STATES, parse_records, run_client
 
 from .sshhosts import descendants, foreign_links, isolated_netns, kill_pids, pid_alive, reap, wait_gone
 
@@ -453,12 +453,8 @@ class SlurmCluster:
             cwd: Path | None = None, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client (`sbatch`, `squeue`, ...) against this cluster; SlurmError when check and rc != 0."""
         args = [str(a) for a in argv]
-        for attempt in range(3 if reads_only(args) else 1):  # a busy slurmctld may drop a query (SIGPIPE)
-            time.sleep(0.2 * attempt)
-            r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=cwd or self.base / "jobs",
-                               env=self.client_env(env))
-            if r.returncode >= 0:
-                break
+        r = run_client(args, lambda: subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                                                    cwd=cwd or self.base / "jobs", env=self.client_env(env)))
         if check and r.returncode != 0:
             raise SlurmError(f"{' '.join(args)} -> {r.returncode}\n{r.stdout}{r.stderr}")
         return r
