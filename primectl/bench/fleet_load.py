@@ -124,7 +124,8 @@ def processes_under(path: Path) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                if os.readlink(f"/proc/{entry}/cwd").startswith(root):
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                if cwd == root or cwd.startswith(root + "/"):
                     out.append(int(entry))
             except OSError:
                 continue

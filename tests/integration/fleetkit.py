@@ -3,8 +3,6 @@ taken down again with nothing of it left running (what is left is SIGKILLed by p
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,27 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from primectl.bench import fleet_load
 from primectl.bench.fleet_copy import FleetCopy
 
 from .sshhosts import netns_problem, processes_under
 
-REPO = Path(__file__).resolve().parents[2]
-PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
-
 
 def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """`primectl ARGS` from the repository root, as a user in a wide terminal without colour runs it."""
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
+    """`primectl ARGS` as the benchmarks run it (primectl/bench/fleet_load.py), with the tests' timeout."""
+    return fleet_load.cli(*args, timeout=timeout)
 
 
 def kill_all(workdir: Path) -> None:
     """SIGKILL every process running under `workdir` (only what the test started there), by pid."""
-    for pid, _ in processes_under(workdir):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    fleet_load.kill_under([workdir])
 
 
 @contextmanager
@@ -54,7 +45,6 @@ def fleet_up(copy: FleetCopy, run_hint: str, *up_args: str) -> Iterator[FleetCop
         while any(processes_under(w) for w in workdirs) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = [p for w in workdirs for p in processes_under(w)]
-        for w in workdirs:
-            kill_all(w)
+        fleet_load.kill_under(workdirs)
         assert down.returncode == 0, f"down failed:\n{down.stdout}\n{down.stderr}"
         assert not left, f"processes left after down: {left}"
