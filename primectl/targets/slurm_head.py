@@ -31,7 +31,7 @@ from primectl.plan.layout import Layout
 from primectl.plan.model import Plan
 from primectl.targets.base import Say
 from primectl.targets.slurm_job import deploy_dir
-from primectl.targets.slurm_monitoring import HEAD_FILES, data_dir, head_argv, head_dir, head_port, sd_dir
+from primectl.targets.slurm_monitoring import HEAD_FILES, component_port, data_dir, head_argv, head_dir, sd_dir
 
 Action = Literal["start", "restart", "reload", "keep"]
 READY_TIMEOUT_S = 60.0
@@ -96,7 +96,7 @@ class Head:
         argv = head_argv(plan)
         files = release_files or {}
         self.processes = [HeadProcess(c, argv[c], {n: files.get(f"monitoring/head/{n}", b"") for n in names},
-                                      head_port(plan, c)) for c, names in HEAD_FILES.items()]
+                                      component_port(plan, c)) for c, names in HEAD_FILES.items()]
 
     def pid(self, name: str) -> int | None:
         """The pid of one of the head's processes, None where it does not run."""

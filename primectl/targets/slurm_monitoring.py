@@ -77,15 +77,17 @@ def head_monitoring(plan: Plan) -> MonitoringPlan | None:
     if plan.monitoring is None or not any(s.component == "prometheus" for s in plan.services):
         return plan.monitoring  # none, or a job's plan, whose monitoring is the head's already
     return plan.monitoring.model_copy(update={
-        "host": HEAD_HOST, "prometheus_url": f"http://127.0.0.1:{_port(plan, 'prometheus')}",
-        "alertmanager_url": f"http://127.0.0.1:{_port(plan, 'alertmanager')}"})
+        "host": HEAD_HOST, "prometheus_url": f"http://127.0.0.1:{component_port(plan, 'prometheus')}",
+        "alertmanager_url": f"http://127.0.0.1:{component_port(plan, 'alertmanager')}"})
 
 
 def _service(plan: Plan, component: str) -> Service:
     return next(s for s in plan.services if s.component == component)
 
 
-def _port(plan: Plan, component: str) -> int:
+def component_port(plan: Plan, component: str) -> int:
+    """The port the planned service of `component` listens on (the head's Prometheus and Alertmanager, a node's
+    exporters)."""
     return next(iter(_service(plan, component).ports.values()))
 
 
@@ -119,9 +121,9 @@ def _unit(description: str, argv: list[str]) -> bytes:
 
 def _node_units(plan: Plan) -> dict[str, bytes]:
     units: dict[str, Callable[[Service], list[str]]] = {
-        "node-exporter": lambda s: _rewrite(s.argv, {"--web.listen-address": f":{_port(plan, 'node-exporter')}",
+        "node-exporter": lambda s: _rewrite(s.argv, {"--web.listen-address": f":{component_port(plan, 'node-exporter')}",
                                                      "--collector.textfile.directory": None}),
-        "dcgm-exporter": lambda s: _swap(s.argv, {"-f": NODE_COUNTERS, "-a": f":{_port(plan, 'dcgm-exporter')}"}),
+        "dcgm-exporter": lambda s: _swap(s.argv, {"-f": NODE_COUNTERS, "-a": f":{component_port(plan, 'dcgm-exporter')}"}),
     }
     out = {}
     for component, argv in units.items():
@@ -141,21 +143,16 @@ def head_argv(plan: Plan) -> dict[str, list[str]]:
     return {
         "prometheus": _rewrite(prom.argv, {
             "--config.file": f"{home}/prometheus.yml", "--storage.tsdb.path": f"{data}/prometheus",
-            "--web.listen-address": f":{_port(plan, 'prometheus')}", "--web.external-url": None}),
+            "--web.listen-address": f":{component_port(plan, 'prometheus')}", "--web.external-url": None}),
         "alertmanager": _rewrite(am.argv, {
             "--config.file": f"{home}/alertmanager.yml", "--storage.path": f"{data}/alertmanager",
-            "--web.listen-address": f":{_port(plan, 'alertmanager')}", "--web.external-url": None}),
+            "--web.listen-address": f":{component_port(plan, 'alertmanager')}", "--web.external-url": None}),
     }
 
 
 # the files under monitoring/head/ each of the head's components reads
 HEAD_FILES = {"prometheus": ("prometheus.yml", posixpath.basename(mon.RULES)),
               "alertmanager": (posixpath.basename(mon.ALERTMANAGER_CONFIG),)}
-
-
-def head_port(plan: Plan, component: str) -> int:
-    """The port the head's Prometheus or Alertmanager listens on."""
-    return _port(plan, component)
 
 
 def _head_units(plan: Plan) -> dict[str, bytes]:
@@ -172,7 +169,7 @@ def head_config(plan: Plan, targets_dir: str) -> str:
     for job in planned["scrape_configs"]:
         name = job["job_name"]
         if name in ON_HEAD:
-            static = [{"targets": [f"localhost:{_port(plan, name)}"], "labels": {**t["labels"], "host": HEAD_HOST}}
+            static = [{"targets": [f"localhost:{component_port(plan, name)}"], "labels": {**t["labels"], "host": HEAD_HOST}}
                       for t in job["static_configs"]]
             jobs.append({"job_name": name, "static_configs": static})
         else:
@@ -180,7 +177,7 @@ def head_config(plan: Plan, targets_dir: str) -> str:
     g = planned["global"]
     return scrape.prometheus_config(jobs=jobs, scrape_interval=g["scrape_interval"],
                                     evaluation_interval=g["evaluation_interval"],
-                                    alertmanager=f"localhost:{_port(plan, 'alertmanager')}",
+                                    alertmanager=f"localhost:{component_port(plan, 'alertmanager')}",
                                     rule_files=planned["rule_files"], deployment=plan.name)
 
 
@@ -216,6 +213,6 @@ def render(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
                                             posixpath.basename(mon.ALERTMANAGER_CONFIG))],
         head_units=[p.removeprefix("monitoring/") for p in head_units],
         head_unit_names=[posixpath.basename(p).removesuffix(".service") for p in head_units],
-        prometheus_port=_port(plan, "prometheus"), alertmanager_port=_port(plan, "alertmanager"),
+        prometheus_port=component_port(plan, "prometheus"), alertmanager_port=component_port(plan, "alertmanager"),
     ).encode()
     return files
