@@ -23,6 +23,7 @@ from primectl.bench.webhook import Receiver
 from primectl.deploy.changes import Change
 from primectl.monitoring.alertmanager import alertmanager_config
 from primectl.monitoring.model import Alerts
+from primectl.monitoring.rules import MIGRATION_WINDOW_S
 from primectl.plan.model import MonitoringPlan, Plan
 from primectl.planner.build import build_plan
 from primectl.planner.load import load_recipe
@@ -99,11 +100,40 @@ def test_the_silence_ends_soon_after_the_change_even_when_it_fails(am: tuple[str
     base, _ = am
     plan = monitored_plan(base)
     with pytest.raises(RuntimeError), quiet.quiet_change(plan, touch("decode-0"), lambda _: None, why="test"):
-        assert len(api.active_silences(base, quiet.created_by(plan))) == 2  # the service, its role's worker count
+        # the service, its role's worker count, the model's migrations
+        assert len(api.active_silences(base, quiet.created_by(plan))) == 3
         raise RuntimeError("the rollout failed and rolled back")
     assert plan.monitoring is not None
     time.sleep(plan.monitoring.settle_s + 0.5)
-    assert api.active_silences(base, quiet.created_by(plan)) == []
+    left = api.active_silences(base, quiet.created_by(plan))
+    assert [s.matchers for s in left] == [{"deployment": plan.name, "alertname": "MigrationsRising"}]
+    outlasts = (left[0].ends - datetime.now(UTC)).total_seconds()
+    assert MIGRATION_WINDOW_S - 10 < outlasts <= MIGRATION_WINDOW_S
+
+
+def test_requests_a_worker_change_moves_do_not_page_until_the_alerts_window_has_passed(
+        am: tuple[str, Receiver]) -> None:
+    """Dynamo counts requests drained off a replaced worker as migrations; the alert is the model's, not the
+    worker's, and counts them over 5 minutes: after the change only that silence stays, for that long."""
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    with quiet.quiet_change(plan, touch("decode-0"), lambda _: None, why="test"):
+        pass
+    post(base, "", alert="MigrationsRising", model="demo", migration_type="new_request")
+    post(base, "prefill-0")
+    assert rx.wait_for(t0, 10, status="firing", service="prefill-0") is not None
+    time.sleep(2)
+    assert [n.alert for n in rx.since(t0)] == ["TargetDown"]
+
+
+def test_a_change_of_no_worker_leaves_migrations_paging(am: tuple[str, Receiver]) -> None:
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    with quiet.quiet_change(plan, touch("frontend"), lambda _: None, why="test"):
+        post(base, "", alert="MigrationsRising", model="demo", migration_type="new_request")
+        assert rx.wait_for(t0, 10, status="firing", alert="MigrationsRising") is not None
 
 
 def test_a_dead_changes_silence_is_lifted_by_the_next(am: tuple[str, Receiver]) -> None:
@@ -111,10 +141,15 @@ def test_a_dead_changes_silence_is_lifted_by_the_next(am: tuple[str, Receiver]) 
     plan = monitored_plan(base)
     left = api.silence(base, {"deployment": plan.name, "service": "decode-0"}, minutes=60,
                        created_by=quiet.created_by(plan), comment="a controller killed mid-change")
+    moved = api.silence(base, {"deployment": plan.name, "alertname": "MigrationsRising"}, minutes=60,
+                        created_by=quiet.created_by(plan), comment="a controller killed mid-change")
     said: list[str] = []
     quiet.lift_stale(plan, said.append)
-    assert api.active_silences(base, quiet.created_by(plan)) == []
-    assert left in said[0]
+    # the requests it moved still count in the alert's window: that silence ends with the window, not now
+    after = api.active_silences(base, quiet.created_by(plan))
+    assert [s.id for s in after] == [moved]
+    assert (after[0].ends - datetime.now(UTC)).total_seconds() <= MIGRATION_WINDOW_S + 2
+    assert any(left in line for line in said)
 
 
 def test_a_repair_of_a_service_already_paged_about_lets_its_resolution_through(am: tuple[str, Receiver]) -> None:
@@ -135,6 +170,18 @@ def test_a_change_that_starts_alertmanager_itself_sets_no_silence(am: tuple[str,
     with quiet.quiet_change(plan, [*touch("decode-0"), *touch("alertmanager", action="add")], lambda _: None,
                             why="first up"):
         assert api.active_silences(base, quiet.created_by(plan)) == []
+
+
+def test_a_repair_while_migrations_already_page_lets_their_resolution_through(am: tuple[str, Receiver]) -> None:
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    post(base, "", alert="MigrationsRising", model="demo", migration_type="new_request")
+    assert rx.wait_for(t0, 10, status="firing", alert="MigrationsRising") is not None
+    t1 = time.monotonic()
+    with quiet.quiet_change(plan, touch("decode-1", action="restart"), lambda _: None, why="repair"):
+        post(base, "", alert="MigrationsRising", model="demo", migration_type="new_request", resolved=True)
+        assert rx.wait_for(t1, 10, status="resolved", alert="MigrationsRising") is not None
 
 
 def test_a_repair_while_its_roles_worker_count_already_fires_lets_that_resolution_through(

@@ -89,9 +89,20 @@ def silence(base: str, matchers: dict[str, str], *, minutes: float, created_by: 
     return str(_call(f"{base}/api/v2/silences", "POST", body)["silenceID"])
 
 
-def active_silences(base: str, created_by: str) -> list[str]:
-    """Ids of the active silences `created_by` set."""
-    return [s["id"] for s in _call(f"{base}/api/v2/silences") or []
+@dataclass(frozen=True)
+class Silence:
+    """One active silence."""
+
+    id: str
+    matchers: dict[str, str]
+    ends: datetime
+
+
+def active_silences(base: str, created_by: str) -> list[Silence]:
+    """The active silences `created_by` set."""
+    return [Silence(s["id"], {m["name"]: m["value"] for m in s.get("matchers") or []},
+                    datetime.fromisoformat(str(s.get("endsAt", "1970-01-01T00:00:00Z")).replace("Z", "+00:00")))
+            for s in _call(f"{base}/api/v2/silences") or []
             if s.get("createdBy") == created_by and (s.get("status") or {}).get("state") == "active"]
 
 

@@ -6,6 +6,10 @@ resolution must reach the receivers), and lifts the silence when it ends, rollba
 silence to end `settle_s` later, the time Prometheus needs to see the restarted services up again, so an alert
 still pending from the change never pages. A controller killed mid-change leaves a silence that ends by itself
 (`MAX_MINUTES`); the next change of the deployment, which holds its lock, lifts it first.
+
+A change that drains workers also moves requests off them: Dynamo counts those as migrations, and
+`MigrationsRising` is about the model, not a service, over a window longer than any settle. The change silences it
+deployment-wide, and keeps that silence for the alert's window after it ends (a lifted dead change's too).
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from primectl.alerting import alertmanager_api as api
 from primectl.deploy.changes import Change
+from primectl.monitoring.rules import MIGRATION_WINDOW_S, MIGRATIONS_RISING
 from primectl.plan.model import WORKER_ROLES, Plan
 
 MAX_MINUTES = 60
@@ -34,26 +41,49 @@ def alternation(values: Iterable[str]) -> str:
     return vals[0] if len(vals) == 1 else "|".join(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", v) for v in vals)
 
 
-def matchers(plan: Plan, services: list[str], skip_roles: set[str] | None = None) -> list[dict[str, str]]:
-    """The silences a change of `services` needs: their own alerts, and the worker count of their roles (but for
-    `skip_roles`, whose count already fires)."""
-    out = [{"deployment": plan.name, "service": alternation(services)}]
+@dataclass(frozen=True)
+class Hush:
+    """One silence a change sets: what it matches, and how long it outlasts the change."""
+
+    matcher: dict[str, str]
+    after_s: float
+
+
+def hushes(plan: Plan, services: list[str], firing: list[api.Firing]) -> list[Hush]:
+    """The silences a change of `services` needs: their own alerts, the worker count of their roles, and where it
+    touches workers the model's migrations; none for an alert that already fires (a role's count, the
+    migrations): the change is its repair, and its resolution must reach the receivers."""
+    assert plan.monitoring is not None
+    settle = plan.monitoring.settle_s
+    out = [Hush({"deployment": plan.name, "service": alternation(services)}, settle)]
     by_name = {s.name: s for s in plan.services}
-    roles = {by_name[s].role for s in services if s in by_name and by_name[s].role in WORKER_ROLES} - (skip_roles or set())
-    if roles:
-        out.append({"deployment": plan.name, "alertname": WORKERS_BELOW_PLAN, "role": alternation(roles)})
+    touched = {by_name[s].role for s in services if s in by_name and by_name[s].role in WORKER_ROLES}
+    short = {a.labels.get("role", "") for a in firing if a.name == WORKERS_BELOW_PLAN}
+    if touched - short:
+        out.append(Hush({"deployment": plan.name, "alertname": WORKERS_BELOW_PLAN,
+                         "role": alternation(touched - short)}, settle))
+    if touched and not any(a.name == MIGRATIONS_RISING for a in firing):
+        out.append(Hush({"deployment": plan.name, "alertname": MIGRATIONS_RISING}, settle + MIGRATION_WINDOW_S))
     return out
 
 
 def lift_stale(plan: Plan, say: Callable[[str], None]) -> None:
-    """Lift silences an earlier change of this deployment left (its controller died before it could)."""
+    """Lift silences an earlier change of this deployment left (its controller died before it could); its
+    migrations' silence ends the alert's window from now instead, as its change would have made it."""
     if plan.monitoring is None:
         return
     base = plan.monitoring.alertmanager_url
+    tail = timedelta(seconds=plan.monitoring.settle_s + MIGRATION_WINDOW_S)
     try:
-        for sid in api.active_silences(base, created_by(plan)):
-            api.expire(base, sid)
-            say(f"monitoring: lifted silence {sid} an interrupted change left")
+        for left in api.active_silences(base, created_by(plan)):
+            if left.matchers.get("alertname") != MIGRATIONS_RISING:
+                api.expire(base, left.id)
+                say(f"monitoring: lifted silence {left.id} an interrupted change left")
+            elif left.ends > datetime.now(UTC) + tail:
+                api.silence(base, left.matchers, minutes=tail.total_seconds() / 60, created_by=created_by(plan),
+                            comment="an interrupted change's, shortened", silence_id=left.id)
+                say(f"monitoring: silence {left.id} an interrupted change left ends in "
+                    f"{tail.total_seconds() / 60:.0f} min (the requests it moved off workers)")
     except api.AlertmanagerError:
         return  # not running (yet): nothing it holds can page
 
@@ -74,24 +104,24 @@ def quiet_change(plan: Plan, changes: list[Change], say: Callable[[str], None], 
     except api.AlertmanagerError:
         now = []
     down = {a.service for a in now if a.service}
-    short = {a.labels.get("role", "") for a in now if a.name == WORKERS_BELOW_PLAN}
     services = [s for s in services if s not in down]
     if not services:
         yield
         return
-    ids: list[tuple[str, dict[str, str]]] = []
-    for m in matchers(plan, services, skip_roles=short):
+    ids: list[tuple[str, Hush]] = []
+    for hush in hushes(plan, services, now):
         try:
-            ids.append((api.silence(base, m, minutes=MAX_MINUTES, created_by=created_by(plan), comment=why), m))
+            ids.append((api.silence(base, hush.matcher, minutes=MAX_MINUTES, created_by=created_by(plan),
+                                    comment=why), hush))
         except api.AlertmanagerError as exc:
             say(f"monitoring: no silence set ({exc}); alerts about {', '.join(services)} may fire during the change")
             break
     try:
         yield
     finally:
-        for sid, m in ids:
+        for sid, hush in ids:
             try:
-                api.silence(base, m, minutes=mon.settle_s / 60, created_by=created_by(plan),
+                api.silence(base, hush.matcher, minutes=hush.after_s / 60, created_by=created_by(plan),
                             comment=why, silence_id=sid)
             except api.AlertmanagerError as exc:
                 say(f"monitoring: could not lift silence {sid} ({exc}); it ends by itself within {MAX_MINUTES} min")

@@ -32,6 +32,10 @@ TARGET = "deployment, job, service, host, role"
 # fleet's deployment by (the replica's own `deployment` label, which Prometheus renames beside the target's).
 GATEWAY_JOB = "fleet-gateway"
 MEMBER = "exported_deployment"
+# Requests moved off a worker mid-flight: the alert, and the window it counts them over (a change that drains
+# workers silences it for that long after it ends: alerting/quiet.py).
+MIGRATIONS_RISING = "MigrationsRising"
+MIGRATION_WINDOW_S = 300
 
 # Worker components whose /metrics carry Dynamo's KV-usage gauge and the engine's counters the quality rules read
 # (as captured: tests/data/metrics/<component>.prom; the mocker exports neither).
@@ -201,8 +205,9 @@ def quality(facts: RuleFacts) -> list[Rule]:
                  "critical", "{{ $labels.model }} has requests in flight but produced no token for 2 minutes",
                  "primectl status <recipe>; primectl logs <recipe> <worker>; primectl restart <recipe> <worker>",
                  for_="2m"),
-            Rule("MigrationsRising",
-                 f"sum by ({by}, migration_type) (increase(dynamo_frontend_model_migration_total{{{sel}}}[5m])) > 0",
+            Rule(MIGRATIONS_RISING,
+                 f"sum by ({by}, migration_type) "
+                 f"(increase(dynamo_frontend_model_migration_total{{{sel}}}[{MIGRATION_WINDOW_S // 60}m])) > 0",
                  "warning", "requests of {{ $labels.model }} moved to another worker mid-flight "
                  "({{ $labels.migration_type }}): a worker failed under them",
                  "primectl status <recipe>; primectl logs <recipe> <worker> around the time"),
