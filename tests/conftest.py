@@ -24,7 +24,7 @@ CLONE_NEWNET = 0x40000000
 # Modules whose tests share something costly (a module-scoped deployment, a vLLM engine loaded once, tests that
 # run in order against one deployment) go to one worker whole; so does every module under tests/integration/.
 WHOLE_MODULES = {"tests/test_dynamo_vllm_cpu_bridge.py", "tests/test_vllm_cpu_seed_bridge.py",
-                 "tests/test_vllm_import_check.py"}
+                 "tests/test_vllm_import_check.py", "tests/test_plugins.py", "tests/test_component_plugin.py"}
 # Handed out first, the longest first, so that no worker starts one of them when the others are nearly done.
 LONGEST_FIRST = ("tests/integration/test_demo_vllm.py", "tests/integration/test_slurm_target.py",
                  "tests/integration/test_live_change.py", "tests/integration/test_systemd_hosts.py",
