@@ -221,15 +221,17 @@ class LocalTransport:
     """`connection: local`: Invoke's Context on this machine."""
 
     def __init__(self, host: HostPlan):
-        from invoke.config import Config
-        from invoke.context import Context
-
-        from primectl.deploy.interruptible import InterruptibleLocal
-
         self.host = host
-        self._ctx = Context(config=Config(overrides={"runners": {"local": InterruptibleLocal}}))
+        self._ctx: Any = None
 
     def run(self, command: str, *, timeout: float | None = None, stream: bool = False) -> tuple[int, str, str]:
+        if self._ctx is None:  # Invoke costs ~30 ms of CPU to import: only commands that run shell commands pay it
+            from invoke.config import Config
+            from invoke.context import Context
+
+            from primectl.deploy.interruptible import InterruptibleLocal
+
+            self._ctx = Context(config=Config(overrides={"runners": {"local": InterruptibleLocal}}))
         r = self._ctx.run(command, hide=not stream, warn=True, timeout=timeout, in_stream=False)
         assert r is not None
         return r.exited, r.stdout, r.stderr
