@@ -84,14 +84,35 @@ def test_exporters_are_node_units_watching_every_node_between_jobs(release: dict
     node = exec_start(release["monitoring/node/primectl-node-exporter.service"])
     assert node[0] == "/usr/bin/prometheus-node-exporter"
     assert "--web.listen-address=:9100" in node and "--collector.infiniband" in node
-    assert not [a for a in node if "@" in a or "textfile" in a]  # nothing of one job's
+    assert not [a for a in node if "@" in a]  # nothing of one job's
+    # the node's health loop writes where the node's node_exporter reads
+    assert f"--collector.textfile.directory={slurm_monitoring.NODE_TEXTFILES}" in node
     gpu = exec_start(release["monitoring/node/primectl-dcgm-exporter.service"])
     opts = dict(zip(gpu[1::2], gpu[2::2], strict=True))
     assert gpu[0] == "/usr/bin/dcgm-exporter" and opts == {"-f": slurm_monitoring.NODE_COUNTERS, "-c": "5000", "-a": ":9400"}
     assert release["monitoring/node/dcgm-counters.csv"].decode() == dcgm.counters_csv()
     assert "Restart=always" in release["monitoring/node/primectl-node-exporter.service"].decode()
     readme = release["monitoring/README.txt"].decode()
-    assert "systemctl daemon-reload && systemctl enable --now primectl-dcgm-exporter primectl-node-exporter" in readme
+    assert ("systemctl daemon-reload && systemctl enable --now primectl-dcgm-exporter primectl-health-gpu "
+            "primectl-health primectl-node-exporter") in readme
+    assert f"install -D -m 644 -t {slurm_monitoring.NODE_HEALTH} node/health/*.py" in readme
+
+
+def test_the_health_loops_are_node_units_with_the_gpu_checks_on_gpu_nodes(plan: Plan, release: dict[str, bytes]) -> None:
+    """The trays' loop checks their 4 GB200s, NVLink and InfiniBand; the CPU head's only disk and memory. Both read
+    the gate from the file the running job publishes, not from a planned address."""
+    gpu, cpu = (exec_start(release[f"monitoring/node/{n}.service"]) for n in ("primectl-health-gpu", "primectl-health"))
+    for argv in (gpu, cpu):
+        opts = dict(zip(argv[2::2], argv[3::2], strict=False))
+        assert argv[:2] == [slurm_monitoring.NODE_PYTHON, f"{slurm_monitoring.NODE_HEALTH}/health_loop.py"]
+        assert opts["--textfile-dir"] == slurm_monitoring.NODE_TEXTFILES and opts["--host"] == "%H"
+        assert argv[-2:] == ["--gate-file", f"{slurm_monitoring.sd_dir(deploy_dir(plan))}/gate.*.url"]
+        assert "--gate" not in argv and not [a for a in argv if "@" in a]
+    assert gpu[gpu.index("--gpus") + 1] == "4" and gpu[gpu.index("--gpu-name") + 1] == "NVIDIA GB200"
+    assert "--nvlink-expected" in gpu and "--gpus" not in cpu
+    assert {p.removeprefix("monitoring/node/health/") for p in release if p.startswith("monitoring/node/health/")} == {
+        "health_loop.py", "preflight_host.py", "host_rules.py"}
+    assert release[slurm_monitoring.GATE].decode() == f"http://@node:head@:8000/v1/models/{plan.served_model}/ready\n"
 
 
 def head_dir(release: dict[str, bytes], into: Path) -> Path:
@@ -136,7 +157,7 @@ exit 1
 """
 FAKE_SRUN = """#!/bin/bash
 # A fake of Slurm's srun: starts nothing; the first call keeps what the job published so far, then it "ends".
-mkdir "$FAKE_SNAPSHOT" 2>/dev/null && cp "$FAKE_SD_DIR"/*.json "$FAKE_SNAPSHOT"/
+mkdir "$FAKE_SNAPSHOT" 2>/dev/null && cp "$FAKE_SD_DIR"/*.json "$FAKE_SD_DIR"/gate.*.url "$FAKE_SNAPSHOT"/
 exit 1
 """
 
@@ -169,6 +190,7 @@ def run_job_with_fake_slurm(plan: Plan, release: dict[str, bytes], tmp_path: Pat
     sd = slurm_monitoring.sd_dir(deploy_dir(plan))
     Path(sd).mkdir(parents=True)
     (Path(sd) / "dynamo-vllm.4100.json").write_text("[]")  # left by a job that was killed
+    (Path(sd) / "gate.4100.url").write_text("http://10.0.0.1:8000/v1/models/gone/ready\n")
     env |= {"PATH": f"{fake}:{env['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(rel),
             "FAKE_SD_DIR": sd, "FAKE_SNAPSHOT": str(tmp_path / "published")}
     done = subprocess.run(["bash", str(rel / "job.sbatch")], env=env, capture_output=True, text=True, timeout=120)
@@ -182,8 +204,11 @@ def test_the_job_publishes_its_bound_targets_and_removes_them_when_it_ends(
         plan: Plan, release: dict[str, bytes], tmp_path: Path) -> None:
     published, addresses, _ = run_job_with_fake_slurm(plan, release, tmp_path)
     files = sorted(p.name for p in published.iterdir())
-    assert files == [f"{j}.4242.json" for j in
-                     ("dcgm-exporter", "dynamo-frontend", "dynamo-vllm", "etcd", "mooncake-master", "node-exporter")]
+    assert files == sorted([f"{j}.4242.json" for j in ("dcgm-exporter", "dynamo-frontend", "dynamo-vllm", "etcd",
+                                                         "mooncake-master", "node-exporter")] + ["gate.4242.url"])
+    # the readiness gate, bound to the node the frontend runs on, for the nodes' health loops
+    gate = (published / "gate.4242.url").read_text().strip()
+    assert gate == f"http://{addresses['head']}:8000/v1/models/{plan.served_model}/ready"
     groups: list[dict[str, Any]] = json.loads((published / "node-exporter.4242.json").read_text())
     assert {g["labels"]["host"]: g["targets"] for g in groups} == {h: [f"{a}:9100"] for h, a in addresses.items()}
     assert {tuple(sorted(g["labels"])) for g in groups} == {("deployment", "host", "role", "service")}
@@ -213,3 +238,49 @@ def test_prometheus_on_the_head_finds_what_the_job_published(plan: Plan, release
     assert decode["labels"]["host"] == "tray10" and decode["scrapeUrl"].startswith(f"http://{addresses['tray10']}:")
     assert by_service["dcgm-exporter-tray01"]["scrapeUrl"] == f"http://{addresses['tray01']}:9400/metrics"
     assert by_service["prometheus"]["labels"]["host"] == slurm_monitoring.HEAD_HOST
+
+
+def test_a_nodes_health_loop_reports_the_gate_only_while_a_job_publishes_it(
+        release: dict[str, bytes], tmp_path: Path) -> None:
+    """The rendered node unit's own command line, run once as the unit would (its install paths under tmp_path):
+    with the job's gate file there it reports the gate the file names; between jobs it reports none, so the
+    GateCheckMissing rule (absent gate, node_exporter up) speaks only while Prometheus expects a job."""
+    import http.server
+    import threading
+
+    class Gate(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    health, textfiles, sd = tmp_path / "health", tmp_path / "textfiles", tmp_path / "sd"
+    for d in (health, textfiles, sd):
+        d.mkdir()
+    for rel, data in release.items():
+        if rel.startswith("monitoring/node/health/"):
+            (health / rel.rsplit("/", 1)[1]).write_bytes(data)
+    argv = exec_start(release["monitoring/node/primectl-health.service"])
+    swap = {slurm_monitoring.NODE_TEXTFILES: str(textfiles), "%H": "gb001",
+            argv[-1]: str(sd / "gate.*.url"), argv[argv.index("--workdir") + 1]: str(tmp_path)}
+    run = ["python3", str(health / "health_loop.py"), *[swap.get(a, a) for a in argv[2:]], "--once"]
+
+    def gate_lines() -> list[str]:
+        subprocess.run(run, check=True, capture_output=True, timeout=60)
+        text = (textfiles / "primectl_health.prom").read_text()
+        assert 'primectl_health_check_ok{check="disk",check_host="gb001"}' in text
+        return [line for line in text.splitlines() if line.startswith("primectl_gate_ready")]
+
+    try:
+        assert gate_lines() == []  # between jobs
+        (sd / "gate.4242.url").write_text(f"http://127.0.0.1:{server.server_address[1]}/v1/models/glm-5.3/ready\n")
+        assert gate_lines() == ["primectl_gate_ready 1"]
+        server.shutdown()
+        server.server_close()  # the job's frontend is gone, its file not yet
+        assert gate_lines() == ["primectl_gate_ready 0"]
+    finally:
+        server.shutdown()

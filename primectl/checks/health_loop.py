@@ -15,7 +15,8 @@ Metrics (names are a contract: the alert rules read them):
 - `primectl_health_check_timestamp_seconds`: when this tick ran (Unix time); `time() - it` is the time since the
   last run, which a rule compares with `primectl_health_check_interval_seconds` (the configured interval).
 - `primectl_health_check_duration_seconds`: how long this tick's checks took.
-- `primectl_gate_ready`: 1 while the deployment's readiness gate answers 200, 0 otherwise (only with `--gate`).
+- `primectl_gate_ready`: 1 while the deployment's readiness gate answers 200, 0 otherwise (only with `--gate`, or
+  with `--gate-file` while a file it matches names the gate: a Slurm job publishes its bound gate that way).
 
 `check` is one of disk, memory, and on a host the plan gives GPUs (`--gpus`): gpu, driver, ecc_xid, nvlink, ib,
 peermem, numa. A check that does not apply here (n/a: no NVLink on this host) is not written, so it cannot alert.
@@ -25,6 +26,7 @@ Each check's detail is written as a comment line above the samples, for a person
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 import time
@@ -171,6 +173,19 @@ def write(directory: str, text: str) -> None:
     os.replace(tmp, os.path.join(directory, TEXTFILE))
 
 
+def published_gate(pattern: str) -> str | None:
+    """The gate URL in the first file matching `pattern` (a glob), None while none does (no job runs)."""
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path) as f:
+                url = f.read().strip()
+        except OSError:
+            continue  # removed between the glob and the read: the job just ended
+        if url:
+            return url
+    return None
+
+
 def tick(cfg: Config, gate_url: str | None, interval: float) -> str:
     """One run of every check (and the gate), as the textfile's content."""
     start = time.monotonic()
@@ -188,6 +203,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--host", required=True)
     ap.add_argument("--workdir", required=True, help="the disk check's path")
     ap.add_argument("--gate", help="readiness URL: primectl_gate_ready is 1 while it answers 200")
+    ap.add_argument("--gate-file", help="a glob: the readiness URL is read from the first file it matches, at "
+                                        "every run (no file: no primectl_gate_ready)")
     ap.add_argument("--min-free-gb", type=float, default=host_rules.MIN_FREE_BYTES / host_rules.GB,
                     help="disk fails below this many GB (1e9 bytes) free at the workdir, warns below twice it")
     ap.add_argument("--min-available-gb", type=float, default=host_rules.MIN_AVAILABLE_BYTES / host_rules.GB,
@@ -210,7 +227,8 @@ def main(argv: list[str]) -> int:
     due = time.monotonic()
     while True:
         try:
-            write(args.textfile_dir, tick(cfg, args.gate, args.interval))
+            gate = args.gate or (published_gate(args.gate_file) if args.gate_file else None)
+            write(args.textfile_dir, tick(cfg, gate, args.interval))
         except Exception as exc:  # a full disk among others: the stale timestamp tells, and the next tick retries
             print(f"health loop: no {args.textfile_dir}/{TEXTFILE} this time: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)

@@ -150,6 +150,7 @@ def job_script(plan: Plan) -> str:
         workdirs=sorted({plan.host(h).workdir for h in plan.deployed_hosts()}),
         sd_dir=slurm_monitoring.sd_dir(deploy_dir(plan)) if plan.monitoring else "",
         targets=slurm_monitoring.TARGETS,
+        gate=slurm_monitoring.GATE if plan.monitoring else "",
     )
 
 

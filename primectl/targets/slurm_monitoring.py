@@ -5,9 +5,14 @@ The Monitoring component plans its services for hosts that run them all the time
 host: a GPU must be watched between jobs, and Prometheus must outlive the job it watches. So none of them is a
 job step (`job_plan`); the release carries instead, under monitoring/ (`render`):
 
-    node/primectl-node-exporter.service, node/primectl-dcgm-exporter.service, node/dcgm-counters.csv
+    node/primectl-node-exporter.service, node/primectl-dcgm-exporter.service, node/dcgm-counters.csv,
+    node/primectl-health.service, node/health/*.py
                           systemd units for every node (dcgm-exporter: GPU nodes), from the planned argv with the
-                          node's own address left to the unit (all addresses)
+                          node's own address left to the unit (all addresses): the health loop writes the node's
+                          checks into node_exporter's textfile directory, and the readiness gate of the job that
+                          runs (gate.url, which the job publishes) while one does
+    gate.url              the planned readiness gate, node marker and all: the job binds it and publishes it to
+                          `sd_dir` as gate.<job id>.url while it runs
     head/prometheus.yml, head/primectl.rules.yml, head/alertmanager.yml, head/primectl-<name>-*.service
                           Prometheus and Alertmanager for the head; prometheus.yml reads the job's targets from
                           file_sd files and scrapes itself and Alertmanager on localhost
@@ -42,6 +47,10 @@ NODE_DAEMONS = ("node-exporter", "dcgm-exporter")
 TARGETS = "monitoring/targets"  # in the release, one file per scrape job (the job binds and publishes them)
 HEAD_HOST = "slurm-head"  # the host label of Prometheus's and Alertmanager's own targets
 NODE_COUNTERS = "/etc/primectl/dcgm-counters.csv"
+NODE_HEALTH = "/etc/primectl/health"  # the health loop and the two modules it imports, on every node
+NODE_TEXTFILES = "/var/lib/primectl/textfiles"  # the health loop writes here, the node's node_exporter reads it
+NODE_PYTHON = "/usr/bin/python3"
+GATE = "monitoring/gate.url"  # in the release: the planned gate, bound and published by the job
 
 
 def job_plan(plan: Plan) -> Plan:
@@ -113,16 +122,53 @@ def _swap(argv: list[str], values: dict[str, str]) -> list[str]:
     return [values.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
 
 
+def _word(arg: str) -> str:
+    """One ExecStart argument as systemd reads it: double-quoted (C escapes) where it holds a blank or a quote."""
+    if "\n" in arg or "$" in arg:
+        raise ValueError(f"a unit argument cannot hold a newline or `$`: {arg!r}")
+    if not any(c in arg for c in " \t\"'\\"):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _unit(description: str, argv: list[str]) -> bytes:
-    if any(c in a for a in argv for c in " \t\n\"'\\"):
-        raise ValueError(f"{description}: an argument needs quoting, which this unit does not do: {argv}")
-    return template("monitoring-unit.service.j2").render(description=description, exec_start=" ".join(argv)).encode()
+    exec_start = " ".join(_word(a) for a in argv)
+    return template("monitoring-unit.service.j2").render(description=description, exec_start=exec_start).encode()
 
 
-def _node_units(plan: Plan) -> dict[str, bytes]:
+def _health_loops(plan: Plan) -> dict[str, Service]:
+    """The planned health loops a node unit is made from, by unit name: primectl-health (a node without GPUs) and
+    primectl-health-gpu (a GPU node: the GPU, ECC/Xid, NVLink and InfiniBand checks too)."""
+    loops = [s for s in plan.services if s.component == "health-check"]
+    out = {}
+    for name, gpu in (("primectl-health", False), ("primectl-health-gpu", True)):
+        loop = next((s for s in loops if ("--gpus" in s.argv) == gpu), None)
+        if loop is not None:
+            out[name] = loop
+    return out
+
+
+def _health_argv(loop: Service, deploy_dir: str) -> list[str]:
+    """A node's health loop: the planned one with the node's own files and host name (systemd's %H), and the
+    gate the running job published instead of a planned one (none between jobs)."""
+    values = {"--textfile-dir": NODE_TEXTFILES, "--host": "%H", "--workdir": deploy_dir}
+    planned = [a for i, a in enumerate(loop.argv) if a != "--gate" and loop.argv[i - 1] != "--gate"][2:]
+    out = [NODE_PYTHON, posixpath.join(NODE_HEALTH, posixpath.basename(mon.HEALTH_LOOP))]
+    i = 0
+    while i < len(planned):
+        if planned[i] in values:
+            out += [planned[i], values[planned[i]]]
+            i += 2
+        else:
+            out.append(planned[i])
+            i += 1
+    return [*out, "--gate-file", posixpath.join(sd_dir(deploy_dir), "gate.*.url")]
+
+
+def _node_units(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
     units: dict[str, Callable[[Service], list[str]]] = {
         "node-exporter": lambda s: _rewrite(s.argv, {"--web.listen-address": f":{component_port(plan, 'node-exporter')}",
-                                                     "--collector.textfile.directory": None}),
+                                                     "--collector.textfile.directory": NODE_TEXTFILES}),
         "dcgm-exporter": lambda s: _swap(s.argv, {"-f": NODE_COUNTERS, "-a": f":{component_port(plan, 'dcgm-exporter')}"}),
     }
     out = {}
@@ -132,6 +178,13 @@ def _node_units(plan: Plan) -> dict[str, bytes]:
             out[f"monitoring/node/primectl-{component}.service"] = _unit(f"{component} (node daemon)", argv(planned[0]))
     if "monitoring/node/primectl-dcgm-exporter.service" in out:
         out["monitoring/node/dcgm-counters.csv"] = _file(_service(plan, "dcgm-exporter"), mon.DCGM_COUNTERS).encode()
+    for name, loop in _health_loops(plan).items():
+        out[f"monitoring/node/{name}.service"] = _unit("health checks (node daemon)", _health_argv(loop, deploy_dir))
+        out.update({f"monitoring/node/health/{posixpath.basename(f.path)}": f.content.encode() for f in loop.files})
+    gate = next((s.argv[s.argv.index("--gate") + 1] for s in plan.services
+                 if s.component == "health-check" and "--gate" in s.argv), None)
+    if gate:
+        out[GATE] = f"{gate}\n".encode()
     return out
 
 
@@ -195,7 +248,7 @@ def render(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
     prom = _service(plan, "prometheus")
     home = head_dir(plan)
     files = {
-        **target_files(plan), **_node_units(plan), **_head_units(plan),
+        **target_files(plan), **_node_units(plan, deploy_dir), **_head_units(plan),
         "monitoring/head/prometheus.yml": head_config(plan, sd_dir(deploy_dir)).encode(),
         f"monitoring/head/{posixpath.basename(mon.RULES)}": _file(prom, mon.RULES).encode(),
         f"monitoring/head/{posixpath.basename(mon.ALERTMANAGER_CONFIG)}":
@@ -209,6 +262,9 @@ def render(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
         counters_name=posixpath.basename(NODE_COUNTERS),
         node_units=[p.removeprefix("monitoring/") for p in node_units],
         node_unit_names=[posixpath.basename(p).removesuffix(".service") for p in node_units],
+        health=NODE_HEALTH if any(p.startswith("monitoring/node/health/") for p in files) else "",
+        health_both="monitoring/node/primectl-health-gpu.service" in files
+                    and "monitoring/node/primectl-health.service" in files, textfiles=NODE_TEXTFILES,
         head_configs=[f"head/{n}" for n in ("prometheus.yml", posixpath.basename(mon.RULES),
                                             posixpath.basename(mon.ALERTMANAGER_CONFIG))],
         head_units=[p.removeprefix("monitoring/") for p in head_units],

@@ -74,8 +74,9 @@ def test_the_heads_prometheus_scrapes_what_the_job_publishes_until_it_ends(slurm
         assert steps == {"batch", "etcd", "mooncake-master", "frontend", "prefill-0", "decode-0", "decode-1"}
         sd = dep.deploy_dir / "monitoring" / "targets"
         published = sorted(p.name for p in sd.iterdir())
-        assert published == [f"{j}.{job}.json" for j in ("dynamo-frontend", "dynamo-mocker", "etcd", "mooncake-master",
-                                                         "node-exporter")], published
+        assert published == sorted([f"{j}.{job}.json" for j in ("dynamo-frontend", "dynamo-mocker", "etcd",
+                                                                "mooncake-master", "node-exporter")]
+                                   + [f"gate.{job}.url"]), published
         addresses = {h: v["address"] for h, v in state["hosts"].items()}
         nodes = json.loads((sd / f"node-exporter.{job}.json").read_text())
         assert {g["labels"]["host"]: g["targets"] for g in nodes} == {
@@ -84,6 +85,10 @@ def test_the_heads_prometheus_scrapes_what_the_job_publishes_until_it_ends(slurm
         # the node daemons (one machine: each listens on its node's address instead of all of them)
         unit = (release / "monitoring" / "node" / "primectl-node-exporter.service").read_text()
         argv = shlex.split(next(x for x in unit.splitlines() if x.startswith("ExecStart=")).removeprefix("ExecStart="))
+        textfiles = root / "textfiles"  # the node's /var/lib/primectl/textfiles
+        textfiles.mkdir()
+        argv = [f"--collector.textfile.directory={textfiles}" if a.startswith("--collector.textfile") else a
+                for a in argv]
         for address in sorted(set(addresses.values())):
             procs.append(subprocess.Popen([a.replace("=:", f"={address}:") if a.startswith("--web.listen") else a
                                            for a in argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -101,6 +106,20 @@ def test_the_heads_prometheus_scrapes_what_the_job_publishes_until_it_ends(slurm
             up_now = {r["metric"]["service"]: r["metric"]["host"] for r in result}
         assert set(up_now) == want, (up_now, (head / "logs" / "prometheus.log").read_text()[-1500:])
         assert up_now["decode-1"] == "h3" and up_now["node-exporter-h2"] == "h2"
+
+        # the node's health loop (its unit's command line, run once) reports the gate this job published
+        unit = (release / "monitoring" / "node" / "primectl-health.service").read_text()
+        loop = shlex.split(next(x for x in unit.splitlines() if x.startswith("ExecStart=")).removeprefix("ExecStart="))
+        swap = {loop[1]: str(release / "monitoring" / "node" / "health" / "health_loop.py"), "%H": "h1",
+                "/var/lib/primectl/textfiles": str(textfiles)}
+        subprocess.run(["python3", *[swap.get(a, a) for a in loop[1:]], "--once"], check=True, timeout=60)
+        deadline = time.monotonic() + 30
+        ready: list[Any] = []
+        while time.monotonic() < deadline and not ready:
+            time.sleep(1)
+            ready = query(PROMETHEUS, "/api/v1/query?" + urllib.parse.urlencode(
+                {"query": 'primectl_gate_ready{deployment="demo-slurm"} == 1'}))["result"]
+        assert ready, "no node reported the job's readiness gate"
         rules = query(PROMETHEUS, "/api/v1/rules")["groups"]
         assert rules and all(g["file"].endswith("primectl.rules.yml") for g in rules)
 
