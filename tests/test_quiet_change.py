@@ -100,8 +100,8 @@ def test_the_silence_ends_soon_after_the_change_even_when_it_fails(am: tuple[str
     base, _ = am
     plan = monitored_plan(base)
     with pytest.raises(RuntimeError), quiet.quiet_change(plan, touch("decode-0"), lambda _: None, why="test"):
-        # the service, its role's worker count, the model's migrations
-        assert len(api.active_silences(base, quiet.created_by(plan))) == 3
+        # the service, its role's worker count, the readiness gate, the model's migrations
+        assert len(api.active_silences(base, quiet.created_by(plan))) == 4
         raise RuntimeError("the rollout failed and rolled back")
     assert plan.monitoring is not None
     time.sleep(plan.monitoring.settle_s + 0.5)
@@ -125,6 +125,29 @@ def test_requests_a_worker_change_moves_do_not_page_until_the_alerts_window_has_
     assert rx.wait_for(t0, 10, status="firing", service="prefill-0") is not None
     time.sleep(2)
     assert [n.alert for n in rx.since(t0)] == ["TargetDown"]
+
+
+def test_adding_workers_moves_nothing_and_leaves_migrations_paging(am: tuple[str, Receiver]) -> None:
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    with quiet.quiet_change(plan, touch("decode-1", action="add"), lambda _: None, why="scale up"):
+        post(base, "", alert="MigrationsRising", model="demo", migration_type="new_request")
+        assert rx.wait_for(t0, 10, status="firing", alert="MigrationsRising") is not None
+
+
+def test_a_change_of_what_serves_silences_the_readiness_gate(am: tuple[str, Receiver]) -> None:
+    """The health loop reports the gate for the deployment (its service label is its node_exporter's), so the
+    services' own silence does not cover it: a replaced Slurm job's gate is down while it loads."""
+    base, rx = am
+    plan = monitored_plan(base)
+    t0 = time.monotonic()
+    with quiet.quiet_change(plan, touch("frontend"), lambda _: None, why="test"):
+        post(base, "node-exporter-local", alert="GateNotReady")
+        post(base, "prefill-0")
+        assert rx.wait_for(t0, 10, status="firing", service="prefill-0") is not None
+        time.sleep(2)
+        assert [n.alert for n in rx.since(t0)] == ["TargetDown"]
 
 
 def test_a_change_of_no_worker_leaves_migrations_paging(am: tuple[str, Receiver]) -> None:

@@ -93,8 +93,10 @@ def test_exporters_are_node_units_watching_every_node_between_jobs(release: dict
     assert release["monitoring/node/dcgm-counters.csv"].decode() == dcgm.counters_csv()
     assert "Restart=always" in release["monitoring/node/primectl-node-exporter.service"].decode()
     readme = release["monitoring/README.txt"].decode()
-    assert ("systemctl daemon-reload && systemctl enable --now primectl-dcgm-exporter primectl-health-gpu "
-            "primectl-health primectl-node-exporter") in readme
+    # one loop per node: the GPU one on GPU nodes, the other elsewhere
+    assert "systemctl enable --now primectl-node-exporter primectl-health      (nodes without GPUs)" in readme
+    assert ("systemctl enable --now primectl-node-exporter primectl-dcgm-exporter primectl-health-gpu      (GPU nodes)"
+            in readme)
     assert f"install -D -m 644 -t {slurm_monitoring.NODE_HEALTH} node/health/*.py" in readme
 
 
@@ -109,6 +111,9 @@ def test_the_health_loops_are_node_units_with_the_gpu_checks_on_gpu_nodes(plan: 
         assert argv[-2:] == ["--gate-file", f"{slurm_monitoring.sd_dir(deploy_dir(plan))}/gate.*.url"]
         assert "--gate" not in argv and not [a for a in argv if "@" in a]
     assert gpu[gpu.index("--gpus") + 1] == "4" and gpu[gpu.index("--gpu-name") + 1] == "NVIDIA GB200"
+    unit = release["monitoring/node/primectl-health-gpu.service"].decode()
+    assert '--gpu-name "NVIDIA GB200"' in unit  # quoted for systemd
+    assert f"RequiresMountsFor={deploy_dir(plan)}" in unit  # the shared filesystem: the gate file, the disk checked
     assert "--nvlink-expected" in gpu and "--gpus" not in cpu
     assert {p.removeprefix("monitoring/node/health/") for p in release if p.startswith("monitoring/node/health/")} == {
         "health_loop.py", "preflight_host.py", "host_rules.py"}
@@ -284,3 +289,14 @@ def test_a_nodes_health_loop_reports_the_gate_only_while_a_job_publishes_it(
         assert gate_lines() == ["primectl_gate_ready 0"]
     finally:
         server.shutdown()
+
+
+def test_unit_arguments_reach_the_program_as_they_were_planned() -> None:
+    """systemd expands `%` specifiers and splits on blanks: an empty value, a blank or a `%` in a planned argument
+    must come through as it was, and only the node's host name is left for systemd to fill in."""
+    argv = ["/usr/bin/x", "--gpu-name", "", "--label", "NVIDIA GB200", "--ratio", "50%", "--host", "%H"]
+    word = slurm_monitoring._word
+    assert [word(a) for a in argv] == ["/usr/bin/x", "--gpu-name", '""', "--label", '"NVIDIA GB200"', "--ratio",
+                                       "50%%", "--host", "%H"]
+    with pytest.raises(ValueError, match="newline"):
+        word("a\nb")

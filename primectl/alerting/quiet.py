@@ -9,7 +9,9 @@ still pending from the change never pages. A controller killed mid-change leaves
 
 A change that drains workers also moves requests off them: Dynamo counts those as migrations, and
 `MigrationsRising` is about the model, not a service, over a window longer than any settle. The change silences it
-deployment-wide, and keeps that silence for the alert's window after it ends (a lifted dead change's too).
+deployment-wide, and keeps that silence for the alert's window after it ends (a lifted dead change's too). A change
+of what serves (workers, frontends, the balancer) also silences the readiness gate's alerts, which the health loop
+reports for the deployment, not for those services (on Slurm the gate is down while a replaced job loads).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from datetime import UTC, datetime, timedelta
 
 from primectl.alerting import alertmanager_api as api
 from primectl.deploy.changes import Change
-from primectl.monitoring.rules import MIGRATION_WINDOW_S, MIGRATIONS_RISING
+from primectl.monitoring.rules import GATE_CHECK_MISSING, GATE_NOT_READY, MIGRATION_WINDOW_S, MIGRATIONS_RISING
 from primectl.plan.model import WORKER_ROLES, Plan
 
 MAX_MINUTES = 60
 WORKERS_BELOW_PLAN = "WorkersBelowPlan"
 TOUCHING = ("add", "change", "restart", "remove")
+DRAINING = ("change", "restart", "remove")  # what moves a worker's unfinished requests to others
+SERVING = (*WORKER_ROLES, "frontend", "balancer")  # what the readiness gate answers through
 
 
 def created_by(plan: Plan) -> str:
@@ -49,20 +53,27 @@ class Hush:
     after_s: float
 
 
-def hushes(plan: Plan, services: list[str], firing: list[api.Firing]) -> list[Hush]:
-    """The silences a change of `services` needs: their own alerts, the worker count of their roles, and where it
-    touches workers the model's migrations; none for an alert that already fires (a role's count, the
-    migrations): the change is its repair, and its resolution must reach the receivers."""
+def hushes(plan: Plan, changes: dict[str, str], firing: list[api.Firing]) -> list[Hush]:
+    """The silences a change needs ({service: action}): the services' own alerts, the worker count of their roles,
+    the readiness gate's alerts where it changes what serves, and the model's migrations where it drains workers;
+    none for an alert that already fires (a role's count, the migrations, the gate): the change is its repair, and
+    its resolution must reach the receivers."""
     assert plan.monitoring is not None
     settle = plan.monitoring.settle_s
+    services = sorted(changes)
     out = [Hush({"deployment": plan.name, "service": alternation(services)}, settle)]
-    by_name = {s.name: s for s in plan.services}
-    touched = {by_name[s].role for s in services if s in by_name and by_name[s].role in WORKER_ROLES}
+    role = {s.name: s.role for s in plan.services}
+    touched = {role[s] for s in services if role.get(s) in WORKER_ROLES}
+    drained = {role[s] for s, action in changes.items() if role.get(s) in WORKER_ROLES and action in DRAINING}
     short = {a.labels.get("role", "") for a in firing if a.name == WORKERS_BELOW_PLAN}
+    fires = {a.name for a in firing}
     if touched - short:
         out.append(Hush({"deployment": plan.name, "alertname": WORKERS_BELOW_PLAN,
                          "role": alternation(touched - short)}, settle))
-    if touched and not any(a.name == MIGRATIONS_RISING for a in firing):
+    gate = {GATE_NOT_READY, GATE_CHECK_MISSING} - fires
+    if gate and any(role.get(s) in SERVING for s in services):
+        out.append(Hush({"deployment": plan.name, "alertname": alternation(gate)}, settle))
+    if drained and MIGRATIONS_RISING not in fires:
         out.append(Hush({"deployment": plan.name, "alertname": MIGRATIONS_RISING}, settle + MIGRATION_WINDOW_S))
     return out
 
@@ -92,7 +103,8 @@ def lift_stale(plan: Plan, say: Callable[[str], None]) -> None:
 def quiet_change(plan: Plan, changes: list[Change], say: Callable[[str], None], *, why: str) -> Iterator[None]:
     """Silence the alerts about the services `changes` touch while the block runs (nothing where the plan has no
     monitoring, or where the change starts Alertmanager itself: nothing can page before it runs)."""
-    services = [c.service for c in changes if c.action in TOUCHING]
+    actions = {c.service: c.action for c in changes if c.action in TOUCHING}
+    services = list(actions)
     mon = plan.monitoring
     if mon is None or not services or any(c.action == "add" and c.service == mon.alertmanager_service
                                           for c in changes):
@@ -109,7 +121,7 @@ def quiet_change(plan: Plan, changes: list[Change], say: Callable[[str], None], 
         yield
         return
     ids: list[tuple[str, Hush]] = []
-    for hush in hushes(plan, services, now):
+    for hush in hushes(plan, {s: actions[s] for s in services}, now):
         try:
             ids.append((api.silence(base, hush.matcher, minutes=MAX_MINUTES, created_by=created_by(plan),
                                     comment=why), hush))

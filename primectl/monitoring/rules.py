@@ -36,6 +36,8 @@ MEMBER = "exported_deployment"
 # workers silences it for that long after it ends: alerting/quiet.py).
 MIGRATIONS_RISING = "MigrationsRising"
 MIGRATION_WINDOW_S = 300
+# The readiness gate's alerts (the health loop's primectl_gate_ready): a change of what serves silences them.
+GATE_NOT_READY, GATE_CHECK_MISSING = "GateNotReady", "GateCheckMissing"
 
 # Worker components whose /metrics carry Dynamo's KV-usage gauge and the engine's counters the quality rules read
 # (as captured: tests/data/metrics/<component>.prom; the mocker exports neither).
@@ -149,11 +151,11 @@ def availability(facts: RuleFacts) -> list[Rule]:
     if _has(facts, "node-exporter"):  # the monitoring host's health loop writes the gate through node_exporter
         health = facts.health_interval
         out += [
-            Rule("GateNotReady", f"primectl_gate_ready{{{_sel(facts)}}} == 0", "critical",
+            Rule(GATE_NOT_READY, f"primectl_gate_ready{{{_sel(facts)}}} == 0", "critical",
                  "the deployment's readiness gate has not answered 200 for two health checks on {{ $labels.host }}",
                  "primectl status <recipe>; primectl smoke <recipe>; primectl logs <recipe> frontend",
                  for_=_times(health, 2)),
-            Rule("GateCheckMissing",
+            Rule(GATE_CHECK_MISSING,
                  f"absent(primectl_gate_ready{{{_sel(facts)}}}) and on () "
                  f"count(up{{{_sel(facts, job='node-exporter')}}} == 1) > 0", "warning",
                  "no health loop reports the readiness gate, so GateNotReady cannot fire",

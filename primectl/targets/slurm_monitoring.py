@@ -122,18 +122,26 @@ def _swap(argv: list[str], values: dict[str, str]) -> list[str]:
     return [values.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
 
 
+HOSTNAME = "%H"  # systemd's specifier for the node's host name: the one argument whose `%` it may expand
+
+
 def _word(arg: str) -> str:
-    """One ExecStart argument as systemd reads it: double-quoted (C escapes) where it holds a blank or a quote."""
+    """One ExecStart argument as systemd reads it: `%` kept from its specifiers (but HOSTNAME), double-quoted (C
+    escapes) where it is empty or holds a blank or a quote."""
     if "\n" in arg or "$" in arg:
         raise ValueError(f"a unit argument cannot hold a newline or `$`: {arg!r}")
-    if not any(c in arg for c in " \t\"'\\"):
+    if arg == HOSTNAME:
+        return arg
+    arg = arg.replace("%", "%%")
+    if arg and not any(c in arg for c in " \t\"'\\"):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _unit(description: str, argv: list[str]) -> bytes:
+def _unit(description: str, argv: list[str], *, mounts: str = "") -> bytes:
     exec_start = " ".join(_word(a) for a in argv)
-    return template("monitoring-unit.service.j2").render(description=description, exec_start=exec_start).encode()
+    return template("monitoring-unit.service.j2").render(description=description, exec_start=exec_start,
+                                                         mounts=mounts).encode()
 
 
 def _health_loops(plan: Plan) -> dict[str, Service]:
@@ -151,7 +159,7 @@ def _health_loops(plan: Plan) -> dict[str, Service]:
 def _health_argv(loop: Service, deploy_dir: str) -> list[str]:
     """A node's health loop: the planned one with the node's own files and host name (systemd's %H), and the
     gate the running job published instead of a planned one (none between jobs)."""
-    values = {"--textfile-dir": NODE_TEXTFILES, "--host": "%H", "--workdir": deploy_dir}
+    values = {"--textfile-dir": NODE_TEXTFILES, "--host": HOSTNAME, "--workdir": deploy_dir}
     planned = [a for i, a in enumerate(loop.argv) if a != "--gate" and loop.argv[i - 1] != "--gate"][2:]
     out = [NODE_PYTHON, posixpath.join(NODE_HEALTH, posixpath.basename(mon.HEALTH_LOOP))]
     i = 0
@@ -179,7 +187,8 @@ def _node_units(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
     if "monitoring/node/primectl-dcgm-exporter.service" in out:
         out["monitoring/node/dcgm-counters.csv"] = _file(_service(plan, "dcgm-exporter"), mon.DCGM_COUNTERS).encode()
     for name, loop in _health_loops(plan).items():
-        out[f"monitoring/node/{name}.service"] = _unit("health checks (node daemon)", _health_argv(loop, deploy_dir))
+        out[f"monitoring/node/{name}.service"] = _unit("health checks (node daemon)", _health_argv(loop, deploy_dir),
+                                                       mounts=deploy_dir)  # the gate file and the disk checked
         out.update({f"monitoring/node/health/{posixpath.basename(f.path)}": f.content.encode() for f in loop.files})
     gate = next((s.argv[s.argv.index("--gate") + 1] for s in plan.services
                  if s.component == "health-check" and "--gate" in s.argv), None)
@@ -261,10 +270,11 @@ def render(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
         dcgm="monitoring/node/dcgm-counters.csv" in files, counters=NODE_COUNTERS,
         counters_name=posixpath.basename(NODE_COUNTERS),
         node_units=[p.removeprefix("monitoring/") for p in node_units],
-        node_unit_names=[posixpath.basename(p).removesuffix(".service") for p in node_units],
+        cpu_units=[n for n in ("primectl-node-exporter", "primectl-health") if f"monitoring/node/{n}.service" in files],
+        gpu_units=[n for n in ("primectl-node-exporter", "primectl-dcgm-exporter", "primectl-health-gpu")
+                   if f"monitoring/node/{n}.service" in files],
         health=NODE_HEALTH if any(p.startswith("monitoring/node/health/") for p in files) else "",
-        health_both="monitoring/node/primectl-health-gpu.service" in files
-                    and "monitoring/node/primectl-health.service" in files, textfiles=NODE_TEXTFILES,
+        textfiles=NODE_TEXTFILES,
         head_configs=[f"head/{n}" for n in ("prometheus.yml", posixpath.basename(mon.RULES),
                                             posixpath.basename(mon.ALERTMANAGER_CONFIG))],
         head_units=[p.removeprefix("monitoring/") for p in head_units],
