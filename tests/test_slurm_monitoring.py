@@ -161,9 +161,17 @@ fi
 exit 1
 """
 FAKE_SRUN = """#!/bin/bash
-# A fake of Slurm's srun: starts nothing; the first call keeps what the job published so far, then it "ends".
+# A fake of Slurm's srun: starts nothing; each step waits (60 s at most) until the job has published its targets,
+# the first keeps a copy of what is there, then the step "ends".
+for _ in $(seq 600); do grep -qs "published scrape targets" "$FAKE_EVENTS" && break; sleep 0.1; done
 mkdir "$FAKE_SNAPSHOT" 2>/dev/null && cp "$FAKE_SD_DIR"/*.json "$FAKE_SD_DIR"/gate.*.url "$FAKE_SNAPSHOT"/
 exit 1
+"""
+FAKE_PYTHON3 = """#!/bin/bash
+# A fake of the nodes' python3 for one program: primectl-wait says every service of a wave is ready (the fake steps
+# run nothing); anything else runs the real python3.
+[[ ${1:-} == */bin/primectl-wait ]] && exit 0
+exec /usr/bin/python3 "$@"
 """
 
 
@@ -173,8 +181,8 @@ def _executable(path: Path, text: str) -> None:
 
 
 def run_job_with_fake_slurm(plan: Plan, release: dict[str, bytes], tmp_path: Path) -> tuple[Path, dict[str, str], str]:
-    """Run job.sbatch as job 4242 on fake nodes; the published files as the first job step saw them, each
-    logical host's address, the events."""
+    """Run job.sbatch as job 4242 on fake nodes whose services are ready at once; the published files as the
+    first job step saw them, each logical host's address, the events."""
     rel = tmp_path / "release"
     for path, data in release.items():
         (rel / path).parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +191,7 @@ def run_job_with_fake_slurm(plan: Plan, release: dict[str, bytes], tmp_path: Pat
     fake.mkdir()
     _executable(fake / "scontrol", FAKE_SCONTROL)
     _executable(fake / "srun", FAKE_SRUN)
+    _executable(fake / "python3", FAKE_PYTHON3)
     comps = components(Plan.model_validate_json(release["plan.json"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     addresses: dict[str, str] = {}
@@ -197,11 +206,14 @@ def run_job_with_fake_slurm(plan: Plan, release: dict[str, bytes], tmp_path: Pat
     (Path(sd) / "dynamo-vllm.4100.json").write_text("[]")  # left by a job that was killed
     (Path(sd) / "gate.4100.url").write_text("http://10.0.0.1:8000/v1/models/gone/ready\n")
     env |= {"PATH": f"{fake}:{env['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(rel),
-            "FAKE_SD_DIR": sd, "FAKE_SNAPSHOT": str(tmp_path / "published")}
+            "FAKE_SD_DIR": sd, "FAKE_SNAPSHOT": str(tmp_path / "published"),
+            "FAKE_EVENTS": str(Path(deploy_dir(plan)) / "jobs" / "4242" / "events")}
     done = subprocess.run(["bash", str(rel / "job.sbatch")], env=env, capture_output=True, text=True, timeout=120)
     events = (Path(deploy_dir(plan)) / "jobs" / "4242" / "events").read_text()
     assert done.returncode != 0 and "exited " in events, done.stdout + done.stderr  # the fake steps end at once
-    assert "published scrape targets" in events, events
+    # published once the job serves, not while its workers load (they would page as down)
+    assert events.index("published scrape targets") < events.index("serving") < events.index("exited "), events
+    assert events.rindex("start ") < events.index("published scrape targets"), events
     return tmp_path / "published", addresses, events
 
 
