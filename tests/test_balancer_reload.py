@@ -21,6 +21,7 @@ import pytest
 
 from primectl.host.haproxy import (
     back_into_balancer,
+    balancer_command,
     balancer_server,
     balancer_servers,
     balancer_worker_pid,
@@ -54,12 +55,18 @@ def _config(sock: Path, state: Path, port: int, servers: list[str], extra: str =
 
 
 def _start(cfg: Path, sock: Path) -> subprocess.Popen[bytes]:
+    """HAProxy on `cfg`, once its admin socket answers: the file appears at bind, before the worker listens on it
+    (a connection in between is refused; seen in a CI run on two busy cores)."""
     proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 10
-    while not sock.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    assert sock.exists(), "haproxy did not open its admin socket"
-    return proc
+    while time.time() < deadline:
+        try:
+            balancer_command(str(sock), "show info")
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    _stop(proc)
+    raise AssertionError("haproxy did not answer on its admin socket within 10 s")
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
