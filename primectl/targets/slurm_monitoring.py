@@ -6,20 +6,20 @@ host: a GPU must be watched between jobs, and Prometheus must outlive the job it
 job step (`job_plan`); the release carries instead, under monitoring/ (`render`):
 
     node/primectl-node-exporter.service, node/primectl-dcgm-exporter.service, node/dcgm-counters.csv,
-    node/primectl-health.service, node/health/*.py
+    node/primectl-health.service, node/primectl-health-gpu.service, node/health/*.py
                           systemd units for every node (dcgm-exporter: GPU nodes), from the planned argv with the
                           node's own address left to the unit (all addresses): the health loop writes the node's
                           checks into node_exporter's textfile directory, and the readiness gate of the job that
                           runs (gate.url, which the job publishes) while one does
     gate.url              the planned readiness gate, node marker and all: the job binds it and publishes it to
-                          `sd_dir` as gate.<job id>.url while it runs
+                          `sd_dir` as gate.<job id>.url once it serves, until it ends
     head/prometheus.yml, head/primectl.rules.yml, head/alertmanager.yml, head/primectl-<name>-*.service
                           Prometheus and Alertmanager for the head; prometheus.yml reads the job's targets from
                           file_sd files and scrapes itself and Alertmanager on localhost
     targets/<scrape job>.json
                           the planned static targets of each scrape job, node markers and all: the job's batch
                           script binds them like the rest of the release, writes them to `sd_dir` as
-                          <scrape job>.<job id>.json and removes them when it ends
+                          <scrape job>.<job id>.json once every service is ready and removes them when it ends
     README.txt            what to install where
 
 Labels are the planned ones (deployment, service, host = the logical host, role), so the head evaluates the same
@@ -159,18 +159,10 @@ def _health_loops(plan: Plan) -> dict[str, Service]:
 def _health_argv(loop: Service, deploy_dir: str) -> list[str]:
     """A node's health loop: the planned one with the node's own files and host name (systemd's %H), and the
     gate the running job published instead of a planned one (none between jobs)."""
-    values = {"--textfile-dir": NODE_TEXTFILES, "--host": HOSTNAME, "--workdir": deploy_dir}
-    planned = [a for i, a in enumerate(loop.argv) if a != "--gate" and loop.argv[i - 1] != "--gate"][2:]
-    out = [NODE_PYTHON, posixpath.join(NODE_HEALTH, posixpath.basename(mon.HEALTH_LOOP))]
-    i = 0
-    while i < len(planned):
-        if planned[i] in values:
-            out += [planned[i], values[planned[i]]]
-            i += 2
-        else:
-            out.append(planned[i])
-            i += 1
-    return [*out, "--gate-file", posixpath.join(sd_dir(deploy_dir), "gate.*.url")]
+    planned = [a for i, a in enumerate(loop.argv) if a != "--gate" and loop.argv[i - 1] != "--gate"]
+    args = _swap(planned, {"--textfile-dir": NODE_TEXTFILES, "--host": HOSTNAME, "--workdir": deploy_dir})[2:]
+    return [NODE_PYTHON, posixpath.join(NODE_HEALTH, posixpath.basename(mon.HEALTH_LOOP)), *args,
+            "--gate-file", posixpath.join(sd_dir(deploy_dir), "gate.*.url")]
 
 
 def _node_units(plan: Plan, deploy_dir: str) -> dict[str, bytes]:
