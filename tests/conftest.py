@@ -12,7 +12,7 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +117,15 @@ class CliResult:
             elif out and line and not line.startswith("error:"):
                 out[-1] += " " + line  # a wrapped continuation
         return out
+
+
+@pytest.fixture
+def gate_url() -> Iterator[str]:
+    """A local readiness gate's URL; it answers tests.exposition.Gate.status."""
+    from tests.exposition import serve_gate
+
+    with serve_gate() as url:
+        yield url
 
 
 @pytest.fixture

@@ -8,10 +8,12 @@ and `promtool_check` runs the real linter beside it.
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -184,3 +186,30 @@ def prometheus_targets(config: Path, data: Path, want: int, timeout: float = 30)
         proc.terminate()
         proc.wait(timeout=30)
     return active, log.read_text()
+
+
+class Gate(http.server.BaseHTTPRequestHandler):
+    """A readiness gate answering `status` (a class attribute the test sets; `gate_url` serves it)."""
+
+    status = 503
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serve_gate() -> Iterator[str]:
+    """A local readiness gate's URL while the block runs; it answers Gate.status (503 again afterwards)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/demo/ready"
+    finally:
+        server.shutdown()
+        server.server_close()
+        Gate.status = 503

@@ -7,14 +7,12 @@ xdist workers). nvidia-smi cannot run on this machine: the GPU test puts a FAKE 
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import subprocess
 import textwrap
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from tests.conftest import REPO, CliResult
 from tests.exposition import (
     NODE_EXPORTER,
     PROMTOOL,
+    Gate,
     Series,
     free_port,
     get,
@@ -125,33 +124,6 @@ def test_a_disk_smaller_than_the_floor_fails_the_disk_check(bundle: Path, tmp_pa
     # between the floor and twice it: passes with a warning (ok stays 1)
     series = parse(run_once(bundle, tmp_path, "--min-free-gb", str(free_gb * 0.75)))
     assert value(series, OK, check="disk") == 1 and value(series, WARN, check="disk") == 1
-
-
-class Gate(http.server.BaseHTTPRequestHandler):
-    """A readiness gate answering `status` (a class attribute the test sets)."""
-
-    status = 503
-
-    def do_GET(self) -> None:
-        self.send_response(self.status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def gate_url() -> Iterator[str]:
-    """A local readiness gate's URL; it answers Gate.status."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/demo/ready"
-    finally:
-        server.shutdown()
-        server.server_close()
-        Gate.status = 503
 
 
 def test_gate_ready_follows_the_gate(bundle: Path, tmp_path: Path, gate_url: str) -> None:

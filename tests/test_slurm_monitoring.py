@@ -28,7 +28,7 @@ from primectl.render.bundle import render_host
 from primectl.targets import slurm_monitoring
 from primectl.targets.slurm import SlurmTarget
 from primectl.targets.slurm_job import components, deploy_dir
-from tests.exposition import prometheus_targets
+from tests.exposition import Gate, free_port, prometheus_targets
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "glm53.yaml"
@@ -258,23 +258,10 @@ def test_prometheus_on_the_head_finds_what_the_job_published(plan: Plan, release
 
 
 def test_a_nodes_health_loop_reports_the_gate_only_while_a_job_publishes_it(
-        release: dict[str, bytes], tmp_path: Path) -> None:
+        release: dict[str, bytes], tmp_path: Path, gate_url: str) -> None:
     """The rendered node unit's own command line, run once as the unit would (its install paths under tmp_path):
     with the job's gate file there it reports the gate the file names; between jobs it reports none, so the
     GateCheckMissing rule (absent gate, node_exporter up) speaks only while Prometheus expects a job."""
-    import http.server
-    import threading
-
-    class Gate(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     health, textfiles, sd = tmp_path / "health", tmp_path / "textfiles", tmp_path / "sd"
     for d in (health, textfiles, sd):
         d.mkdir()
@@ -292,15 +279,13 @@ def test_a_nodes_health_loop_reports_the_gate_only_while_a_job_publishes_it(
         assert 'primectl_health_check_ok{check="disk",check_host="gb001"}' in text
         return [line for line in text.splitlines() if line.startswith("primectl_gate_ready")]
 
-    try:
-        assert gate_lines() == []  # between jobs
-        (sd / "gate.4242.url").write_text(f"http://127.0.0.1:{server.server_address[1]}/v1/models/glm-5.3/ready\n")
-        assert gate_lines() == ["primectl_gate_ready 1"]
-        server.shutdown()
-        server.server_close()  # the job's frontend is gone, its file not yet
-        assert gate_lines() == ["primectl_gate_ready 0"]
-    finally:
-        server.shutdown()
+    assert gate_lines() == []  # between jobs
+    Gate.status = 200
+    (sd / "gate.4242.url").write_text(f"{gate_url}\n")
+    assert gate_lines() == ["primectl_gate_ready 1"]
+    # the job's frontend is gone, its file not yet
+    (sd / "gate.4242.url").write_text(f"http://127.0.0.1:{free_port()}/v1/models/glm-5.3/ready\n")
+    assert gate_lines() == ["primectl_gate_ready 0"]
 
 
 def test_unit_arguments_reach_the_program_as_they_were_planned() -> None:
