@@ -247,16 +247,20 @@ def up(
 
         fleet = _fleet(recipe)
         p = fleet.gateway if fleet is not None else _plan(recipe)
-        opts = UpOptions(connection=_policy(p, accept_new_host_keys), break_lock=break_lock, preflight=not skip_preflight,
+
+        def connect(plan: Plan) -> object:
+            return _policy(plan, accept_new_host_keys)
+
+        opts = UpOptions(connection=connect(p), break_lock=break_lock, preflight=not skip_preflight,
                          smoke=not no_smoke, wheelhouse=wheelhouse, dry_run=dry_run, recipe_file=str(recipe))
         if fleet is not None:
             if dry_run:
                 from primectl.fleet import commands as fleet_commands
 
-                return EXIT_CHANGES if fleet_commands.diff(fleet, opts.connection, _say) else 0
+                return EXIT_CHANGES if fleet_commands.diff(fleet, connect, _say) else 0
             from primectl.fleet.commands import up as fleet_up
 
-            _say(f"done in {fleet_up(fleet, opts, _say):.1f}s")
+            _say(f"done in {fleet_up(fleet, opts, connect, _say):.1f}s")
             return 0
         res = do_up(p, opts, _say)
         if dry_run:
@@ -281,7 +285,8 @@ def down(
         if fleet is not None:
             from primectl.fleet.commands import down as fleet_down
 
-            fleet_down(fleet, _policy(fleet.gateway, accept_new_host_keys), _say, purge=purge, break_lock=break_lock)
+            fleet_down(fleet, lambda plan: _policy(plan, accept_new_host_keys), _say, purge=purge,
+                       break_lock=break_lock)
             return
         p = _plan(recipe)
         _target(p).down(p, _policy(p, accept_new_host_keys), _say, purge=purge, break_lock=break_lock)
@@ -301,7 +306,7 @@ def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None
         if fleet is not None:
             from primectl.fleet.commands import diff as fleet_diff
 
-            return EXIT_CHANGES if fleet_diff(fleet, _policy(fleet.gateway, accept_new_host_keys), _say) else 0
+            return EXIT_CHANGES if fleet_diff(fleet, lambda plan: _policy(plan, accept_new_host_keys), _say) else 0
         p = _plan(recipe)
         lines, steps = do_diff(p, _policy(p, accept_new_host_keys), _say)
         return EXIT_CHANGES if print_diff(lines, steps) else 0

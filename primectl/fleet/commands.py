@@ -26,27 +26,30 @@ from primectl.output import print_table
 
 if TYPE_CHECKING:
     from primectl.pipeline import UpOptions
+    from primectl.plan.model import Plan
 
 Say = Callable[[str], None]
+Connect = Callable[["Plan"], object]  # a plan's target's connection options, from its own recipe
 KEY_PREFIX = "pk-"
 
 
-def up(fleet: FleetPlan, options: UpOptions, say: Say) -> float:
-    """Every deployment, then the gateway, through the `up` pipeline; the seconds it took."""
+def up(fleet: FleetPlan, options: UpOptions, connect: Connect, say: Say) -> float:
+    """Every deployment, then the gateway, through the `up` pipeline, each connected to as its own recipe says
+    (`connect`: its target's connection options; `options.connection` is not used); the seconds it took."""
     from primectl.pipeline import up as do_up
 
     t0 = time.monotonic()
     for plan in fleet.plans:
         say(f"deployment {plan.name}:")
-        do_up(plan, options, say)
+        do_up(plan, replace(options, connection=connect(plan)), say)
     say(f"gateway {fleet.gateway.name}:")
-    do_up(fleet.gateway, replace(options, smoke=False), say)
+    do_up(fleet.gateway, replace(options, connection=connect(fleet.gateway), smoke=False), say)
     say(f"fleet {fleet.name} ready: {fleet.endpoint} (model {fleet.served_model}; clients need a key: "
         f"primectl keys create RECIPE --team NAME)")
     return time.monotonic() - t0
 
 
-def diff(fleet: FleetPlan, connection: object, say: Say) -> bool:
+def diff(fleet: FleetPlan, connect: Connect, say: Say) -> bool:
     """Each deployment's diff and the gateway's, printed; whether anything would change."""
     from primectl.pipeline import diff as do_diff
     from primectl.pipeline import print_diff
@@ -54,18 +57,18 @@ def diff(fleet: FleetPlan, connection: object, say: Say) -> bool:
     changed = False
     for plan in [*fleet.plans, fleet.gateway]:
         sys.stdout.write(f"== {plan.name}\n")
-        lines, steps = do_diff(plan, connection, say, smoke=plan is not fleet.gateway)
+        lines, steps = do_diff(plan, connect(plan), say, smoke=plan is not fleet.gateway)
         changed |= print_diff(lines, steps)
     return changed
 
 
-def down(fleet: FleetPlan, connection: object, say: Say, *, purge: bool, break_lock: bool) -> None:
+def down(fleet: FleetPlan, connect: Connect, say: Say, *, purge: bool, break_lock: bool) -> None:
     """The gateway first (clients stop reaching any deployment), then each deployment."""
     from primectl.targets.base import get
 
     for plan in [fleet.gateway, *fleet.plans]:
         say(f"{plan.name}:")
-        get(plan.target.kind).down(plan, connection, say, purge=purge, break_lock=break_lock)
+        get(plan.target.kind).down(plan, connect(plan), say, purge=purge, break_lock=break_lock)
 
 
 def render(fleet: FleetPlan, out: Path, target: str | None) -> list[str]:
