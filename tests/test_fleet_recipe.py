@@ -53,7 +53,7 @@ def test_the_demo_fleet_plans_two_deployments_and_the_gateway_tier(cli: Callable
     assert services["edge"]["depends_on"] == ["gateway-0", "gateway-1"]
     assert services["gateway-0"]["drain"]["how"] == "balancer"
     config = json.loads(next(f["content"] for f in services["gateway-1"]["files"] if f["path"].endswith(".json")))
-    assert [d["url"] for d in config["deployments"]] == ["http://127.0.0.1:8200", "http://127.0.0.1:8210"]
+    assert [d["url"] for d in config["deployments"]] == ["http://10.88.1.2:8200", "http://10.88.2.2:8210"]
     assert config["listen"] == {"host": "127.0.0.1", "port": 8311} and config["etcd"] == ["http://127.0.0.1:8379"]
     assert cli("validate", REPO / "recipes" / "demo-fleet.yaml").stdout.strip().endswith(
         "valid (fleet of 2 deployments, 8 gateway services)")
@@ -63,8 +63,8 @@ def test_the_demo_fleet_plans_two_deployments_and_the_gateway_tier(cli: Callable
     ({"  port: 8300": "  prot: 8300"}, 14, "gateway.prot", "unknown key `prot` (did you mean `port`?)"),
     ({"  host: local": "  host: elsewhere"}, 13, "gateway.host", "'elsewhere' is not one of `hosts:`; allowed: local"),
     ({"    role: spill": "    role: backup"}, 6, "deployments[1].role", "'backup' is not allowed; allowed: primary, spill"),
-    ({"replica: 8310": "replica: 8200"}, 15, "gateway.ports",
-     "port 8200 on 127.0.0.1 is used by both demo-site-a/balancer and f-gateway/gateway-0"),
+    ({"replica: 8310": "replica: 8379"}, 15, "gateway.ports",
+     "port 8379 on 127.0.0.1 is used by both f-gateway/gateway-etcd and f-gateway/gateway-0"),
 ])
 def test_a_bad_fleet_is_refused_at_its_line(cli: Callable[..., CliResult], tmp_path: Path, edit: dict[str, str],
                                             line: int, field: str, message: str) -> None:

@@ -204,7 +204,7 @@ def plan_fleet(path: str | Path) -> FleetPlan:
     if problems:
         raise RecipeError(problems)
     gateway = gateway_plan(r, plans[0], members, base_dir)
-    clashes = port_clashes([*plans, gateway])
+    clashes = port_clashes([*plans, gateway], own=gateway)
     if clashes:
         raise RecipeError([loaded.problem(("gateway", "ports"), c) for c in clashes])
     return FleetPlan(name=r.name, endpoint=gateway.endpoint, served_model=members[0].served_model,
@@ -217,9 +217,9 @@ def etcd_endpoints(services: list[Service]) -> list[str]:
     return [f"http://{s.address}:{s.ports['client']}" for s in services if s.component == "etcd"]
 
 
-def port_clashes(plans: list[Plan]) -> list[str]:
+def port_clashes(plans: list[Plan], own: Plan | None = None) -> list[str]:
     """Ports two services of the fleet (its deployments' and its gateway's, surge twins included) would both bind
-    on one address."""
+    on one address: between plans, and within `own` (the gateway's; each deployment checked its own)."""
     owner: dict[tuple[str, int], str] = {}
     out: list[str] = []
     for plan in plans:
@@ -227,7 +227,7 @@ def port_clashes(plans: list[Plan]) -> list[str]:
             for port in set(svc.listens):
                 key = (svc.address, port)
                 who = f"{plan.name}/{svc.name}"
-                if key in owner and owner[key].split("/")[0] != plan.name:
+                if key in owner and (owner[key].split("/")[0] != plan.name or plan is own):
                     out.append(f"port {port} on {svc.address} is used by both {owner[key]} and {who}")
                 owner.setdefault(key, who)
     return out
@@ -267,7 +267,7 @@ def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members
         "queue": {"size": g.admission.queue, "timeout_s": g.admission.queue_timeout_s},
         "teams": {t: lim.model_dump(exclude_none=True) for t, lim in sorted(g.teams.items())},
         "breaker": {"failures": g.breaker.failures, "cooldown_s": g.breaker.cooldown_s},
-        "deadline_s": g.deadline_s, "drain_s": g.drain_timeout_s,
+        "deadline_s": g.deadline_s, "stall_s": g.stall_s, "drain_s": g.drain_timeout_s,
         "usage_db": posixpath.join(host.workdir, "data", name, "usage.sqlite"),
         "deployments": [{"name": m.name, "url": m.endpoint, "weight": m.weight, "role": m.role,
                          "capacity": m.capacity, "block": g.admission.block} for m in members],
