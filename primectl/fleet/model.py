@@ -80,6 +80,10 @@ class Gateway(Strict):
     admission: Admission = Field(default_factory=Admission)
     breaker: Breaker = Field(default_factory=Breaker)
     deadline_s: int = Field(600, ge=1, le=86400, description="One request's whole budget, failovers included.")
+    stall_s: float = Field(60.0, gt=0, le=3600, description=(
+        "A deployment that sends a stream nothing for this long (no response headers, no next chunk) has failed: "
+        "the stream goes on from another deployment. What tells a site cut off (packets dropped, nothing refused) "
+        "from a slow one, so keep it above the longest time to first token you expect."))
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="A replica's streams get this long to finish.")
     teams: dict[Name, Limits] = Field(default_factory=dict, description=(
         "Each team's limits (a team not listed has none); `keys create --max-concurrency/--tokens-per-minute` sets "

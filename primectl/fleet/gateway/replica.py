@@ -56,6 +56,7 @@ from .usage import Usage
 OVERLOAD = (429, 529)
 PROXIED = ("/v1/chat/completions", "/v1/completions")
 MAX_BODY = 64 << 20
+CONNECT_S = 5  # a deployment that has not accepted a connection in this long is failed (a dark site drops the SYN)
 
 
 def key_id(key: str) -> str:
@@ -80,6 +81,7 @@ class Replica:
         self.failures = int(cfg["breaker"]["failures"])
         self.cooldown = float(cfg["breaker"]["cooldown_s"])
         self.deadline = float(cfg.get("deadline_s", 600))
+        self.stall = float(cfg.get("stall_s", 60))
         self.retry_after = int(cfg.get("retry_after_s", 1))
         queue = cfg.get("queue") or {}
         self.queue_size = int(queue.get("size", 0))
@@ -149,7 +151,7 @@ class Replica:
         # A fresh connection to the deployment per request: on a reused one, the first event of a stream often came
         # ~40 ms after its headers (measured: benchmarks/gateway_overhead.py; docs/fleet.md), a delayed-ACK stall
         # that a new connection, still in quick-ACK mode, does not have. A connect on loopback or a LAN costs less.
-        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=5),
+        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=CONNECT_S),
                                      connector=TCPConnector(force_close=True))
         self.etcd = Etcd(self.session, list(self.cfg["etcd"]))
         self.lease = await self.etcd.grant(self.ttl)
@@ -521,6 +523,14 @@ class Replica:
         self._record(caller, "", 503, None)
         return openai_error(503, "no deployment of this fleet could take the request", "server_error", "unavailable")
 
+    def _upstream_timeout(self, deadline: float, stream: bool) -> ClientTimeout:
+        """What one request to a deployment may take: what is left of its deadline, CONNECT_S to connect, and for a
+        stream `stall_s` without a byte (a deployment cut off drops packets and refuses nothing: without these its
+        requests would wait out the deadline). A non-streamed answer comes whole at its end, so silence tells
+        nothing there. A request's timeout replaces the session's whole."""
+        return ClientTimeout(total=max(deadline - time.monotonic(), 1), sock_connect=CONNECT_S,
+                             sock_read=self.stall if stream else None)
+
     async def _forward(self, request: web.Request, d: Deployment, raw: bytes, stream: bool, asked_usage: bool,
                        caller: Caller, deadline: float) -> web.StreamResponse | None:
         """The deployment's answer relayed to the client; None (nothing sent yet) when it refused or failed."""
@@ -528,7 +538,7 @@ class Replica:
         url = f"{d.url}{request.path}"
         try:
             upstream = await self.session.post(url, data=raw, headers={"Content-Type": "application/json"},
-                                               timeout=ClientTimeout(total=max(deadline - time.monotonic(), 1)))
+                                               timeout=self._upstream_timeout(deadline, stream))
         except (TimeoutError, ClientError):
             await self._failed(d)
             self.metrics.inc("failovers_total", d.name)
@@ -606,7 +616,7 @@ class Replica:
             try:
                 upstream = await self.session.post(
                     f"{d.url}{path}", data=body, headers={"Content-Type": "application/json"},
-                    timeout=ClientTimeout(total=max(deadline - time.monotonic(), 1)))
+                    timeout=self._upstream_timeout(deadline, stream=True))
             except (TimeoutError, ClientError):
                 await self._give(d.pool_for(caller))
                 await self._failed(d)
