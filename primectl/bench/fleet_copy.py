@@ -27,6 +27,16 @@ class FleetCopy:
     etcd_members: list[str]  # every member's
 
 
+@dataclass(frozen=True)
+class SiteHost:
+    """Where a site's one host is reached over SSH (a site in a network namespace of its own), instead of running
+    on this machine with `connection: local`."""
+
+    address: str
+    identity_file: Path
+    known_hosts: Path
+
+
 def site_ports(base: int) -> dict[str, int]:
     """Every port base of one site, from `base` up (a site takes at most base + 99)."""
     return {"etcd_client": base + 1, "etcd_peer": base + 2, "mooncake_rpc": base + 3, "mooncake_metadata": base + 4,
@@ -40,15 +50,17 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
                 weights: tuple[int, ...] | None = None, only: tuple[str, ...] = SITES,
                 tls: tuple[Path, Path] | None = None, admission: dict[str, Any] | None = None,
                 teams: dict[str, dict[str, int]] | None = None, monitoring: dict[str, Any] | None = None,
-                etcd_members: int = 1) -> FleetCopy:
+                etcd_members: int = 1, site_hosts: dict[str, SiteHost] | None = None,
+                stall_s: float | None = None) -> FleetCopy:
     """The fleet's recipe and its sites' (`only` those of SITES) under `root`: the edge on `port`, replicas from
     port + 10, the gateway's etcd on port + 20, the sites' frontends on port + 50/51 and their other ports from
     port + 100/200; `weights` in the order of `only` (default 1 each); `tls`: the edge's (certificate, key), so its
     endpoint is https. `admission` and `teams` add to the gateway's settings. `monitoring`: the fleet's
     `monitoring:` block, its ports from port + 30 (Prometheus, Alertmanager, node_exporter, the edge's exporter)
     unless it names them. With several `etcd_members`, each is a `connection: local` host of its own on
-    127.0.0.2, .3, ... with its own workdir. Runs on PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to
-    provision)."""
+    127.0.0.2, .3, ... with its own workdir. `site_hosts`: the sites whose host is reached over SSH at an address
+    of its own (the others run here, on loopback). `stall_s`: the gateway's (default: the recipe's). Runs on
+    PRIMECTL_RUNTIME_PYTHON where it is set (no runtime to provision)."""
     python = os.environ.get("PRIMECTL_RUNTIME_PYTHON")
     sites, workdirs = {}, {}
     for i, site in enumerate(SITES):
@@ -59,7 +71,16 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         doc["name"] = doc["namespace"] = f"{name}-site-{site}"
         workdirs[site] = root / f"site-{site}"
         doc["hosts"][0]["workdir"] = str(workdirs[site])
-        doc["frontend"] = {"port": port + 50 + i}
+        host = doc["hosts"][0]
+        reach = (site_hosts or {}).get(site)
+        if reach:
+            host.update(address=reach.address, connection="ssh", user="root", identity_file=str(reach.identity_file))
+            doc["known_hosts"] = str(reach.known_hosts)
+        else:
+            host.update(address="127.0.0.1", connection="local")
+            host.pop("identity_file", None)
+            doc.pop("known_hosts", None)
+        doc["frontend"] = {**doc.get("frontend", {}), "port": port + 50 + i}
         doc["ports"] = site_ports(port + 100 * (i + 1))
         if python:
             doc["software"] = {"python": python}
@@ -75,6 +96,8 @@ def write_fleet(root: Path, *, port: int, name: str = "fleetcopy", capacity: int
         "ports": {"replica": port + 10, "etcd_client": port + 20, "etcd_peer": port + 21},
         "admission": {"block": block, "lease_ttl_s": lease_ttl_s, **(admission or {})},
         "breaker": {"failures": failures, "cooldown_s": cooldown_s}, "teams": teams or {}}
+    if stall_s is not None:
+        gateway["stall_s"] = stall_s
     if tls:
         gateway["tls"] = {"cert": str(tls[0]), "key": str(tls[1])}
     addresses = ["127.0.0.1"]

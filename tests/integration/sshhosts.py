@@ -181,6 +181,7 @@ class SSHHost:
     root: Path
     authorized_keys: Path
     proc: subprocess.Popen[bytes] | None = None
+    enter: list[str] = field(default_factory=list)  # argv that runs sshd elsewhere (nsenter into a namespace)
     host_key: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -231,7 +232,7 @@ class SSHHost:
             return
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
         log = open(self.root / "sshd.log", "ab")
-        self.proc = subprocess.Popen([SSHD, *sshd_flags(), "-D", "-e", "-f", str(self.config)], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([*self.enter, SSHD, *sshd_flags(), "-D", "-e", "-f", str(self.config)], stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=log, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout

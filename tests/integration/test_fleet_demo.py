@@ -1,15 +1,17 @@
 """A fleet of two demo deployments ("sites") behind the gateway, for real (issue 39).
 
 Two copies of recipes/demo-site-{a,b}.yaml (Dynamo's mocker behind real Dynamo frontends and HAProxy, ports
-and workdirs of their own) and a `kind: fleet` recipe over them go `up` with the process supervisor: the
+and workdirs of their own), each site in a network namespace of its own reached over SSH across a veth link
+(tests/integration/netns_sites.py), and a `kind: fleet` recipe over them go `up` with the process supervisor: the
 gateway's own etcd, two gateway replicas (primectl/fleet/gateway/ on the host runtime's aiohttp) and HAProxy
 in front of them. Through the `openai` client, with a key from `primectl keys create`:
 
 - no key: 401 with an OpenAI error body; with the key: chat and streaming chat answered;
 - the key appears in no file under any workdir (logs, configs, usage database) and in no `plan`/`diff` output;
-- every process of site a SIGKILLed: requests keep being answered (failover before the first byte), the shared
-  breaker opens in etcd and both replicas apply it; `up` of site a brings it back and one replica's half-open
-  probe closes the breaker;
+- site a lost as a site is: its link cut (nothing answers, nothing refuses) and every process there SIGKILLed:
+  requests keep being answered (failover before the first byte), streams that were on it go on from site b once
+  it has sent nothing for `stall_s`, the shared breaker opens in etcd and both replicas apply it; with the link
+  back, `up` of site a brings it back and one replica's half-open probe closes the breaker;
 - more concurrent streams than the fleet admits: each one is served or answered 429 with Retry-After, and the
   admitted count never passes capacity + replicas x block;
 - a request that finds the fleet full waits in a replica's queue and is served when a client closes its stream;
@@ -41,9 +43,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from primectl.bench.fleet_copy import FleetCopy, write_fleet
+from primectl.bench.fleet_copy import SITES, FleetCopy, write_fleet
 
-from .fleetkit import cli, fleet_up, kill_all
+from .fleetkit import cli, fleet_up
+from .netns_sites import Site, reach, sites_up
+from .sshhosts import netns_problem
 
 pytestmark = pytest.mark.integration
 
@@ -56,11 +60,13 @@ BLOCK = 1
 TTL = 2
 QUEUED = 3  # seconds a request waits in a replica's queue for a slot
 TPM = 400  # team metered's tokens per minute
+STALL = 8  # seconds a deployment may send nothing before its request or stream moves on (above the 600 KB TTFT)
 
 
 @dataclass
 class Fleet:
     copy: FleetCopy
+    site: dict[str, Site]
     key: str = ""
 
     @property
@@ -105,11 +111,17 @@ def client(key: str):  # type: ignore[no-untyped-def]
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     # site a weighs more, so that the site-loss test finds a stream on it within CAPACITY streams (all of them on
     # site b: 1 in 256) and site b keeps a free slot to continue it on
-    copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="testfleet", capacity=CAPACITY,
-                       block=BLOCK, lease_ttl_s=TTL, weights=(3, 1), admission={"queue": 1, "queue_timeout_s": QUEUED},
-                       teams={"capped": {"max_concurrency": 2}, "metered": {"tokens_per_minute": TPM}})
-    with fleet_up(copy, RUN):
-        yield Fleet(copy)
+    root = tmp_path_factory.mktemp("fleet")
+    problem = netns_problem(RUN)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    with sites_up(root / "netns", SITES) as sites:
+        copy = write_fleet(root, port=EDGE, name="testfleet", capacity=CAPACITY, block=BLOCK, lease_ttl_s=TTL,
+                           weights=(3, 1), admission={"queue": 1, "queue_timeout_s": QUEUED}, stall_s=STALL,
+                           teams={"capped": {"max_concurrency": 2}, "metered": {"tokens_per_minute": TPM}},
+                           site_hosts=reach(sites, root / "known_hosts"))
+        with fleet_up(copy, RUN):
+            yield Fleet(copy, sites)
 
 
 def test_a_key_is_needed_and_then_chat_and_streams_are_answered(fleet: Fleet) -> None:
@@ -170,7 +182,9 @@ def test_losing_a_site_loses_no_request_and_its_breaker_opens_on_every_replica(f
         threads[-1].start()
         time.sleep(0.3)
     on_a = inflight("testfleet-site-a")
-    kill_all(fleet.workdirs[0])
+    # the site goes dark (its link down: nothing answers, nothing refuses), then every process there dies
+    fleet.site["a"].partition()
+    assert fleet.site["a"].kill()
     lost = 0
     for i in range(20):
         try:
@@ -178,7 +192,7 @@ def test_losing_a_site_loses_no_request_and_its_breaker_opens_on_every_replica(f
         except Exception:
             lost += 1
     assert lost == 0
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15  # a half-open probe into the dark site waits out its connect timeout (5 s)
     while time.monotonic() < deadline:
         seen = [h.get("deployments", {}).get("testfleet-site-a", {}).get("breaker") for h in replicas_health()]
         if seen == ["open", "open"]:
@@ -191,6 +205,7 @@ def test_losing_a_site_loses_no_request_and_its_breaker_opens_on_every_replica(f
     assert [(s["error"], s["finish"] is not None) for s in streams] == [(None, True)] * len(streams), streams
     assert all(s["chunks"] > 1 for s in streams)
 
+    fleet.site["a"].restore()
     back = cli("up", fleet.sites["a"])
     assert back.returncode == 0, back.stdout + back.stderr
     deadline = time.monotonic() + 30
