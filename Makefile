@@ -10,7 +10,7 @@ RUNTIME_VLLM := .runtime-vllm-cpu
 PRIMECTL := $(VENV)/bin/primectl
 DEMO := recipes/demo.yaml
 
-.PHONY: bench-tools test test-integration demo demo-fleet demo-monitoring demo-monitoring-down demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
+.PHONY: bench-tools test test-integration demo demo-fleet demo-fleet-down demo-monitoring demo-monitoring-down demo-vllm demo-vllm-down demo-live bench-live-change demo-multihost demo-slurm demo-down runtime-vllm-cpu lint typecheck system venv runtime rootfs wheels wheels-all wheelhouse clean
 
 system:
 	bash scripts/install-system.sh
@@ -190,15 +190,22 @@ demo-monitoring-down: venv
 	$(PRIMECTL) down recipes/demo-monitoring.yaml
 
 # Two demo deployments ("sites" a and b) behind a fleet's gateway: its own etcd, two replicas, HAProxy on 8300.
-demo-fleet: system venv
-	$(PRIMECTL) up recipes/demo-fleet.yaml
+demo-fleet: system venv wheelhouse
+	$(VENV)/bin/python scripts/demo_fleet_sites.py up
+	$(PRIMECTL) up recipes/demo-fleet.yaml --wheelhouse .demo/wheelhouse
 	$(VENV)/bin/python scripts/demo_fleet_check.py recipes/demo-fleet.yaml
 	@echo
 	@echo "Fleet is up: http://127.0.0.1:8300/v1 (model: demo). Clients need a key:"
 	@echo "  $(PRIMECTL) keys create recipes/demo-fleet.yaml --team research"
 	@echo "Status: $(PRIMECTL) status recipes/demo-fleet.yaml    Usage: $(PRIMECTL) usage recipes/demo-fleet.yaml"
 	@echo "Alerts: $(PRIMECTL) alerts recipes/demo-fleet.yaml (Prometheus http://127.0.0.1:8390)"
-	@echo "Stop: $(PRIMECTL) down recipes/demo-fleet.yaml"
+	@echo "Lose a site: scripts/demo_fleet_sites.py lose a [--partition]; bring it back: scripts/demo_fleet_sites.py restore a && $(PRIMECTL) up recipes/demo-site-a.yaml"
+	@echo "Stop: make demo-fleet-down"
+
+# The fleet, then its sites' network namespaces and links.
+demo-fleet-down: venv
+	-$(PRIMECTL) down recipes/demo-fleet.yaml
+	$(VENV)/bin/python scripts/demo_fleet_sites.py down
 
 demo-down: venv
 	$(PRIMECTL) down $(DEMO)
