@@ -7,4 +7,5 @@ if [[ -r "$secrets" ]]; then set -a; source "$secrets"; set +a; fi
 exec /usr/sbin/haproxy \
   -W \
   -db \
+  -dMglobal \
   -f /tmp/primectl-demo/current/config/balancer.haproxy.cfg
