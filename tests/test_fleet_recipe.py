@@ -158,10 +158,10 @@ def test_three_etcd_hosts_plan_one_cluster_that_every_replica_and_the_controller
         "--listen-peer-urls http://127.0.0.3:8380 --initial-advertise-peer-urls http://127.0.0.3:8380 "
         "--initial-cluster f-gateway-etcd-0=http://127.0.0.2:8380,f-gateway-etcd-1=http://127.0.0.3:8380,"
         "f-gateway-etcd-2=http://127.0.0.4:8380 --initial-cluster-token f-gateway-etcd --initial-cluster-state new "
-        "--heartbeat-interval 100 --election-timeout 1000")
+        "--heartbeat-interval 100 --election-timeout 1000 --experimental-watch-progress-notify-interval 2s")
     for replica in ("gateway-0", "gateway-1"):
         config = json.loads(next(f["content"] for f in services[replica]["files"] if f["path"].endswith(".json")))
-        assert config["etcd"] == clients
+        assert config["etcd"] == clients and config["etcd_progress_s"] == 2
 
 
 def test_a_change_of_the_etcd_members_restarts_them_one_at_a_time(tmp_path: Path) -> None:

@@ -44,23 +44,28 @@ class EtcdMember:
     workdir: str
 
 
-def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, client_port: int, peer_port: int
-              ) -> Service:
-    """A single-member etcd called `name` on `address`, its data under the workdir."""
+def solo_etcd(*, name: str, member: str, host: str, address: str, workdir: str, client_port: int, peer_port: int,
+              progress_s: int | None = None) -> Service:
+    """A single-member etcd called `name` on `address`, its data under the workdir (`progress_s`: see
+    etcd_cluster)."""
     m = EtcdMember(name=name, member=member, host=host, address=address, workdir=workdir)
     return _member(m, [m], token=None, client_port=client_port, peer_port=peer_port,
-                   heartbeat_ms=SOLO_HEARTBEAT_MS, election_ms=SOLO_ELECTION_TIMEOUT_MS)
+                   heartbeat_ms=SOLO_HEARTBEAT_MS, election_ms=SOLO_ELECTION_TIMEOUT_MS, progress_s=progress_s)
 
 
-def etcd_cluster(members: list[EtcdMember], *, token: str, client_port: int, peer_port: int) -> list[Service]:
+def etcd_cluster(members: list[EtcdMember], *, token: str, client_port: int, peer_port: int,
+                 progress_s: int | None = None) -> list[Service]:
     """An etcd cluster of `members` (each on its own address, its data under its workdir): every member lists all
-    of them in --initial-cluster, and `token` keeps it from joining another cluster's members."""
+    of them in --initial-cluster, and `token` keeps it from joining another cluster's members. `progress_s`: a
+    watch that asks for progress notifications gets one this often (etcd's default: 10 min), so its client can
+    tell a quiet member from one it can no longer hear."""
     return [_member(m, members, token=token, client_port=client_port, peer_port=peer_port,
-                    heartbeat_ms=CLUSTER_HEARTBEAT_MS, election_ms=CLUSTER_ELECTION_TIMEOUT_MS) for m in members]
+                    heartbeat_ms=CLUSTER_HEARTBEAT_MS, election_ms=CLUSTER_ELECTION_TIMEOUT_MS,
+                    progress_s=progress_s) for m in members]
 
 
 def _member(m: EtcdMember, cluster: list[EtcdMember], *, token: str | None, client_port: int, peer_port: int,
-            heartbeat_ms: int, election_ms: int) -> Service:
+            heartbeat_ms: int, election_ms: int, progress_s: int | None) -> Service:
     """Member `m` of the etcd `cluster` as a service (its /health answers true once it sees a leader: a member
     started without a quorum waits for one)."""
     def peer(x: EtcdMember) -> str:
@@ -80,6 +85,7 @@ def _member(m: EtcdMember, cluster: list[EtcdMember], *, token: str | None, clie
         "--initial-cluster-state", "new",
         "--heartbeat-interval", str(heartbeat_ms),
         "--election-timeout", str(election_ms),
+        *(["--experimental-watch-progress-notify-interval", f"{progress_s}s"] if progress_s else []),
     ]
     return Service(
         name=m.name, role="control", component="etcd", host=m.host, address=m.address,

@@ -52,6 +52,9 @@ REPLICA_MAIN = f"from {REPLICA_PACKAGE}.replica import main\n\nmain()\n"
 NO_GPU = HardwareFacts(profile="cpu", gpu="", sm=0, gpus_per_host=0, hosts_per_nvlink_domain=1)
 TLS_READY_SCRIPT = "gateway/tls_ready.py"
 PREFIX = "/primectl/fleet"
+# The gateway etcd sends a watch that asks for it a progress notification this often; a replica whose watch hears
+# nothing for three of them moves it to the next member (one it can no longer reach drops packets, refuses nothing).
+WATCH_PROGRESS_S = 2
 
 
 class Member(BaseModel):
@@ -268,6 +271,7 @@ def replica_config(r: FleetRecipe, name: str, host: HostPlan, port: int, members
         "teams": {t: lim.model_dump(exclude_none=True) for t, lim in sorted(g.teams.items())},
         "breaker": {"failures": g.breaker.failures, "cooldown_s": g.breaker.cooldown_s},
         "deadline_s": g.deadline_s, "stall_s": g.stall_s, "drain_s": g.drain_timeout_s,
+        "etcd_progress_s": WATCH_PROGRESS_S,
         "usage_db": posixpath.join(host.workdir, "data", name, "usage.sqlite"),
         "deployments": [{"name": m.name, "url": m.endpoint, "weight": m.weight, "role": m.role,
                          "capacity": m.capacity, "block": g.admission.block} for m in members],
@@ -365,8 +369,8 @@ def gateway_etcd(r: FleetRecipe, hosts: list[HostPlan]) -> list[Service]:
     if len(on) == 1:
         return [solo_etcd(name="gateway-etcd", member=f"{r.name}-gateway-etcd", host=on[0].name,
                           address=on[0].address, workdir=on[0].workdir, client_port=g.ports.etcd_client,
-                          peer_port=g.ports.etcd_peer)]
+                          peer_port=g.ports.etcd_peer, progress_s=WATCH_PROGRESS_S)]
     members = [EtcdMember(name=f"gateway-etcd-{i}", member=f"{r.name}-gateway-etcd-{i}", host=h.name,
                           address=h.address, workdir=h.workdir) for i, h in enumerate(on)]
     return etcd_cluster(members, token=f"{r.name}-gateway-etcd", client_port=g.ports.etcd_client,
-                        peer_port=g.ports.etcd_peer)
+                        peer_port=g.ports.etcd_peer, progress_s=WATCH_PROGRESS_S)

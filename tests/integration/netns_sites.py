@@ -110,6 +110,12 @@ class Site:
         if not any(self._is_sshd(p) for p in self.pids()):
             self.host.start()
 
+    def run(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        """Start `argv` inside the site (its output to `log`); the caller stops it by pid."""
+        with open(log, "ab") as out:
+            return subprocess.Popen(["nsenter", "-t", str(self.holder), "-n", "--", *argv], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=out, start_new_session=True)
+
     def _is_sshd(self, pid: int) -> bool:
         try:
             return Path(f"/proc/{pid}/exe").resolve().name == "sshd"
@@ -131,9 +137,11 @@ class Site:
                 "client_key": str(self.client_key), "authorized_keys": str(self.authorized_keys)}
 
 
-def start_site(root: Path, name: str, number: int) -> Site:
-    """A site's namespace, link and sshd (as root); `number` picks 10.88.<number>.0/30. The client key that logs
-    in is shared by every site under root's parent (`Site.client_key`)."""
+def start_site(root: Path, name: str, number: int, sshd: bool = True, routed: bool = False) -> Site:
+    """A site's namespace, link and (unless not `sshd`) sshd, as root; `number` picks 10.88.<number>.0/30. The
+    client key that logs in is shared by every site under root's parent (`Site.client_key`). `routed`: the site
+    reaches the other sites through this namespace (its default route; this namespace forwards, so call it only
+    in a namespace of the test's own)."""
     root.mkdir(parents=True, exist_ok=True)
     client_key, authorized = client_keys(root.parent / "site-client")
     holder = subprocess.Popen(["unshare", "--net", "--", "sleep", "infinity"], stdin=subprocess.DEVNULL,
@@ -153,7 +161,11 @@ def start_site(root: Path, name: str, number: int) -> Site:
         _ip("link", "set", "lo", "up", inside=holder.pid)
         _ip("addr", "add", f"{site.address}/30", "dev", peer, inside=holder.pid)
         _ip("link", "set", peer, "up", inside=holder.pid)
-        site.host.start()
+        if routed:
+            _ip("route", "add", "default", "via", f"{NET}.{number}.1", inside=holder.pid)
+            Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        if sshd:
+            site.host.start()
     except BaseException:
         site.stop()
         holder.wait(5)
@@ -193,12 +205,14 @@ def stop_all(sites: list[Site]) -> None:
 
 
 @contextmanager
-def sites_up(root: Path, names: Iterable[str]) -> Iterator[dict[str, Site]]:
-    """A site per name (numbered 1, 2, ... in order) under root, stopped again at the end."""
+def sites_up(root: Path, names: Iterable[str], *, sshd: bool = True, first: int = 1, routed: bool = False
+             ) -> Iterator[dict[str, Site]]:
+    """A site per name (numbered `first`, `first` + 1, ... in order) under root, stopped again at the end (`sshd`,
+    `routed`: as start_site)."""
     sites: dict[str, Site] = {}
     try:
-        for number, name in enumerate(names, 1):
-            sites[name] = start_site(root / f"site-{name}", f"site-{name}", number)
+        for number, name in enumerate(names, first):
+            sites[name] = start_site(root / f"site-{name}", f"site-{name}", number, sshd=sshd, routed=routed)
         yield sites
     finally:
         stop_all(list(sites.values()))

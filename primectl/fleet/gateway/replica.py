@@ -153,7 +153,7 @@ class Replica:
         # that a new connection, still in quick-ACK mode, does not have. A connect on loopback or a LAN costs less.
         self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=CONNECT_S),
                                      connector=TCPConnector(force_close=True))
-        self.etcd = Etcd(self.session, list(self.cfg["etcd"]))
+        self.etcd = Etcd(self.session, list(self.cfg["etcd"]), float(self.cfg.get("etcd_progress_s", 0)))
         self.lease = await self.etcd.grant(self.ttl)
         for k, v in (await self.etcd.get_prefix(self.prefix + "keys/")).items():
             self._on_key(k, v)
