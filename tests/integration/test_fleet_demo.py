@@ -16,7 +16,8 @@ in front of them. Through the `openai` client, with a key from `primectl keys cr
   admitted count never passes capacity + replicas x block;
 - a request that finds the fleet full waits in a replica's queue and is served when a client closes its stream;
   streams the clients cancel leave no slot taken;
-- a team's concurrency limit and tokens per minute hold across both replicas; a batch key never takes the slots
+- a team's concurrency limit and tokens per minute hold across both replicas, and answers running at once cannot
+  spend past a key's tokens per minute (each reserves its expected tokens); a batch key never takes the slots
   kept for interactive traffic;
 - a replica SIGKILLed: its blocks are back within its lease TTL + 1 s;
 - `primectl usage --by team` counts the team's requests and tokens from both replicas; `down` leaves nothing.
@@ -365,6 +366,41 @@ def test_a_team_tokens_per_minute_hold_across_both_replicas(fleet: Fleet) -> Non
     # request more than it claimed, and the other replica may have a block's tokens left unspent
     block = -(-TPM // 16)
     assert TPM - 2 * block <= spent <= TPM + 2 * most, (spent, most)
+
+
+def test_answers_running_at_once_cannot_spend_past_a_keys_tokens_per_minute(fleet: Fleet) -> None:
+    import openai
+
+    if time.time() % 60 > 40:  # the budget is per minute: all of this within one
+        time.sleep(60 - time.time() % 60)
+    minute = int(time.time() // 60)
+    c = client(new_key(fleet, "--team", "burst", "--tokens-per-minute", str(TPM)))
+    spent: list[int] = []
+    refused: list[str | None] = []
+
+    def one(i: int) -> None:
+        try:
+            r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": f"burst {i}"}],
+                                          max_tokens=150)
+            assert r.usage
+            spent.append(r.usage.prompt_tokens + r.usage.completion_tokens)
+        except openai.RateLimitError as exc:
+            refused.append(exc.code)
+
+    # four answers of up to 150 tokens at once: each is expected to take ~160, so only two fit in 400
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert int(time.time() // 60) == minute, "the minute ended during the test"
+    assert len(spent) + len(refused) == 4 and refused and set(refused) == {"tokens_per_minute"}, (spent, refused)
+    # what was admitted fits the budget but for the prompts' estimate (4 characters a token; fewer here)
+    assert sum(spent) <= TPM + 30 * len(spent), spent
+
+    with pytest.raises(openai.RateLimitError) as whole:  # more than a whole minute's budget: refused outright
+        c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "long"}], max_tokens=2 * TPM)
+    assert "more than" in str(whole.value) and whole.value.code == "tokens_per_minute"
 
 
 def test_a_batch_key_leaves_the_reserved_slots_to_interactive_traffic(fleet: Fleet) -> None:

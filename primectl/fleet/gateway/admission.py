@@ -3,6 +3,7 @@ blocks, who is calling, and each deployment's pools and breaker as this replica 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,17 +45,33 @@ class Budget:
     per_minute: int
     minute: int = -1
     spent: int = 0
+    reserved: int = 0  # what the requests admitted this minute and still running are expected to spend
     pool: Pool | None = None
     past: list[Pool] = field(default_factory=list)  # earlier minutes' blocks this replica still holds
 
     def for_minute(self, minute: int) -> Pool:
-        """This minute's pool (a fresh one, nothing spent, when the minute changed)."""
+        """This minute's pool (a fresh one, nothing spent or reserved, when the minute changed)."""
         if self.pool is None or minute != self.minute:
             if self.pool is not None:
                 self.past.append(self.pool)
-            self.minute, self.spent = minute, 0
+            self.minute, self.spent, self.reserved = minute, 0, 0
             self.pool = Pool(f"{self.path}{minute}/", self.per_minute, -(-self.per_minute // 16))
         return self.pool
+
+    def release(self, minute: int, tokens: int) -> None:
+        """A request admitted in `minute` with `tokens` reserved has ended (its usage is spent on its own)."""
+        if minute == self.minute:
+            self.reserved = max(0, self.reserved - tokens)
+
+
+def expected_tokens(body: dict[str, Any]) -> int:
+    """What a request is expected to spend before it is answered, as OpenAI's own rate limits count it: its prompt
+    at four characters a token (the messages as JSON, or the prompt) plus the most it may generate."""
+    prompt = body.get("messages") if "messages" in body else body.get("prompt", "")
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    most = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    n = body.get("n") or 1
+    return len(text) // 4 + (int(most) if isinstance(most, int | float) else 0) * (int(n) if isinstance(n, int) else 1)
 
 
 @dataclass

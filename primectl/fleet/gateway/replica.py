@@ -47,7 +47,7 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
-from .admission import Budget, Caller, Deployment, Pool
+from .admission import Budget, Caller, Deployment, Pool, expected_tokens
 from .etcd import Etcd
 from .metrics import Metrics
 from .relay import ClientGone, Relay, continuable
@@ -304,13 +304,14 @@ class Replica:
             with contextlib.suppress(RuntimeError):
                 await self.etcd.delete(f"{pool.path}{i}")
 
-    async def _afford(self, budget: Budget) -> bool:
-        """Whether this replica has tokens of `budget` left this minute, claiming blocks of them while it has none
-        (an answer may have spent more than one block)."""
+    async def _afford(self, budget: Budget, need: int) -> bool:
+        """Whether this replica has `need` tokens of `budget` left this minute, beyond what it spent and what the
+        requests it admitted may still spend, claiming blocks while it has not (then reserves them)."""
         pool = budget.for_minute(int(time.time() // 60))
-        while budget.spent >= pool.granted:
+        while budget.spent + budget.reserved + need > pool.granted:
             if not await self._claim(pool):
                 return False
+        budget.reserved += need
         return True
 
     async def _forget_old_minutes(self) -> None:
@@ -339,9 +340,11 @@ class Replica:
             out.append((f"key {caller.kid[:12]}", caller.limits, f"key/{caller.kid}"))
         return out
 
-    async def _hold_limits(self, caller: Caller) -> list[Pool] | web.Response:
-        """The caller's team and key concurrency slots (to give back when the request ends), or the 429 that says
-        which limit it is over."""
+    async def _hold_limits(self, caller: Caller, need: int, reserved: list[tuple[Budget, int, int]]
+                           ) -> list[Pool] | web.Response:
+        """The caller's team and key concurrency slots (to give back when the request ends), its `need` tokens
+        reserved from their budgets (added to `reserved` as (budget, minute, tokens), to release when it ends), or
+        the 429 that says which limit it is over."""
         held: list[Pool] = []
         for what, limits, name in self._caller_limits(caller):
             per_minute = limits.get("tokens_per_minute")
@@ -349,12 +352,18 @@ class Replica:
                 budget = self.budgets.get(name)
                 if budget is None or budget.per_minute != per_minute:
                     budget = self.budgets[name] = Budget(f"{self.prefix}tokens/{name}/", int(per_minute))
-                if not await self._afford(budget):
+                if need > budget.per_minute or not await self._afford(budget, need):
                     for p in held:
                         await self._give(p)
+                    self._release(reserved)
+                    if need > budget.per_minute:
+                        return openai_error(429, f"the request may take {need} tokens, more than {what}'s "
+                                                 f"{budget.per_minute} a minute", "rate_limit_error",
+                                            "tokens_per_minute")
                     wait = str(max(1, 60 - int(time.time() % 60)))
                     return openai_error(429, f"{what} has used its tokens per minute; retry later", "rate_limit_error",
                                         "tokens_per_minute", headers={"Retry-After": wait})
+                reserved.append((budget, budget.minute, need))
             most = limits.get("max_concurrency")
             if most:
                 pool = self.limits.get(name)
@@ -363,11 +372,18 @@ class Replica:
                 if not await self._take(pool):
                     for p in held:
                         await self._give(p)
+                    self._release(reserved)
                     return openai_error(429, f"{what} is at its concurrency limit ({most}); retry later",
                                         "rate_limit_error", "concurrency",
                                         headers={"Retry-After": str(self.retry_after)})
                 held.append(pool)
         return held
+
+    @staticmethod
+    def _release(reserved: list[tuple[Budget, int, int]]) -> None:
+        for budget, minute, tokens in reserved:
+            budget.release(minute, tokens)
+        reserved.clear()
 
     def _spend(self, caller: Caller, usage: dict[str, Any] | None) -> None:
         tokens = int((usage or {}).get("prompt_tokens") or 0) + int((usage or {}).get("completion_tokens") or 0)
@@ -458,7 +474,8 @@ class Replica:
             rewrite = True
         if rewrite:
             raw = json.dumps(body).encode()
-        held = await self._hold_limits(caller)
+        reserved: list[tuple[Budget, int, int]] = []
+        held = await self._hold_limits(caller, expected_tokens(body), reserved)
         if isinstance(held, web.Response):
             self._record(caller, "", 429, None)
             return held
@@ -468,6 +485,7 @@ class Replica:
             self._record(caller, "", 499, None)
             raise
         finally:
+            self._release(reserved)  # its usage, spent when it was recorded, takes the reservation's place
             for pool in held:
                 await self._give(pool)
 
