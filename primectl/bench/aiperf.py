@@ -164,6 +164,8 @@ def profile_argv(exe: str, *, model: str, url: str, tokenizer: Tokenizer, concur
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE")}
     env["AIPERF_HTTP_X_DYNAMO_SESSION_ID_FROM_CORRELATION_ID"] = "true"
     env.setdefault("NO_COLOR", "1")
+    # its memory-mapped dataset files go in the run's own directory, not one more aiperf_mmap_* in /tmp per run
+    env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(artifacts)
     if tokenizer.hf_cache is not None:
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_CACHE=str(tokenizer.hf_cache))
     return AIPerfRun(argv, env, artifacts, timeout_s=duration_s + grace_s + 180)
