@@ -174,8 +174,9 @@ def test_a_member_cut_off_costs_one_timeout_and_the_watch_moves_without_missing_
     assert doc, err[-3000:]
     # the lease never lapsed: every keepalive found it alive
     assert doc["keepalives"] and all(alive is True for _, alive in doc["keepalives"]), doc
-    # one call waited out the cut member's connect timeout; the rest went straight to a member that answers
-    slow = [c for c in doc["calls"] if c > 0.8]
-    assert len(slow) <= 1, doc
+    # a call waited out the cut member's connect timeout (1 s); the calls after it went straight to a member that
+    # answers (had each tried the cut member first, every one would have taken the timeout)
+    slow = [c for c in doc["calls"] if c >= 0.95]
+    assert slow and len(slow) <= len(doc["calls"]) // 3, doc
     # the watch, on the cut member, moved within three progress intervals (and the election) and saw the change
     assert "watch_moved_s" in doc and doc["watch_moved_s"] <= 3 * WATCH_PROGRESS_S + 4, doc
