@@ -162,9 +162,12 @@ exit 1
 """
 FAKE_SRUN = """#!/bin/bash
 # A fake of Slurm's srun: starts nothing; each step waits (60 s at most) until the job has published its targets,
-# the first keeps a copy of what is there, then the step "ends".
+# copies what is there, then "ends". The first whole copy becomes the snapshot: a step ends only after its own copy,
+# and the job removes what it published only once a step has ended.
 for _ in $(seq 600); do grep -qs "published scrape targets" "$FAKE_EVENTS" && break; sleep 0.1; done
-mkdir "$FAKE_SNAPSHOT" 2>/dev/null && cp "$FAKE_SD_DIR"/*.json "$FAKE_SD_DIR"/gate.*.url "$FAKE_SNAPSHOT"/
+copy="$FAKE_SNAPSHOT.$$"
+mkdir "$copy" && cp "$FAKE_SD_DIR"/*.json "$FAKE_SD_DIR"/gate.*.url "$copy"/ && mv -T "$copy" "$FAKE_SNAPSHOT" 2>/dev/null
+rm -rf "$copy"
 exit 1
 """
 FAKE_PYTHON3 = """#!/bin/bash
