@@ -71,7 +71,9 @@ def expected_tokens(body: dict[str, Any]) -> int:
     text = prompt if isinstance(prompt, str) else json.dumps(prompt)
     most = body.get("max_completion_tokens") or body.get("max_tokens") or 0
     n = body.get("n") or 1
-    return len(text) // 4 + (int(most) if isinstance(most, int | float) else 0) * (int(n) if isinstance(n, int) else 1)
+    most = most if isinstance(most, int | float) else 0  # a malformed field is the deployment's to refuse
+    n = n if isinstance(n, int) else 1
+    return len(text) // 4 + int(most) * n
 
 
 @dataclass

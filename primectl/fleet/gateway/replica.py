@@ -346,23 +346,22 @@ class Replica:
         reserved from their budgets (added to `reserved` as (budget, minute, tokens), to release when it ends), or
         the 429 that says which limit it is over."""
         held: list[Pool] = []
+        refusal: web.Response | None = None
         for what, limits, name in self._caller_limits(caller):
             per_minute = limits.get("tokens_per_minute")
             if per_minute:
                 budget = self.budgets.get(name)
                 if budget is None or budget.per_minute != per_minute:
                     budget = self.budgets[name] = Budget(f"{self.prefix}tokens/{name}/", int(per_minute))
-                if need > budget.per_minute or not await self._afford(budget, need):
-                    for p in held:
-                        await self._give(p)
-                    self._release(reserved)
-                    if need > budget.per_minute:
-                        return openai_error(429, f"the request may take {need} tokens, more than {what}'s "
-                                                 f"{budget.per_minute} a minute", "rate_limit_error",
-                                            "tokens_per_minute")
+                if need > budget.per_minute:  # no minute would do: retrying cannot help
+                    refusal = openai_error(429, f"the request may take {need} tokens, more than {what}'s "
+                                                f"{budget.per_minute} a minute", "rate_limit_error", "tokens_per_minute")
+                    break
+                if not await self._afford(budget, need):
                     wait = str(max(1, 60 - int(time.time() % 60)))
-                    return openai_error(429, f"{what} has used its tokens per minute; retry later", "rate_limit_error",
-                                        "tokens_per_minute", headers={"Retry-After": wait})
+                    refusal = openai_error(429, f"{what} has used its tokens per minute; retry later",
+                                           "rate_limit_error", "tokens_per_minute", headers={"Retry-After": wait})
+                    break
                 reserved.append((budget, budget.minute, need))
             most = limits.get("max_concurrency")
             if most:
@@ -370,14 +369,17 @@ class Replica:
                 if pool is None or pool.capacity != most:
                     pool = self.limits[name] = Pool(f"{self.prefix}limit/{name}/", int(most), min(self.block, int(most)))
                 if not await self._take(pool):
-                    for p in held:
-                        await self._give(p)
-                    self._release(reserved)
-                    return openai_error(429, f"{what} is at its concurrency limit ({most}); retry later",
-                                        "rate_limit_error", "concurrency",
-                                        headers={"Retry-After": str(self.retry_after)})
+                    refusal = openai_error(429, f"{what} is at its concurrency limit ({most}); retry later",
+                                           "rate_limit_error", "concurrency",
+                                           headers={"Retry-After": str(self.retry_after)})
+                    break
                 held.append(pool)
-        return held
+        if refusal is None:
+            return held
+        for p in held:
+            await self._give(p)
+        self._release(reserved)
+        return refusal
 
     @staticmethod
     def _release(reserved: list[tuple[Budget, int, int]]) -> None:
