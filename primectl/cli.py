@@ -115,6 +115,11 @@ def _policy(plan: Plan, accept_new_host_keys: bool) -> object:
     return connection_options(_target(plan), plan, accept_new_host_keys=accept_new_host_keys)
 
 
+def _connector(accept_new_host_keys: bool) -> Callable[[Plan], object]:
+    """`_policy` for any plan of a fleet: each deployment is connected to as its own recipe says."""
+    return lambda plan: _policy(plan, accept_new_host_keys)
+
+
 def _target(plan: Plan) -> AnyTarget:
     from primectl.targets.base import get
 
@@ -247,10 +252,7 @@ def up(
 
         fleet = _fleet(recipe)
         p = fleet.gateway if fleet is not None else _plan(recipe)
-
-        def connect(plan: Plan) -> object:
-            return _policy(plan, accept_new_host_keys)
-
+        connect = _connector(accept_new_host_keys)
         opts = UpOptions(connection=connect(p), break_lock=break_lock, preflight=not skip_preflight,
                          smoke=not no_smoke, wheelhouse=wheelhouse, dry_run=dry_run, recipe_file=str(recipe))
         if fleet is not None:
@@ -285,8 +287,7 @@ def down(
         if fleet is not None:
             from primectl.fleet.commands import down as fleet_down
 
-            fleet_down(fleet, lambda plan: _policy(plan, accept_new_host_keys), _say, purge=purge,
-                       break_lock=break_lock)
+            fleet_down(fleet, _connector(accept_new_host_keys), _say, purge=purge, break_lock=break_lock)
             return
         p = _plan(recipe)
         _target(p).down(p, _policy(p, accept_new_host_keys), _say, purge=purge, break_lock=break_lock)
@@ -306,7 +307,7 @@ def diff(recipe: RecipeArg, accept_new_host_keys: AcceptKeysOpt = False) -> None
         if fleet is not None:
             from primectl.fleet.commands import diff as fleet_diff
 
-            return EXIT_CHANGES if fleet_diff(fleet, lambda plan: _policy(plan, accept_new_host_keys), _say) else 0
+            return EXIT_CHANGES if fleet_diff(fleet, _connector(accept_new_host_keys), _say) else 0
         p = _plan(recipe)
         lines, steps = do_diff(p, _policy(p, accept_new_host_keys), _say)
         return EXIT_CHANGES if print_diff(lines, steps) else 0

@@ -57,9 +57,8 @@ def request_buffer(max_context: int | None) -> int:
 def keep_buffers(bufsize: int) -> list[str]:
     """HAProxy's option that keeps freed buffers in its shared pool (`-dMglobal`), for buffers larger than its
     default. Debian's build frees a buffer larger than its per-thread cache (512 KiB) back to malloc after each
-    request, and getting one again costs time in proportion to its size: with 4 MiB buffers a request through it
-    took 6.4 ms more than through a default one, 1.2 ms with the buffers kept (benchmarks/haproxy_buffers.py). The
-    memory kept is what the busiest moment needed, up to the connection cap's bound."""
+    request, and getting one again costs time in proportion to its size (benchmarks/haproxy_buffers.py; the figures
+    are in docs/fleet.md). The memory kept is what the busiest moment needed, up to the connection cap's bound."""
     return ["-dMglobal"] if bufsize > DEFAULT_BUFSIZE else []
 
 
