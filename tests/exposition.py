@@ -203,13 +203,22 @@ class Gate(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve_gate() -> Iterator[str]:
-    """A local readiness gate's URL while the block runs; it answers Gate.status (503 again afterwards)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on a loopback port in a thread while the block runs: its base URL (http://127.0.0.1:PORT)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/models/demo/ready"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def serve_gate() -> Iterator[str]:
+    """A local readiness gate's URL while the block runs; it answers Gate.status (503 again afterwards)."""
+    try:
+        with serving(Gate) as base:
+            yield f"{base}/v1/models/demo/ready"
+    finally:
         Gate.status = 503

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from primectl.host.probes import http_fetch, run_probe
 from primectl.host.supervisor import inflight
 from primectl.plan.model import Drain, Probe, Service
 from primectl.rollout.strategy import recorded_drain
+from tests.exposition import serving
 
 ANSWERS = {  # path -> (status, body): what Dynamo's /ready says before and after the model is ready
     "/ready-503": (503, {"ready": False, "namespaces": {"ns": {"worker_types": {"prefill": {"workers": 2}}}}}),
@@ -56,13 +56,8 @@ def server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(Handler) as base:
+        yield base
 
 
 def _count(url: str, want: int) -> dict[str, object]:

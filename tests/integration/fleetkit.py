@@ -3,8 +3,10 @@ taken down again with nothing of it left running (what is left is SIGKILLed by p
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +22,23 @@ from .sshhosts import netns_problem, processes_under
 def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`primectl ARGS` as the benchmarks run it (primectl/bench/fleet_load.py), with the tests' timeout."""
     return fleet_load.cli(*args, timeout=timeout)
+
+
+def etcd_call(member: str, path: str, body: dict | None = None) -> dict:
+    """One etcd v3 call through its JSON gateway (POST /v3/<path>) on `member` (a client URL)."""
+    req = urllib.request.Request(f"{member}/v3/{path}", data=json.dumps(body or {}).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def until(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    """Whether check() turned true within `timeout` seconds (polled every 50 ms, once more at the end)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
 
 
 def kill_all(workdir: Path) -> None:

@@ -34,7 +34,7 @@ import pytest
 
 from primectl.bench.fleet_copy import FleetCopy, write_fleet
 
-from .fleetkit import cli, fleet_up, kill_all
+from .fleetkit import cli, etcd_call, fleet_up, kill_all, until
 from .sshhosts import processes_under
 
 pytestmark = pytest.mark.integration
@@ -46,12 +46,6 @@ EDGE = 19_700
 SITE_B = "etcdfleet-site-b"
 
 
-
-
-def etcd(member: str, path: str, body: dict | None = None) -> dict:
-    req = urllib.request.Request(f"{member}/v3/{path}", data=json.dumps(body or {}).encode(), method="POST")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
 
 
 def chat(base: str, key: str, text: str = "hi") -> int:
@@ -135,15 +129,6 @@ asyncio.run(main())
 """
 
 
-def until(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return bool(check())
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetCopy]:
     copy = write_fleet(tmp_path_factory.mktemp("fleet"), port=EDGE, name="etcdfleet", etcd_members=3)
@@ -154,7 +139,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetCopy]:
 
 def test_one_members_loss_loses_no_request_and_keys_and_the_breaker_still_work(fleet: FleetCopy) -> None:
     members = fleet.etcd_members
-    listed = etcd(members[2], "cluster/member/list")["members"]
+    listed = etcd_call(members[2], "cluster/member/list")["members"]
     assert sorted(m["clientURLs"][0] for m in listed) == members  # one cluster of the three
     config = json.loads((fleet.workdirs["gateway"] / "current" / "config" / "gateway-0.json").read_text())
     assert config["etcd"] == members  # every replica knows every member, the first one first
@@ -166,11 +151,11 @@ def test_one_members_loss_loses_no_request_and_keys_and_the_breaker_still_work(f
 
     # the member every client tries first becomes the leader, then dies: an election and a failover at once
     first = next(m for m in listed if m["clientURLs"][0] == members[0])
-    leader = etcd(members[1], "maintenance/status")["leader"]
+    leader = etcd_call(members[1], "maintenance/status")["leader"]
     if leader != first["ID"]:
         owner = next(m["clientURLs"][0] for m in listed if m["ID"] == leader)
-        etcd(owner, "maintenance/transfer-leadership", {"targetID": first["ID"]})
-    assert until(lambda: etcd(members[1], "maintenance/status")["leader"] == first["ID"], 10)
+        etcd_call(owner, "maintenance/transfer-leadership", {"targetID": first["ID"]})
+    assert until(lambda: etcd_call(members[1], "maintenance/status")["leader"] == first["ID"], 10)
     pids = [pid for pid, cmd in processes_under(fleet.workdirs["etcd-0"]) if cmd.startswith("/usr/bin/etcd ")]
     assert len(pids) == 1, processes_under(fleet.workdirs["etcd-0"])
 

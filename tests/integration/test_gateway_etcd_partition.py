@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import pytest
 from primectl.components.etcd import EtcdMember, etcd_cluster
 from primectl.fleet.plan import WATCH_PROGRESS_S
 
+from .fleetkit import etcd_call, until
 from .netns_sites import Site, sites_up
 from .sshhosts import kill_pids, netns_problem, wait_gone
 
@@ -99,22 +98,12 @@ asyncio.run(main())
 """
 
 
-def etcd_call(member: str, path: str, body: dict | None = None) -> dict:
-    req = urllib.request.Request(f"{member}/v3/{path}", data=json.dumps(body or {}).encode(), method="POST")
-    with urllib.request.urlopen(req, timeout=3) as resp:
-        return json.loads(resp.read())
-
-
-def until(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
+def answers(member: str) -> bool:
+    """Whether the member answers yet (a starting one refuses connections)."""
+    try:
+        return bool(etcd_call(member, "maintenance/status"))
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +122,7 @@ def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Site]]:
         procs = [s.run(svc.argv, root / f"m{i}.log") for i, (s, svc) in enumerate(zip(on, services, strict=True))]
         try:
             for s in on:
-                assert until(lambda s=s: etcd_call(f"http://{s.address}:{CLIENT}", "maintenance/status"), 30), (
+                assert until(lambda s=s: answers(f"http://{s.address}:{CLIENT}"), 30), (
                     (root / "m0.log").read_text()[-2000:])
             yield on
         finally:
