@@ -137,7 +137,7 @@ def test_chat_streams_an_answer(demo: VllmDemo) -> None:
 
 
 def test_a_short_bench_run_is_valid(demo: VllmDemo, tmp_path: Path) -> None:
-    r = _cmd("bench", demo.recipe, "--duration", "15", "--concurrency", "2", "--runs-dir", tmp_path, "-o", "json",
+    r = _cmd("bench", demo.recipe, "--duration", "8", "--concurrency", "2", "--runs-dir", tmp_path, "-o", "json",
              timeout=600)
     why = r.stdout[-3000:] + r.stderr[-3000:] + log_errors(demo.workdir)
     summary = json.loads(r.stdout)
