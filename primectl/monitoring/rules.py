@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from primectl.monitoring.model import Slo, duration_s
+from primectl.yamltext import safe_dump
 
 # Client-caused request errors (Dynamo's `error_type`): not the deployment's failures, so not in the error ratio.
 # `not_found` is left out too: a model the frontend lost shows as WorkersBelowPlan / GateNotReady instead, while
@@ -452,4 +451,4 @@ def rules_yaml(facts: RuleFacts) -> str:
 def groups_yaml(groups: list[dict[str, Any]]) -> str:
     """Rule groups as a rule file's text (an expression stays on one line): the bytes a PrometheusRule's
     `spec.groups` must dump to as well."""
-    return yaml.safe_dump({"groups": groups}, sort_keys=False, default_flow_style=False, width=100_000)
+    return safe_dump({"groups": groups}, sort_keys=False, default_flow_style=False, width=100_000)

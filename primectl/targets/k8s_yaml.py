@@ -7,15 +7,17 @@ from typing import Any
 
 import yaml
 
+from primectl.yamltext import SafeDumper
 
-class _ManifestDumper(yaml.SafeDumper):
-    """SafeDumper that writes multi-line strings as `|` blocks and never emits anchors for repeated objects."""
+
+class _ManifestDumper(SafeDumper):
+    """A safe dumper (libyaml's where there is one): multi-line strings as `|` blocks, never an anchor for a repeated object."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
 
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+def _str(dumper: SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
