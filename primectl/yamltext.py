@@ -1,4 +1,4 @@
-"""YAML text from plain data, through libyaml's emitter where PyYAML was built with it.
+"""YAML text from plain data and back, through libyaml where PyYAML was built with it.
 
 libyaml writes the same text as PyYAML's pure-Python emitter, about 5x faster; planning dumps the monitoring
 stack's configuration for every plan, so every `primectl` command that plans pays for it.
@@ -12,10 +12,11 @@ import yaml
 
 try:
     from yaml import CSafeDumper as SafeDumper
+    from yaml import CSafeLoader as SafeLoader
 except ImportError:  # a PyYAML built without libyaml
-    from yaml import SafeDumper  # type: ignore[assignment]
+    from yaml import SafeDumper, SafeLoader  # type: ignore[assignment]
 
-__all__ = ["SafeDumper", "safe_dump"]
+__all__ = ["SafeDumper", "SafeLoader", "safe_dump"]
 
 
 def safe_dump(doc: Any, **options: Any) -> str:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from primectl.targets import k8s_cel
+from primectl.yamltext import SafeLoader
 
 if TYPE_CHECKING:  # jsonschema is imported where a resource is validated: every recipe load imports this module
     from jsonschema import Draft202012Validator
@@ -91,14 +92,12 @@ class SchemaProblem:
 
 def load_yaml(text: str) -> Any:
     """Parse YAML with libyaml when available (the DGD CRD is 1.6 MB: 0.2 s instead of 2 s)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(text, Loader=loader)  # a safe loader either way
+    return yaml.load(text, Loader=SafeLoader)
 
 
 def load_documents(text: str) -> list[Any]:
     """Every YAML document in `text` (a manifest stream), empty documents dropped."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return [doc for doc in yaml.load_all(text, Loader=loader) if doc is not None]
+    return [doc for doc in yaml.load_all(text, Loader=SafeLoader) if doc is not None]
 
 
 class CrdsUnavailable(FileNotFoundError):
