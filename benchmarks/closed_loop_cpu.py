@@ -32,20 +32,13 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.fanout import cpu_busy_s  # noqa: E402
 from primectl.bench.liveload import LiveLoad  # noqa: E402
 from tests.integration.sshhosts import netns_problem  # noqa: E402
 
 RUN_HINT = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=$PWD/.runtime/bin/python "
             ".venv/bin/python benchmarks/closed_loop_cpu.py'")
 PRIMECTL = str(Path(sys.executable).parent / "primectl")
-
-
-def machine_cpu_s() -> float:
-    """CPU seconds every process on the machine has spent since boot (user, nice, system, irq, softirq)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:8]]
-    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def measure(root: Path, speedup: float, clients: int, seconds: float) -> tuple[int, float, float]:
@@ -62,11 +55,11 @@ def measure(root: Path, speedup: float, clients: int, seconds: float) -> tuple[i
         raise SystemExit(f"up failed at speedup {speedup:g}:\n{up.stdout}{up.stderr}")
     try:
         port = doc["frontend"]["port"]
-        c0 = machine_cpu_s()
+        c0 = cpu_busy_s()
         with LiveLoad(f"http://127.0.0.1:{port}", doc["model"]["served_name"], clients=clients,
                       deadline_s=seconds) as load:
             time.sleep(seconds)
-        cpu = machine_cpu_s() - c0
+        cpu = cpu_busy_s() - c0
         done = [o for o in load.report.outcomes if o.ok]
         mean = sum(o.ended - o.started for o in done) / len(done) if done else float("nan")
         return len(done), mean, cpu
