@@ -376,9 +376,9 @@ class NspawnHost:
             if self.proc is None or self.proc.poll() is not None:
                 code = self.proc.returncode if self.proc else None
                 raise RuntimeError(f"{self.name}: systemd-nspawn exited {code} while booting:\n{self.console_tail()}")
-            if self.init_pid:
-                r = self.run("systemctl", "is-system-running", check=False, timeout=10)
-                state = r.stdout.strip()
+            init = self.init_pid  # read once: while systemd starts, PID 1 can be absent for a moment
+            if init:
+                state = self._nsenter(init, ("systemctl", "is-system-running"), timeout=10).stdout.strip()
                 if state == "running" and self._ssh_open():
                     elapsed = time.monotonic() - self._boot_t0
                     self.timings.setdefault("boot_s", elapsed)
@@ -497,11 +497,16 @@ class NspawnHost:
         init = self.init_pid
         if not init:
             raise RuntimeError(f"{self.name} is not running")
-        r = subprocess.run(["nsenter", "-t", str(init), "-a", "--", *argv], capture_output=True, text=True,
-                           timeout=timeout, input=input)
+        r = self._nsenter(init, argv, timeout=timeout, input=input)
         if check and r.returncode != 0:
             raise RuntimeError(f"{self.name}: {' '.join(argv)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
+
+    @staticmethod
+    def _nsenter(init: int, argv: tuple[str, ...], *, timeout: float, input: str | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nsenter", "-t", str(init), "-a", "--", *argv], capture_output=True, text=True,
+                              timeout=timeout, input=input)
 
     def console_tail(self, chars: int = 3000) -> str:
         """The end of nspawn's console output (nspawn's own messages and the container's boot)."""
