@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests import cliproc
 from tests.conftest import REPO, CliResult
 
 EXAMPLES = REPO / "examples"
@@ -102,7 +103,7 @@ def primectl(*args: str | Path, path: list[Path]) -> CliResult:
     """`primectl ARGS` as a subprocess with `path` on PYTHONPATH (what `pip install` of the plugins gives)."""
     pythonpath = [*map(str, path), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(pythonpath), "COLUMNS": "400", "NO_COLOR": "1"}
-    r = subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    r = cliproc.run([PRIMECTL, *map(str, args)], cwd=REPO, env=env, timeout=300)
     return CliResult(r.returncode, r.stdout, r.stderr)
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from tests import cliproc
+
 REPO = Path(__file__).resolve().parents[1]
 PRIMECTL = str(REPO / ".venv" / "bin" / "primectl")
 
@@ -23,8 +25,7 @@ def recipe(tmp_path: Path, **software: str) -> Path:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *args], capture_output=True, text=True, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "200"}, timeout=60)
+    return cliproc.run([PRIMECTL, *args], cwd=REPO, env=os.environ | {"COLUMNS": "200"}, timeout=60)
 
 
 def test_provision_reuses_a_runtime_whose_stamp_matches_the_lock(tmp_path):

@@ -32,6 +32,8 @@ import yaml
 if TYPE_CHECKING:
     from primectl.plan.model import HostPlan
 
+from tests import cliproc
+
 from . import slurmcluster
 from .nspawnhosts import (
     BindMount,
@@ -137,7 +139,7 @@ class Deployment:
         argv = [PRIMECTL, str(args[0]), str(recipe or self.path), *map(str, args[1:])]
         full_env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"} | (env or {})
         t0 = time.monotonic()
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env)
+        r = cliproc.run(argv, timeout=timeout, cwd=REPO, env=full_env)
         if os.environ.get("PRIMECTL_TEST_TIMING"):
             print(f"[{time.monotonic() - t0:5.2f}s] primectl {' '.join(map(str, args))} -> {r.returncode}")
         return r

@@ -4,6 +4,7 @@ taken down again with nothing of it left running (what is left is SIGKILLed by p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -15,13 +16,15 @@ import pytest
 
 from primectl.bench import fleet_load
 from primectl.bench.fleet_copy import FleetCopy
+from tests import cliproc
 
 from .sshhosts import netns_problem, processes_under
 
 
 def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`primectl ARGS` as the benchmarks run it (primectl/bench/fleet_load.py), with the tests' timeout."""
-    return fleet_load.cli(*args, timeout=timeout)
+    return cliproc.run([fleet_load.PRIMECTL, *map(str, args)], timeout=timeout, cwd=fleet_load.REPO,
+                       env=os.environ | {"NO_COLOR": "1", "COLUMNS": "250"})
 
 
 def etcd_call(member: str, path: str, body: dict | None = None) -> dict:

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from primectl.bench.aiperf import AIPerfMissing, find_aiperf
+from tests import cliproc
 
 from .conftest import log_errors
 
@@ -50,8 +51,7 @@ def processes_under(workdir: Path) -> list[tuple[int, str]]:
 
 def cli(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=env)
+    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO, env=env)
 
 
 @pytest.fixture(scope="module")

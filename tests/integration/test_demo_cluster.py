@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import cliproc
+
 from .conftest import PRIMECTL, REPO, Deployment, deep_merge, ports_for
 from .sshhosts import kill_leftovers, processes_under
 
@@ -48,7 +50,7 @@ def served(metrics_url: str, component: str) -> float:
 
 def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run([PRIMECTL, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    return cliproc.run([PRIMECTL, *args], timeout=timeout, cwd=REPO, env=env)
 
 
 def check_serving(endpoint: str, metrics: dict[str, list[str]]) -> None:

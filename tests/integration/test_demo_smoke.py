@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import cliproc
+
 from .sshhosts import isolated_netns
 
 pytestmark = pytest.mark.integration
@@ -56,8 +58,7 @@ def _only_loopback() -> bool:
 
 def _cmd(*args: str | os.PathLike[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=env)
+    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO, env=env)
 
 
 def processes_in(workdir: Path) -> list[tuple[int, str]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests import cliproc
 from tests.integration.conftest import PRIMECTL, Deployment, host_plan, serving_agents
 from tests.integration.sshhosts import SSHHosts, pid_alive
 
@@ -29,7 +30,7 @@ def _keeper() -> int | None:
 
 def _disconnect(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`primectl disconnect`, the way an operator runs it."""
-    return subprocess.run([PRIMECTL, "disconnect"], capture_output=True, text=True, timeout=60, env=os.environ | env)
+    return cliproc.run([PRIMECTL, "disconnect"], timeout=60, env=os.environ | env)
 
 
 def test_kept_connections_serve_later_commands_and_disconnect_ends_them_fake_engine(

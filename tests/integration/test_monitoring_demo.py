@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from primectl.bench.webhook import Receiver
+from tests import cliproc
 
 from .sshhosts import netns_problem, processes_under
 
@@ -54,8 +55,8 @@ PROMETHEUS = f"http://127.0.0.1:{MONITORING_PORTS['prometheus']}"
 
 
 def cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
+    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO,
+                       env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
 
 
 def get(url: str) -> Any:

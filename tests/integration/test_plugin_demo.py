@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import cliproc
 from tests.test_plugins import install_examples
 
 from .sshhosts import netns_problem, processes_under
@@ -46,8 +47,7 @@ RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.ru
 def cli(*args: str | Path, site: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1",
                         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([PRIMECTL, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=env)
+    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO, env=env)
 
 
 @pytest.fixture(scope="module")

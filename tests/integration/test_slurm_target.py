@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import cliproc
+
 from .conftest import FAKE_PYTHON, PRIMECTL, REPO, ports_for
 from .slurmcluster import SlurmCluster, make_base_dir
 from .test_demo_cluster import check_serving, runtime_python
@@ -81,7 +83,7 @@ class SlurmDeployment:
         """`primectl CMD RECIPE ARGS...` as the operator runs it (SLURM_CONF set)."""
         argv = [PRIMECTL, args[0], str(recipe or self.path), *args[1:]]
         t0 = time.monotonic()
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=self.env())
+        r = cliproc.run(argv, timeout=timeout, cwd=REPO, env=self.env())
         timing(f"primectl {' '.join(args)} -> {r.returncode}", time.monotonic() - t0)
         return r
 

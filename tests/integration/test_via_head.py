@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from primectl.deploy.cluster import ConnectionPolicy
 from primectl.pipeline import UpOptions, up
 from primectl.plan.model import HostPlan
 from primectl.planner.build import plan_recipe
+from tests import cliproc
 
 from .conftest import PRIMECTL, Deployment, serving_agents
 from .sshhosts import SSHHosts
@@ -134,8 +134,7 @@ def test_a_connection_keeper_holds_the_hosts_behind_a_head_node_too_fake_engine(
         assert "no changes" in again.stderr, again.stderr
         assert serving_agents(deployment) == agents, "a later command reached a host again instead of its kept session"
     finally:
-        off = subprocess.run([PRIMECTL, "disconnect"], capture_output=True, text=True, timeout=60,
-                             env=os.environ | env)
+        off = cliproc.run([PRIMECTL, "disconnect"], timeout=60, env=os.environ | env)
         assert off.returncode == 0, off.stdout + off.stderr
     deadline = time.monotonic() + 10
     while any(serving_agents(deployment).values()):
