@@ -18,6 +18,8 @@ test process goes away.
 from __future__ import annotations
 
 import atexit
+import functools
+import io
 import os
 import pickle
 import runpy
@@ -31,7 +33,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("primectl")
+# What an operator's wide terminal gives the command in a pipe: no wrapping at 80 columns, no colour codes.
+OPERATOR_ENV = {"COLUMNS": "250", "NO_COLOR": "1"}
 # What every primectl run imports before its own code runs, costly to import (python -X importtime).
 PRELOAD = ("typer", "typer.main", "typer.core", "typer._adapters", "typer.rich_utils", "pydantic", "pydantic.main",
            "pydantic.fields", "pydantic_core", "rich.console", "rich.table", "rich.markup", "rich.text", "jinja2",
@@ -83,9 +88,7 @@ class _Zygote:
 
     def usable(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
         """Whether a forked run behaves as a fresh `primectl` would for this call."""
-        if not argv or Path(argv[0]).resolve() != SCRIPT.resolve() or not SCRIPT.exists():
-            return False
-        if SCRIPT.read_bytes().split(b"\n", 1)[0] != b"#!" + os.fsencode(sys.executable):
+        if not argv or not _script_runs_here() or Path(argv[0]).resolve() != SCRIPT.resolve():
             return False
         return _startup_env(env) == _startup_env(self.env if self.ctl is not None else os.environ)
 
@@ -129,6 +132,15 @@ class _Zygote:
         return subprocess.CompletedProcess(list(argv), code, _text(out), _text(err))
 
 
+@functools.cache
+def _script_runs_here() -> bool:
+    """Whether the console script exists and runs on this interpreter (its shebang), as the zygote does."""
+    try:
+        return SCRIPT.read_bytes().split(b"\n", 1)[0] == b"#!" + os.fsencode(sys.executable)
+    except OSError:
+        return False
+
+
 def _line(sock: socket.socket) -> str:
     data = b""
     while not data.endswith(b"\n"):
@@ -155,8 +167,6 @@ def _feed(fd: int, data: bytes) -> None:
 
 def _text(chunks: list[bytes]) -> str:
     # as subprocess.run(text=True) decodes: the locale's encoding, universal newlines
-    import io
-
     return io.TextIOWrapper(io.BytesIO(b"".join(chunks))).read()
 
 
@@ -174,6 +184,12 @@ def run(argv: Sequence[str | os.PathLike[str]], *, cwd: str | os.PathLike[str] |
     if os.environ.get("PRIMECTL_TEST_NO_ZYGOTE") or not _ZYGOTE.usable(args, env):
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, input=input)
     return _ZYGOTE.run(args, cwd, env, timeout, input)
+
+
+def primectl(*args: str | os.PathLike[str], timeout: float, env: Mapping[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    """`primectl ARGS` from the repository root with OPERATOR_ENV (and `env`) over this process's environment."""
+    return run([SCRIPT, *args], cwd=REPO, env=os.environ | OPERATOR_ENV | dict(env or {}), timeout=timeout)
 
 
 # -- the zygote ------------------------------------------------------------------------------------------------

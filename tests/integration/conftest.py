@@ -137,7 +137,7 @@ class Deployment:
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """`primectl ARGS... RECIPE` as a subprocess, the way an operator runs it."""
         argv = [PRIMECTL, str(args[0]), str(recipe or self.path), *map(str, args[1:])]
-        full_env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"} | (env or {})
+        full_env = os.environ | cliproc.OPERATOR_ENV | (env or {})
         t0 = time.monotonic()
         r = cliproc.run(argv, timeout=timeout, cwd=REPO, env=full_env)
         if os.environ.get("PRIMECTL_TEST_TIMING"):
@@ -148,7 +148,7 @@ class Deployment:
               ) -> subprocess.Popen[str]:
         """`primectl ARGS... RECIPE` in the background (pass --no-smoke to `up` yourself)."""
         argv = [PRIMECTL, args[0], str(recipe or self.path), *args[1:]]
-        full_env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"} | (env or {})
+        full_env = os.environ | cliproc.OPERATOR_ENV | (env or {})
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                 env=full_env)
 

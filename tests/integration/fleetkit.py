@@ -4,7 +4,6 @@ taken down again with nothing of it left running (what is left is SIGKILLed by p
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.request
@@ -23,8 +22,7 @@ from .sshhosts import netns_problem, processes_under
 
 def cli(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`primectl ARGS` as the benchmarks run it (primectl/bench/fleet_load.py), with the tests' timeout."""
-    return cliproc.run([fleet_load.PRIMECTL, *map(str, args)], timeout=timeout, cwd=fleet_load.REPO,
-                       env=os.environ | {"NO_COLOR": "1", "COLUMNS": "250"})
+    return cliproc.primectl(*args, timeout=timeout)
 
 
 def etcd_call(member: str, path: str, body: dict | None = None) -> dict:

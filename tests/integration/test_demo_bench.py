@@ -50,8 +50,7 @@ def processes_under(workdir: Path) -> list[tuple[int, str]]:
 
 
 def cli(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
-    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO, env=env)
+    return cliproc.primectl(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

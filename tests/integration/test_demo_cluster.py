@@ -22,7 +22,7 @@ import yaml
 
 from tests import cliproc
 
-from .conftest import PRIMECTL, REPO, Deployment, deep_merge, ports_for
+from .conftest import REPO, Deployment, deep_merge, ports_for
 from .sshhosts import kill_leftovers, processes_under
 
 pytestmark = pytest.mark.integration
@@ -49,8 +49,7 @@ def served(metrics_url: str, component: str) -> float:
 
 
 def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
-    return cliproc.run([PRIMECTL, *args], timeout=timeout, cwd=REPO, env=env)
+    return cliproc.primectl(*args, timeout=timeout)
 
 
 def check_serving(endpoint: str, metrics: dict[str, list[str]]) -> None:

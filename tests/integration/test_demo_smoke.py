@@ -57,8 +57,7 @@ def _only_loopback() -> bool:
 
 
 def _cmd(*args: str | os.PathLike[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1"}
-    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO, env=env)
+    return cliproc.primectl(*args, timeout=timeout)
 
 
 def processes_in(workdir: Path) -> list[tuple[int, str]]:

@@ -55,8 +55,7 @@ PROMETHEUS = f"http://127.0.0.1:{MONITORING_PORTS['prometheus']}"
 
 
 def cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO,
-                       env=os.environ | {"COLUMNS": "250", "NO_COLOR": "1"})
+    return cliproc.primectl(*args, timeout=timeout)
 
 
 def get(url: str) -> Any:

@@ -45,9 +45,8 @@ RUN = ("unshare --net -- sh -c 'ip link set lo up && PRIMECTL_RUNTIME_PYTHON=.ru
 
 
 def cli(*args: str | Path, site: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "250", "NO_COLOR": "1",
-                        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    return cliproc.run([PRIMECTL, *map(str, args)], timeout=timeout, cwd=REPO, env=env)
+    pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return cliproc.primectl(*args, timeout=timeout, env={"PYTHONPATH": pythonpath})
 
 
 @pytest.fixture(scope="module")
