@@ -78,7 +78,8 @@ def _describe(exc: BaseException) -> str:
 
 
 class LiveLoad:
-    """`clients` threads streaming chat completions from `endpoint` until `stop()` (or a bound) ends them."""
+    """`clients` threads streaming chat completions from `endpoint` until `stop()` (or a bound) ends them; each
+    client sends at least one request."""
 
     def __init__(self, endpoint: str, model: str, *, clients: int = 6, max_tokens: int = 48,
                  max_requests: int = 20000, deadline_s: float = 600, timeout_s: float = 60, prompt_bytes: int = 0):
@@ -96,9 +97,14 @@ class LiveLoad:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> LiveLoad:
-        """Start the client threads; returns self."""
+        """Start the client threads, each with its client made; returns self."""
+        # Made here, not in the threads: importing openai takes seconds on a busy host, and a stop() that came
+        # before a thread's first request would end the load with nothing sent.
+        from openai import OpenAI
+
         for i in range(self.clients):
-            t = threading.Thread(target=self._loop, args=(i,), name=f"live-load-{i}", daemon=True)
+            client = OpenAI(base_url=f"{self.endpoint}/v1", api_key="none", timeout=self.timeout_s, max_retries=0)
+            t = threading.Thread(target=self._loop, args=(i, client), name=f"live-load-{i}", daemon=True)
             t.start()
             self._threads.append(t)
         return self
@@ -121,12 +127,9 @@ class LiveLoad:
             return (not self._stop.is_set() and time.monotonic() < self.deadline
                     and len(self.report.outcomes) < self.max_requests)
 
-    def _loop(self, client_id: int) -> None:
-        from openai import OpenAI
-
-        client = OpenAI(base_url=f"{self.endpoint}/v1", api_key="none", timeout=self.timeout_s, max_retries=0)
+    def _loop(self, client_id: int, client: object) -> None:
         n = 0
-        while self._more():
+        while n == 0 or self._more():  # a started client sends at least one request, whenever stop() comes
             n += 1
             t0 = time.monotonic()
             ok, detail, tokens = self._one(client, agent_prompt(client_id, n, self.prompt_bytes))
