@@ -10,6 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from primectl.deploy.shipping import (
     AGENT_ENTRY,
     KEEP_AGENT_VERSIONS,
@@ -18,6 +20,7 @@ from primectl.deploy.shipping import (
     loader_command,
     modules_for,
 )
+from primectl.deploy.transport import start_agent_session
 from primectl.host.agent import AGENT_DIR
 
 
@@ -170,3 +173,56 @@ def test_hosts_that_start_at_once_share_one_upload_safely(tmp_path: Path) -> Non
     assert all(result and result["ok"] for _, result, _ in runs)
     assert intact(cached(cache / "primectl" / "agent"))
     assert not any((tmp_path / f"wd{i}" / AGENT_DIR).exists() for i in range(8))
+
+
+class _PipeSession:
+    """An agent session over a local process's pipes (stdout and stderr merged), as AgentStream reads one."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def readline(self) -> bytes:
+        assert self.proc.stdout
+        return self.proc.stdout.readline()
+
+    def limit(self, seconds: float | None) -> None:
+        pass
+
+
+def test_a_session_that_ended_before_its_first_request_is_reported_by_what_it_said() -> None:
+    """A host behind a head node that refuses the head's ssh: the session can end before primectl writes its first
+    request. Whatever the write raises, the error is what the session printed, as when the write came first."""
+    said = "ssh: connect to host 127.0.0.4 port 22: Connection refused"
+    proc = subprocess.Popen(["sh", "-c", f"echo '{said}' >&2; exit 255"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.wait()
+    try:
+        with pytest.raises(EOFError, match=f"^the host agent did not start: {said}$"):
+            start_agent_session(_PipeSession(proc), b'{"op": "read"}\n')
+    finally:
+        for f in (proc.stdin, proc.stdout):
+            assert f
+            try:
+                f.close()
+            except BrokenPipeError:
+                pass
+
+
+def test_a_session_that_said_nothing_keeps_the_error_of_the_write() -> None:
+    proc = subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.wait()
+    try:
+        with pytest.raises(BrokenPipeError):
+            start_agent_session(_PipeSession(proc), b"x\n")
+    finally:
+        for f in (proc.stdin, proc.stdout):
+            assert f
+            try:
+                f.close()
+            except BrokenPipeError:
+                pass

@@ -133,20 +133,34 @@ def agent_timed_out(timeout: float | None) -> dict[str, Any]:
 def start_agent_session(stream: AgentStream, first: bytes) -> None:
     """The loader's side of a new session (see shipping.LOADER): send the `first` request, then the agent's bundle
     if the host asks for it; returns once the agent has started, its answer to `first` still to be read."""
-    stream.send(first)
+    unsent = _send(stream, first)
     said: list[bytes] = []
     while True:
         line = stream.readline()
         if not line:
             text = b"".join(said).decode(errors="replace").strip()[-2000:]
+            if unsent is not None and not text:
+                raise unsent
             raise EOFError(f"the host agent did not start: {text or 'no output'}")
         if line.startswith(b'{"agent": "send"}'):
             bundle = agent_bundle()
-            stream.send(b"%d\n" % len(bundle) + bundle)
+            unsent = _send(stream, b"%d\n" % len(bundle) + bundle) or unsent
         elif line.startswith(b'{"agent": "ready"}'):
             return
         else:
             said.append(line)
+
+
+def _send(stream: AgentStream, data: bytes) -> Exception | None:
+    """Write `data` to a starting session; the error, where the session had already ended (a host behind a head
+    node whose ssh failed at once): what the session printed says why better than the write's error does."""
+    try:
+        stream.send(data)
+    except TimeoutError:
+        raise
+    except Exception as exc:  # paramiko's OSError, a pipe's BrokenPipeError, libssh2's own kinds
+        return exc
+    return None
 
 
 def agent_answer(stream: AgentStream, timeout: float | None, on_progress: OnProgress | None) -> dict[str, Any]:
