@@ -271,7 +271,9 @@ def host_phase(cluster: Cluster, s: Session, verdicts: Verdicts) -> Known:
             known.views[h] = view
         if facts.get("ok"):
             known.facts[h] = facts
-    known.runtime_ok = {h for h, f in known.facts.items() if rules.runtime_state(f.get("runtime", {})) == "ok"}
+    # a venv `up` reinstalls is not what the services will run with: the probes wait for the new one
+    known.runtime_ok = {h for h, f in known.facts.items() if rules.runtime_state(f.get("runtime", {})) == "ok"
+                        and not rules.reinstalled_by_up(needs[h], f.get("runtime", {}))}
     return known
 
 

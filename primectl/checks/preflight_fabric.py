@@ -47,9 +47,13 @@ def blocked(s: Session, known: Known, h: str, check: str, *, enabled: bool) -> R
     if h not in known.facts:
         return na(h, check, "host facts unavailable (see ssh/workdir)")
     if h not in known.runtime_ok:
-        st = rules.runtime_state(known.facts[h].get("runtime", {}))
+        facts = known.facts[h].get("runtime", {})
+        st = rules.runtime_state(facts)
         if st == "missing" and s.needs[h].provisioned:
             return na(h, check, "no runtime yet", rules.PROVISION_HINT)
+        if st == "ok" and rules.reinstalled_by_up(s.needs[h], facts):
+            return na(h, check, "its runtime is not installed from this lock yet (`up` installs it first)",
+                      rules.PROVISION_HINT)
         return na(h, check, f"runtime {st} (see runtime)", "fix the runtime first")
     if not enabled:
         return na(h, check, "skipped (--no-fabric)")

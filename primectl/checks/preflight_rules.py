@@ -166,6 +166,13 @@ def runtime_state(facts: Mapping[str, Any]) -> Literal["missing", "broken", "unk
     return "broken" if facts.get("code", 0) != 0 else "unknown"
 
 
+def reinstalled_by_up(n: HostNeeds, facts: Mapping[str, Any]) -> bool:
+    """Whether `up` installs this host's runtime again before starting anything: primectl's own venv, not stamped
+    as installed from this lock (an older lock, or an install that failed or was cut short)."""
+    stamp = (facts.get("stamp") or [None])[0]
+    return n.provisioned and bool(n.expected_stamp) and stamp != n.expected_stamp
+
+
 def freeze_text(packages: Mapping[str, str]) -> str:
     """`pip freeze` lines from a name -> version map (what provision.drift reads)."""
     return "".join(f"{k}=={v}\n" for k, v in sorted(packages.items()))
@@ -191,8 +198,7 @@ def check_runtime(n: HostNeeds, plan: Plan, facts: Mapping[str, Any]) -> Result:
     if not d:
         return ok(n.name, "runtime", f"python {report.get('python')}, {len(plan.pins)} pins match")
     diffs = ", ".join(f"{k} pinned {pin}, installed {have or 'missing'}" for k, (pin, have) in sorted(d.items()))
-    stamp = (facts.get("stamp") or [None])[0]
-    if n.provisioned and n.expected_stamp and stamp != n.expected_stamp:
+    if reinstalled_by_up(n, facts):
         return warn(n.name, "runtime", f"{diffs} (stale venv: `up` reinstalls it)", PROVISION_HINT)
     fix = ("install the pinned versions into that runtime, or point software.python at one that has them"
            if not n.provisioned else f"remove {n.runtime_dir} and run `primectl provision`")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from .conftest import Deployment
 
@@ -160,6 +161,30 @@ def test_runtime_without_the_pinned_versions_fails(deployment: Deployment, tmp_p
         assert "install the pinned versions into that runtime" in r["remediation"]
     # the fabric probes still run with that Python, and fail for the same reason
     assert c[("h3", "nixl")]["status"] == "fail" and "nixl_cu12" in c[("h3", "nixl")]["detail"], c[("h3", "nixl")]
+
+
+def test_a_runtime_install_cut_short_is_left_to_up_not_blamed_on_the_fabric(deployment: Deployment) -> None:
+    """primectl's own runtime venv on each host, created but never stamped (the install failed: no index, a full
+    disk, a Ctrl-C). `up` installs it again before it starts anything, so preflight must not probe NIXL and
+    Mooncake with it (they fail for missing packages and send the operator to check RDMA) and so block that
+    `up` for good: the probes wait for the runtime, the runtime check says `up` reinstalls it."""
+    real_runtime(deployment, "python3")
+    recipe = deployment.write(yaml.safe_load(deployment.path.read_text()) | {"software": None})
+    r = deployment.cli("plan", "-o", "json", recipe=recipe)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    for h in ("h1", "h2", "h3"):
+        rt = plan["serving"]["runtime"][h]
+        assert rt["provisioned"], rt
+        venv = Path(rt["python"]).parents[1]
+        subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)  # no packages, no stamp
+    code, doc, _ = preflight(deployment)
+    c = checks(doc)
+    for h in ("h1", "h2", "h3"):
+        assert c[(h, "runtime")]["status"] == "warn" and "`up` reinstalls it" in c[(h, "runtime")]["detail"]
+    for key in (("h3", "nixl"), ("h1", "mooncake")):
+        assert c[key]["status"] == "n/a" and "`up` installs it first" in c[key]["detail"], c[key]
+    assert code == 0, doc
 
 
 def test_gpu_profile_on_hosts_without_nvidia_smi_fails(deployment: Deployment, runtime_python: str) -> None:
