@@ -153,6 +153,9 @@ def profile_argv(exe: str, *, model: str, url: str, tokenizer: Tokenizer, concur
         "--input-file", str(input_file), "--custom-dataset-type", "mooncake_trace",
         "--random-seed", str(seed), "--use-server-token-count",
         "--output-artifact-dir", str(artifacts), "--ui", "none", "--export-level", "records",
+        # The server's metrics are read by the runner itself, before and after (metrics-before.txt, -after.txt);
+        # AIPerf's own scrape and its GPU telemetry poll cost a service process each and ~2 CPU-s per run.
+        "--no-server-metrics", "--no-gpu-telemetry",
     ]
     if block_size:
         argv += ["--isl-block-size", str(block_size)]

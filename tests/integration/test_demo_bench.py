@@ -119,6 +119,8 @@ def test_bench_writes_a_valid_summary_and_plots(demo: Path, tmp_path: Path) -> N
                  "plots/turns.png"):
         assert (run / name).stat().st_size > 0, name
     assert (run / "plots" / "latency.png").read_bytes()[:4] == b"\x89PNG"
+    # the server's metrics are scraped once, by bench itself (above): AIPerf neither scrapes nor polls GPUs
+    assert not list((run / "aiperf").glob("server_metrics_export*")) and not list(run.rglob("*gpu_telemetry*"))
 
     # Exact token counts: the server's prompt count minus our count is the same for every request
     # at the same turn (only chat-template tokens differ), so every delta and reply arrived whole.
