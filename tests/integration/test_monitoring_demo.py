@@ -142,9 +142,15 @@ def test_a_killed_worker_pages_shows_in_alerts_and_status_and_its_repair_resolve
     # the role's WorkersBelowPlan pages; decode-1's own TargetDown is held back by it (inhibited), not lost
     fired = rx.wait_for(t0, 40, status="firing", alert="WorkersBelowPlan", labels={"role": "decode"})
     assert fired is not None, [n.alert for n in rx.since(t0)]
-    r = cli("alerts", d.recipe)
+
+    def target_down() -> tuple[subprocess.CompletedProcess[str], str] | None:
+        # its own rule, evaluated in its own turn: it may fire an evaluation after WorkersBelowPlan
+        r = cli("alerts", d.recipe)
+        rows = [line for line in r.stdout.splitlines() if line.startswith("TargetDown")]
+        return (r, rows[0]) if rows else None
+
+    r, row = wait(target_down, 30, "`alerts` to list decode-1's TargetDown")
     assert r.returncode == 1
-    row = next(line for line in r.stdout.splitlines() if line.startswith("TargetDown"))
     assert "decode-1" in row and "(inhibited)" in row and "primectl" in row  # the runbook line says what to run
     st = json.loads(cli("status", d.recipe, "-o", "json").stdout)
     assert "TargetDown" in st["alerts"]["decode-1"]
