@@ -1,12 +1,14 @@
 """`primectl ARGS` as a process of its own, forked from a parent that has already imported primectl's libraries.
 
-Each `primectl` run spends most of its CPU importing typer, pydantic, rich, jinja2, PyYAML and ssh2 before it
-does anything (~0.35 of ~0.6 CPU-s for `plan` on the CI machine), and the suite runs it ~450 times. `run()`
-asks a per-test-process *zygote* to fork: the child is a real process with its own pid, stdin, stdout, stderr,
+Each `primectl` run spends most of its CPU importing modules before it does anything (~0.5 of ~0.7 CPU-s for
+`plan`; ~1 CPU-s more where it imports openai to smoke-test), and the suite runs it ~450 times. `run()` asks a
+per-test-process *zygote* to fork: the child is a real process with its own pid, stdin, stdout, stderr,
 working directory, environment and exit code, which runs the console script itself (`runpy` on
 .venv/bin/primectl, as `__main__`) and exits through the interpreter's normal shutdown. What the fork shares
-with the zygote is only those third-party modules, imported once: every primectl module is imported afresh
-in each run. docs/testing.md has the measurement.
+with the zygote is the modules it imported once: the libraries in PRELOAD and primectl's own. No primectl
+module reads the environment, the working directory, its arguments or the clock when imported, and their
+caches fill at run time, so a fork starts as a fresh import would (tests/test_cliproc.py checks both).
+docs/testing.md has the measurement.
 
 `run()` falls back to `subprocess.run` where a fresh interpreter could behave differently: another script or
 interpreter, or a call whose environment differs from the zygote's in a variable read at start-up or import
@@ -44,9 +46,12 @@ PRELOAD = ("typer", "typer.main", "typer.core", "typer._adapters", "typer.rich_u
            "http.client", "email.parser", "ipaddress", "shlex", "hashlib", "tempfile", "concurrent.futures",
            "concurrent.futures.thread", "importlib.metadata", "importlib.resources", "pydantic.plugin._loader",
            "pydantic.functional_serializers", "rich._emoji_codes", "typer._click.decorators", "statistics", "csv",
-           "zipfile", "argparse", "getpass", "queue", "pkgutil", "tokenizers")
+           "zipfile", "argparse", "getpass", "queue", "pkgutil", "tokenizers", "openai", "paramiko", "fabric", "invoke")
+# primectl's own modules are preloaded too, all but these: scripts run inside an engine's runtime, the gateway's
+# (its libraries live in the hosts' runtime, not here) and the plots (matplotlib, imported when a bench plots).
+NOT_PRELOADED = ("primectl.bridges", "primectl.fleet.gateway", "primectl.bench.plots")
 # Variables a fresh interpreter or a preloaded module reads at start-up or import, not at run time.
-_STARTUP_PREFIXES = ("PYTHON", "LC_", "TYPER_", "_TYPER_", "PYDANTIC_")
+_STARTUP_PREFIXES = ("PYTHON", "LC_", "TYPER_", "_TYPER_", "PYDANTIC_", "OPENAI_", "AZURE_OPENAI_")
 _STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TERMINAL_WIDTH", "GITHUB_ACTIONS", "FORCE_COLOR", "PY_COLORS"})
 
 
@@ -257,6 +262,13 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(sys.argv[2]).parent)
     for name in PRELOAD:
         importlib.import_module(name)
+    import pkgutil
+
+    import primectl
+
+    for module in pkgutil.walk_packages(primectl.__path__, "primectl."):
+        if not module.name.startswith(NOT_PRELOADED):
+            importlib.import_module(module.name)
     gc.freeze()  # the collector then leaves the preloaded objects alone in each child (no copy-on-write of them)
     got = _serve(socket.socket(fileno=int(sys.argv[1])))
     if got is not None:

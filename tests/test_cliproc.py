@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from pathlib import Path
@@ -58,3 +59,55 @@ def test_a_call_that_changes_what_python_reads_at_start_runs_a_fresh_process(tmp
     r = cliproc.run([PRIMECTL, "validate", "recipes/demo.yaml"], cwd=REPO, timeout=60,
                     env=os.environ | {"PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0 and r.stderr.startswith("fresh interpreter")
+
+
+# What a module must not read when it is imported, for a fork of the zygote (which imported it once, in its own
+# environment, directory and time) to start as a fresh import would.
+_READ_AT_RUN_TIME = {"environ", "getenv", "getcwd", "cwd", "home", "expanduser", "expandvars", "argv", "isatty",
+                     "get_terminal_size", "time", "monotonic", "now", "today", "uuid4", "random", "getpid",
+                     "gethostname", "getuser", "gettempdir"}
+
+
+def _read_at_import(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of each run-time fact the module's import itself reads: what runs at import is the module's
+    and class bodies' statements, decorators and default arguments, not function bodies."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for n in (*node.decorator_list, *node.args.defaults, *node.args.kw_defaults):
+                if n is not None:
+                    visit(n)
+            return
+        if isinstance(node, ast.Lambda):
+            return
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+        if name in _READ_AT_RUN_TIME and not isinstance(getattr(node, "ctx", None), ast.Store):
+            found.append((node.lineno, name))
+        for child in ast.iter_child_nodes(node):
+            if not (isinstance(node, ast.Attribute) and isinstance(child, ast.Name)):  # `time.time`: one read
+                visit(child)
+
+    for stmt in tree.body:
+        script_only = isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "__name__ == '__main__'"
+        if not (script_only or isinstance(stmt, ast.Import | ast.ImportFrom)):
+            visit(stmt)
+    return found
+
+
+def test_no_preloaded_module_reads_the_environment_directory_or_clock_when_imported() -> None:
+    """The zygote imports primectl's modules once; each run forked from it must see its own environment, working
+    directory, arguments and time, which holds only while no module reads them at import."""
+    readers = []
+    for path in sorted((REPO / "primectl").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        if module.startswith(cliproc.NOT_PRELOADED):
+            continue
+        readers += [f"{path.relative_to(REPO)}:{line}: {name}" for line, name in _read_at_import(ast.parse(path.read_text()))]
+    assert not readers, "read when imported:\n" + "\n".join(readers)
+
+
+def test_the_guard_finds_a_module_level_read() -> None:
+    tree = ast.parse("import os\nWIDTH = os.environ.get('COLUMNS')\ndef f(x=time.time()):\n    return os.getcwd()\n"
+                     "class C:\n    home = Path.home()\nif __name__ == '__main__':\n    print(sys.argv)\n")
+    assert [n for _, n in _read_at_import(tree)] == ["environ", "time", "home"]
