@@ -175,11 +175,14 @@ def test_hosts_that_start_at_once_share_one_upload_safely(tmp_path: Path) -> Non
     assert not any((tmp_path / f"wd{i}" / AGENT_DIR).exists() for i in range(8))
 
 
-class _PipeSession:
-    """An agent session over a local process's pipes (stdout and stderr merged), as AgentStream reads one."""
+class _EndedSession:
+    """An agent session over the pipes of a local process that has already exited (stdout and stderr merged), as
+    AgentStream reads one."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]):
-        self.proc = proc
+    def __init__(self, script: str):
+        self.proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.proc.wait()
 
     def send(self, data: bytes) -> None:
         assert self.proc.stdin
@@ -193,36 +196,27 @@ class _PipeSession:
     def limit(self, seconds: float | None) -> None:
         pass
 
+    def __enter__(self) -> _EndedSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            assert f
+            try:
+                f.close()
+            except BrokenPipeError:  # what the unread request left in stdin's buffer cannot go anywhere
+                pass
+
 
 def test_a_session_that_ended_before_its_first_request_is_reported_by_what_it_said() -> None:
     """A host behind a head node that refuses the head's ssh: the session can end before primectl writes its first
     request. Whatever the write raises, the error is what the session printed, as when the write came first."""
     said = "ssh: connect to host 127.0.0.4 port 22: Connection refused"
-    proc = subprocess.Popen(["sh", "-c", f"echo '{said}' >&2; exit 255"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    proc.wait()
-    try:
-        with pytest.raises(EOFError, match=f"^the host agent did not start: {said}$"):
-            start_agent_session(_PipeSession(proc), b'{"op": "read"}\n')
-    finally:
-        for f in (proc.stdin, proc.stdout):
-            assert f
-            try:
-                f.close()
-            except BrokenPipeError:
-                pass
+    with _EndedSession(f"echo '{said}' >&2; exit 255") as session, \
+            pytest.raises(EOFError, match=f"^the host agent did not start: {said}$"):
+        start_agent_session(session, b'{"op": "read"}\n')
 
 
 def test_a_session_that_said_nothing_keeps_the_error_of_the_write() -> None:
-    proc = subprocess.Popen(["true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    proc.wait()
-    try:
-        with pytest.raises(BrokenPipeError):
-            start_agent_session(_PipeSession(proc), b"x\n")
-    finally:
-        for f in (proc.stdin, proc.stdout):
-            assert f
-            try:
-                f.close()
-            except BrokenPipeError:
-                pass
+    with _EndedSession("exit 0") as session, pytest.raises(BrokenPipeError):
+        start_agent_session(session, b"x\n")
