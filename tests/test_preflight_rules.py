@@ -129,6 +129,16 @@ def test_runtime_matches_pins(tmp_path: Path) -> None:
     assert r.status == "fail" and "nixl pinned 1.4.1, installed 1.4.0" in r.detail
 
 
+def test_only_primectls_own_venv_without_a_stamp_is_an_install_that_did_not_finish() -> None:
+    own = needs(provisioned=True, expected_stamp="abc")
+    assert rules.install_unfinished(own, {"exists": True, "stamp": None})  # the install failed before its end
+    assert rules.install_unfinished(own, {"exists": True, "stamp": []})  # an empty stamp file
+    assert not rules.install_unfinished(own, {"exists": True, "stamp": ["abc"]})
+    assert not rules.install_unfinished(own, {"exists": True, "stamp": ["older-lock"]})  # complete: it runs
+    assert not rules.install_unfinished(own, {"exists": False, "stamp": None})  # no venv: "no runtime yet"
+    assert not rules.install_unfinished(needs(provisioned=False), {"exists": True, "stamp": None})  # software.python
+
+
 def test_runtime_missing_warns_when_up_provisions_and_fails_for_software_python(tmp_path: Path) -> None:
     plan, _ = plan_from(tmp_path)
     r = rules.check_runtime(needs(provisioned=True), plan, {"exists": False})

@@ -271,9 +271,9 @@ def host_phase(cluster: Cluster, s: Session, verdicts: Verdicts) -> Known:
             known.views[h] = view
         if facts.get("ok"):
             known.facts[h] = facts
-    # a venv `up` reinstalls is not what the services will run with: the probes wait for the new one
+    # a venv whose install never finished runs nothing: the probes wait for the one `up` installs
     known.runtime_ok = {h for h, f in known.facts.items() if rules.runtime_state(f.get("runtime", {})) == "ok"
-                        and not rules.reinstalled_by_up(needs[h], f.get("runtime", {}))}
+                        and not rules.install_unfinished(needs[h], f.get("runtime", {}))}
     return known
 
 
@@ -292,6 +292,8 @@ def gpu_phase(s: Session, known: Known, verdicts: Verdicts, say: Say, *, selftes
             verdicts.put(na(h, "selftest", "no GPUs on this host"))
         elif h not in st_hosts:
             verdicts.put(na(h, "selftest", "no usable NVIDIA driver (see gpu)"))
+        elif rules.install_unfinished(needs[h], facts_ok[h].get("runtime", {})):
+            verdicts.put(na(h, "selftest", rules.UNFINISHED, rules.PROVISION_HINT))
         elif h not in known.runtime_ok:
             verdicts.put(na(h, "selftest", "no runtime to run it with", rules.PROVISION_HINT))
         elif not selftest:

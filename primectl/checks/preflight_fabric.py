@@ -51,9 +51,8 @@ def blocked(s: Session, known: Known, h: str, check: str, *, enabled: bool) -> R
         st = rules.runtime_state(facts)
         if st == "missing" and s.needs[h].provisioned:
             return na(h, check, "no runtime yet", rules.PROVISION_HINT)
-        if st == "ok" and rules.reinstalled_by_up(s.needs[h], facts):
-            return na(h, check, "its runtime is not installed from this lock yet (`up` installs it first)",
-                      rules.PROVISION_HINT)
+        if st == "ok" and rules.install_unfinished(s.needs[h], facts):
+            return na(h, check, rules.UNFINISHED, rules.PROVISION_HINT)
         return na(h, check, f"runtime {st} (see runtime)", "fix the runtime first")
     if not enabled:
         return na(h, check, "skipped (--no-fabric)")

@@ -166,11 +166,13 @@ def runtime_state(facts: Mapping[str, Any]) -> Literal["missing", "broken", "unk
     return "broken" if facts.get("code", 0) != 0 else "unknown"
 
 
-def reinstalled_by_up(n: HostNeeds, facts: Mapping[str, Any]) -> bool:
-    """Whether `up` installs this host's runtime again before starting anything: primectl's own venv, not stamped
-    as installed from this lock (an older lock, or an install that failed or was cut short)."""
-    stamp = (facts.get("stamp") or [None])[0]
-    return n.provisioned and bool(n.expected_stamp) and stamp != n.expected_stamp
+def install_unfinished(n: HostNeeds, facts: Mapping[str, Any]) -> bool:
+    """Whether this host's runtime is primectl's own venv whose install never finished (it failed or was cut
+    short: no stamp). Nothing runs with it: the next `up` installs it before it starts anything."""
+    return n.provisioned and bool(n.expected_stamp) and bool(facts.get("exists")) and not facts.get("stamp")
+
+
+UNFINISHED = "its runtime's install did not finish (no stamp): `up` installs it first"
 
 
 def freeze_text(packages: Mapping[str, str]) -> str:
@@ -198,7 +200,8 @@ def check_runtime(n: HostNeeds, plan: Plan, facts: Mapping[str, Any]) -> Result:
     if not d:
         return ok(n.name, "runtime", f"python {report.get('python')}, {len(plan.pins)} pins match")
     diffs = ", ".join(f"{k} pinned {pin}, installed {have or 'missing'}" for k, (pin, have) in sorted(d.items()))
-    if reinstalled_by_up(n, facts):
+    stamp = (facts.get("stamp") or [None])[0]
+    if n.provisioned and n.expected_stamp and stamp != n.expected_stamp:
         return warn(n.name, "runtime", f"{diffs} (stale venv: `up` reinstalls it)", PROVISION_HINT)
     fix = ("install the pinned versions into that runtime, or point software.python at one that has them"
            if not n.provisioned else f"remove {n.runtime_dir} and run `primectl provision`")
