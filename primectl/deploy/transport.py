@@ -130,13 +130,21 @@ def agent_timed_out(timeout: float | None) -> dict[str, Any]:
     return {"ok": False, "code": 4, "error": f"no answer from the host agent within {timeout}s"}
 
 
+SAID_AFTER_FAILED_SEND_S = 10.0
+
+
 def start_agent_session(stream: AgentStream, first: bytes) -> None:
     """The loader's side of a new session (see shipping.LOADER): send the `first` request, then the agent's bundle
     if the host asks for it; returns once the agent has started, its answer to `first` still to be read."""
     unsent = _send(stream, first)
     said: list[bytes] = []
     while True:
-        line = stream.readline()
+        try:
+            line = stream.readline()
+        except TimeoutError:
+            if unsent is not None:  # a session that took no request and does not end either: the write's error
+                raise unsent from None
+            raise
         if not line:
             text = b"".join(said).decode(errors="replace").strip()[-2000:]
             if unsent is not None and not text:
@@ -159,6 +167,7 @@ def _send(stream: AgentStream, data: bytes) -> Exception | None:
     except TimeoutError:
         raise
     except Exception as exc:  # paramiko's OSError, a pipe's BrokenPipeError, libssh2's own kinds
+        stream.limit(SAID_AFTER_FAILED_SEND_S)  # what an ended session printed is there at once
         return exc
     return None
 
