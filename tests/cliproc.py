@@ -5,16 +5,17 @@ Each `primectl` run spends most of its CPU importing modules before it does anyt
 per-test-process *zygote* to fork: the child is a real process with its own pid, stdin, stdout, stderr,
 working directory, environment and exit code, which runs the console script itself (`runpy` on
 .venv/bin/primectl, as `__main__`) and exits through the interpreter's normal shutdown. What the fork shares
-with the zygote is the modules it imported once: the libraries in PRELOAD and primectl's own. No primectl
-module reads the environment, the working directory, its arguments or the clock when imported, and their
-caches fill at run time, so a fork starts as a fresh import would (tests/test_cliproc.py checks both).
+with the zygote is the modules it imported once: the libraries in PRELOAD and primectl's own. That is sound
+while no primectl module reads the environment, the working directory, its arguments, the clock or the terminal,
+or sets up handlers, hooks or threads, when imported: tests/test_cliproc.py checks the modules' source for that
+(their own top-level code and the helpers it calls) and that a forked run prints and exits as a fresh one.
 docs/testing.md has the measurement.
 
 `run()` falls back to `subprocess.run` where a fresh interpreter could behave differently: another script or
 interpreter, or a call whose environment differs from the zygote's in a variable read at start-up or import
-(PYTHON*, locale, typer's and rich's switches). Background runs that a test signals (Ctrl-C) keep using
-subprocess.Popen. The zygote is stopped by pid when the test process exits, and exits by itself when its
-test process goes away.
+(PYTHON*, the locale, typer's, rich's, openai's and invoke's switches). Background runs that a test signals
+(Ctrl-C) keep using subprocess.Popen. The zygote is stopped by pid when the test process exits, and exits by
+itself when its test process goes away.
 """
 
 from __future__ import annotations
@@ -46,13 +47,39 @@ PRELOAD = ("typer", "typer.main", "typer.core", "typer._adapters", "typer.rich_u
            "http.client", "email.parser", "ipaddress", "shlex", "hashlib", "tempfile", "concurrent.futures",
            "concurrent.futures.thread", "importlib.metadata", "importlib.resources", "pydantic.plugin._loader",
            "pydantic.functional_serializers", "rich._emoji_codes", "typer._click.decorators", "statistics", "csv",
-           "zipfile", "argparse", "getpass", "queue", "pkgutil", "tokenizers", "openai", "paramiko", "fabric", "invoke")
+           "zipfile", "argparse", "getpass", "queue", "pkgutil", "tokenizers", "paramiko", "fabric", "invoke")
+# Preloaded where installed: the smoke test's client (primectl's `smoke` extra).
+OPTIONAL_PRELOAD = ("openai",)
 # primectl's own modules are preloaded too, all but these: scripts run inside an engine's runtime, the gateway's
 # (its libraries live in the hosts' runtime, not here) and the plots (matplotlib, imported when a bench plots).
 NOT_PRELOADED = ("primectl.bridges", "primectl.fleet.gateway", "primectl.bench.plots")
 # Variables a fresh interpreter or a preloaded module reads at start-up or import, not at run time.
-_STARTUP_PREFIXES = ("PYTHON", "LC_", "TYPER_", "_TYPER_", "PYDANTIC_", "OPENAI_", "AZURE_OPENAI_")
-_STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TERMINAL_WIDTH", "GITHUB_ACTIONS", "FORCE_COLOR", "PY_COLORS"})
+_STARTUP_PREFIXES = ("PYTHON", "LC_", "TYPER_", "_TYPER_", "PYDANTIC_", "OPENAI_", "AZURE_OPENAI_", "INVOKE_")
+_STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TERMINAL_WIDTH", "GITHUB_ACTIONS", "FORCE_COLOR", "PY_COLORS",
+                            "DEFER_PYDANTIC_BUILD"})
+
+
+def preloaded(module: str) -> bool:
+    """Whether the zygote imports this primectl module."""
+    return not (module + ".").startswith(tuple(p + "." for p in NOT_PRELOADED))
+
+
+def preload_primectl() -> None:
+    """Import every primectl module the zygote preloads, and nothing of the packages it leaves out (pkgutil's
+    walk_packages would import their __init__ to look inside)."""
+    import importlib
+    import pkgutil
+
+    import primectl
+
+    todo = [(primectl.__path__, "primectl.")]
+    while todo:
+        path, prefix = todo.pop()
+        for info in pkgutil.iter_modules(path, prefix):
+            if preloaded(info.name):
+                module = importlib.import_module(info.name)
+                if info.ispkg:
+                    todo.append((module.__path__, info.name + "."))
 
 
 def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -262,13 +289,12 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(sys.argv[2]).parent)
     for name in PRELOAD:
         importlib.import_module(name)
-    import pkgutil
-
-    import primectl
-
-    for module in pkgutil.walk_packages(primectl.__path__, "primectl."):
-        if not module.name.startswith(NOT_PRELOADED):
-            importlib.import_module(module.name)
+    for name in OPTIONAL_PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    preload_primectl()
     gc.freeze()  # the collector then leaves the preloaded objects alone in each child (no copy-on-write of them)
     got = _serve(socket.socket(fileno=int(sys.argv[1])))
     if got is not None:
