@@ -273,9 +273,11 @@ def admitted_everywhere() -> tuple[int, int]:
     return sum(d["inflight"] for d in docs), sum(d["granted"] for d in docs)
 
 
-def hold(key: str, tag: str, max_tokens: int = 50_000) -> socket.socket:
+def hold(key: str, tag: str, max_tokens: int = 250_000) -> socket.socket:
     """A long chat request (not streamed: nothing to read while it runs) on a socket of its own; closing the socket
-    is the client going away."""
+    is the client going away. The mocker generates tokens at its own pace whatever the load, while a loaded
+    machine slows the test's own steps: a hold asks for nearly the model's whole context so that it outlasts them
+    (50,000 tokens once ended before a test had seen every slot taken)."""
     body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": tag}], "max_tokens": max_tokens})
     sock = socket.create_connection(("127.0.0.1", EDGE), timeout=10)
     sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: fleet\r\nAuthorization: Bearer {key}\r\n"
@@ -302,20 +304,22 @@ def wait_admitted(n: int, timeout: float = 10) -> int:
 
 def test_a_queued_request_is_served_when_a_client_leaves_and_leaving_clients_leak_no_slot(fleet: Fleet) -> None:
     full = [hold(fleet.key, f"hold {i}") for i in range(2 * CAPACITY)]
-    assert wait_admitted(2 * CAPACITY) == 2 * CAPACITY
-    answer: list[object] = []
-    waiter = threading.Thread(target=lambda: answer.append(client(fleet.key).chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "my turn?"}], max_tokens=2)))
-    waiter.start()
-    deadline = time.monotonic() + QUEUED
-    while sum(sum(h.get("queued", {}).values()) for h in replicas_health()) == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not answer, "a request was answered while every slot was taken"
-    full.pop().close()  # one client goes away: its slot goes to the queued request
-    waiter.join(timeout=QUEUED + 5)
-    assert answer and answer[0].choices, "the queued request was not served when a slot freed"  # type: ignore[attr-defined]
-    for sock in full:
-        sock.close()
+    try:  # closed whatever happens: a hold left open would keep its slot from the tests after this one
+        assert wait_admitted(2 * CAPACITY) == 2 * CAPACITY
+        answer: list[object] = []
+        waiter = threading.Thread(target=lambda: answer.append(client(fleet.key).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "my turn?"}], max_tokens=2)))
+        waiter.start()
+        deadline = time.monotonic() + QUEUED
+        while sum(sum(h.get("queued", {}).values()) for h in replicas_health()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not answer, "a request was answered while every slot was taken"
+        full.pop().close()  # one client goes away: its slot goes to the queued request
+        waiter.join(timeout=QUEUED + 5)
+        assert answer and answer[0].choices, "the queued request was not served when a slot freed"  # type: ignore[attr-defined]
+    finally:
+        for sock in full:
+            sock.close()
     for i in range(40):  # streams their clients drop right after the first chunk
         stream = client(fleet.key).chat.completions.create(
             model="demo", messages=[{"role": "user", "content": f"cancel {i}"}], max_tokens=50_000, stream=True)
