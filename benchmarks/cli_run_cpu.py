@@ -2,7 +2,8 @@
 """What one `primectl` run costs the machine, started fresh and forked by tests/cliproc.py's zygote.
 
 The suite runs `primectl` ~450 times; a fresh interpreter spends most of a short run importing typer, pydantic,
-rich, jinja2, PyYAML and ssh2. tests/cliproc.py forks each run from a process that has imported those already.
+rich, jinja2, PyYAML, ssh2 and primectl's own modules. tests/cliproc.py forks each run from a process that has
+imported those already.
 This runs the same commands `--runs` times each way, alternating, and prints the CPU the whole machine spent per
 run (all processes, from /proc/stat: the zygote's children are not this process's), and the ratio. The machine
 should be otherwise idle.
