@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +23,7 @@ import pytest
 from primectl.monitoring import rules
 from primectl.monitoring.alertmanager import SEVERITIES, alertmanager_config
 from primectl.monitoring.model import Alerts, Slo
+from tests.exposition import free_port
 
 AMTOOL = shutil.which("amtool") or "/usr/bin/amtool"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
@@ -78,12 +78,6 @@ def test_watchdog_goes_to_the_heartbeat_or_nowhere(tmp_path: Path) -> None:
     assert route(without, "primectl", "alertname=Watchdog", "severity=none", "deployment=x").returncode != 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Receiver(BaseHTTPRequestHandler):
     """Alertmanager's webhook: each POSTed notification's alert names, kept on the server."""
 
@@ -109,7 +103,7 @@ def live_alertmanager(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
     config = tmp_path / "alertmanager.yml"
     config.write_text(alertmanager_config(Alerts(webhook=f"http://127.0.0.1:{hook.server_port}/alerts",
                                                  group_wait="1s", group_interval="1s"), "x"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

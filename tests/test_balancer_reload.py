@@ -29,15 +29,10 @@ from primectl.host.haproxy import (
     reload_in_place,
 )
 from primectl.host.wire import DrainSpec, ReloadSpec
+from tests.exposition import free_port
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 pytestmark = pytest.mark.skipif(not Path(HAPROXY).exists(), reason="haproxy is not installed (make system)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(sock: Path, state: Path, port: int, servers: list[str], extra: str = "", check: str = "") -> str:
@@ -48,7 +43,7 @@ def _config(sock: Path, state: Path, port: int, servers: list[str], extra: str =
         "frontend openai", f"    bind 127.0.0.1:{port}", "    default_backend frontends",
         "backend frontends",
         *(["    option httpchk GET /", "    default-server inter 100ms fall 1 rise 1"] if check else []),
-        *[f"    server {name} 127.0.0.1:{_free_port()}{check}" for name in servers],
+        *[f"    server {name} 127.0.0.1:{free_port()}{check}" for name in servers],
         extra,
     ]
     return "\n".join(lines) + "\n"
@@ -82,7 +77,7 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 def balancer(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, ReloadSpec]]:
     """HAProxy in master-worker mode with one server, and the reload spec the agent would get for it."""
     cfg, sock, state = tmp_path / "balancer.cfg", tmp_path / "balancer.sock", tmp_path / "balancer.state"
-    port = _free_port()
+    port = free_port()
     cfg.write_text(_config(sock, state, port, ["frontend-0"]))
     proc = _start(cfg, sock)
     try:
@@ -123,7 +118,7 @@ def test_a_replica_back_on_a_new_port_is_health_checked_and_served_there(tmp_pat
     """`ports.frontend_replica` changed: the replica was drained, restarted on its new port, and comes back; the
     balancer must reach it there, not at the port its configuration still names until its reload."""
     cfg, sock, state = tmp_path / "balancer.cfg", tmp_path / "balancer.sock", tmp_path / "balancer.state"
-    port, new = _free_port(), _free_port()
+    port, new = free_port(), free_port()
     cfg.write_text(_config(sock, state, port, ["frontend-0"], check=" check"))
     replica = subprocess.Popen([sys.executable, "-m", "http.server", str(new), "--bind", "127.0.0.1"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
@@ -155,7 +150,7 @@ def test_a_replica_started_while_its_stopped_balancer_left_its_socket_behind_nee
     a wave before it. A replica's way back into rotation finds a socket that refuses: no balancer runs, so there is
     nothing to put back (the balancer starts with its servers UP), not an error that fails the `up`."""
     cfg, sock, state = tmp_path / "balancer.cfg", tmp_path / "balancer.sock", tmp_path / "balancer.state"
-    cfg.write_text(_config(sock, state, _free_port(), ["frontend-0"]))
+    cfg.write_text(_config(sock, state, free_port(), ["frontend-0"]))
     proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 10
     while not sock.exists() and time.time() < deadline:

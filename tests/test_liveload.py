@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 from primectl.bench.liveload import LiveLoad
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.exposition import free_port
 
 
 def test_a_load_stopped_at_once_has_sent_one_request_per_client() -> None:
-    load = LiveLoad(f"http://127.0.0.1:{_closed_port()}", "m", clients=3, timeout_s=5)
+    load = LiveLoad(f"http://127.0.0.1:{free_port()}", "m", clients=3, timeout_s=5)
     report = load.start().stop()
     assert {o.client for o in report.outcomes} == {0, 1, 2}
     assert not any(o.ok for o in report.outcomes)
