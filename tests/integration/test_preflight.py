@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from .conftest import Deployment
 
@@ -168,8 +167,7 @@ def test_a_runtime_install_cut_short_is_left_to_up_not_blamed_on_the_fabric(depl
     disk, a Ctrl-C). `up` installs it again before it starts anything, so preflight must not probe NIXL and
     Mooncake with it (they fail for missing packages and send the operator to check RDMA) and so block that
     `up` for good: the probes wait for the runtime, the runtime check says `up` reinstalls it."""
-    real_runtime(deployment, "python3")
-    recipe = deployment.write(yaml.safe_load(deployment.path.read_text()) | {"software": None})
+    recipe = real_runtime(deployment, "", {"software": None})  # no software.python: primectl's own venv
     r = deployment.cli("plan", "-o", "json", recipe=recipe)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
